@@ -1,0 +1,85 @@
+//! Builds every guest backend for `wasm32-wasip2` with a nested `cargo build`
+//! (as wasmtime's test-programs-artifacts does), so `cargo build` and
+//! `cargo test` need nothing beyond `rustup target add wasm32-wasip2`.
+//!
+//! Guests are always built optimised, into `target/wasm-guests` (shared by
+//! every host profile, and separate from the outer build's lock).
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// (package, name of the generated constant)
+const BACKENDS: &[(&str, &str)] = &[
+    ("kvwasm-guest-fs", "FS"),
+    ("kvwasm-guest-memory", "MEMORY"),
+];
+const TEST_GUESTS: &[(&str, &str)] = &[("kvwasm-guest-hostile", "HOSTILE")];
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
+    let workspace = manifest_dir.parent().unwrap().parent().unwrap().to_path_buf();
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").unwrap());
+
+    let mut guests = BACKENDS.to_vec();
+    if env::var_os("CARGO_FEATURE_TEST_GUESTS").is_some() {
+        guests.extend_from_slice(TEST_GUESTS);
+    }
+
+    for dir in ["wit", "guest-backends", "tests/guests", "Cargo.lock"] {
+        println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
+    }
+
+    let target_dir = guest_target_dir(&out_dir, &workspace);
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&workspace)
+        .args(["build", "--release", "--target", "wasm32-wasip2", "--locked"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        // Small, fast components: no debuginfo, whole-program optimisation.
+        .args(["--config", "profile.release.debug=false"])
+        .args(["--config", "profile.release.strip=true"])
+        .args(["--config", "profile.release.lto=true"])
+        .args(["--config", "profile.release.codegen-units=1"]);
+    for (package, _) in &guests {
+        cmd.args(["-p", package]);
+    }
+    // The outer build's flags are for the host, not for wasm.
+    for var in ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "CARGO_BUILD_TARGET", "RUSTC_WORKSPACE_WRAPPER"] {
+        cmd.env_remove(var);
+    }
+    let status = cmd.status().expect("failed to run cargo for the wasm guests");
+    assert!(
+        status.success(),
+        "building the wasm32-wasip2 guests failed; is the target installed? \
+         run: rustup target add wasm32-wasip2"
+    );
+
+    let mut consts = String::new();
+    for (package, konst) in &guests {
+        let file = format!("{}.wasm", package.replace('-', "_"));
+        let built = target_dir.join("wasm32-wasip2/release").join(&file);
+        let embedded = out_dir.join(&file);
+        std::fs::copy(&built, &embedded)
+            .unwrap_or_else(|e| panic!("missing guest {}: {e}", built.display()));
+        consts.push_str(&format!(
+            "/// The `{package}` component.\n\
+             pub static {konst}: &[u8] = include_bytes!({embedded:?});\n\
+             /// Path of the `{package}` component file.\n\
+             pub const {konst}_PATH: &str = {embedded:?};\n",
+        ));
+    }
+    std::fs::write(out_dir.join("guests.rs"), consts).unwrap();
+}
+
+/// `<target>/wasm-guests`, where `<target>` is the outer build's target dir
+/// (OUT_DIR is `<target>/<profile>/build/<pkg>-<hash>/out`, or one level
+/// deeper when cross-compiling).
+fn guest_target_dir(out_dir: &Path, workspace: &Path) -> PathBuf {
+    let target = env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .or_else(|| out_dir.ancestors().find(|p| p.join("CACHEDIR.TAG").exists()).map(Path::to_path_buf))
+        .unwrap_or_else(|| workspace.join("target"));
+    target.join("wasm-guests")
+}

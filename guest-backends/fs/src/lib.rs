@@ -1,0 +1,291 @@
+//! Filesystem backend, laid out exactly like llama.cpp's in-tree local store:
+//!
+//! ```text
+//! <root>/<manifest name>
+//! <root>/chunks/<first hex digit of hash>/<hex of whole hash>
+//! ```
+//!
+//! `<root>` is the directory granted at guest path [`DATA_DIR`], plus the
+//! namespace from the URI. Writes go to a unique temporary file and are
+//! renamed into place, so readers never see a partial file. Durability is
+//! ordered: before a manifest is renamed into place, every chunk this
+//! instance wrote is `fsync`ed along with its directory, so a crash can never
+//! leave a visible manifest that names a chunk that did not reach the disk.
+//! Puts write through (the chunk is visible when `put-chunk` returns), like
+//! llama.cpp's local store.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
+use std::hash::{BuildHasher, RandomState};
+
+use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_io;
+use kvwasm_guest_support::bindings::wasi::filesystem::preopens;
+use kvwasm_guest_support::bindings::wasi::filesystem::types::{
+    Advice, Descriptor, DescriptorFlags, ErrorCode, OpenFlags, PathFlags,
+};
+use kvwasm_guest_support::{
+    BackendInfo, Error, FsErrorExt, Guest, GuestStore, Payload, PutOutcome, Result, Store,
+    export_backend, validate,
+};
+
+/// Guest path at which the operator grants the data directory.
+pub const DATA_DIR: &str = "/data";
+/// Where chunks live under the root.
+const CHUNKS_DIR: &str = "chunks";
+/// Prefix of in-flight temporary files. Never a valid result of hex-encoding
+/// a hash; a manifest name could start with it only on purpose.
+const TMP_PREFIX: &str = ".kvwasm-tmp-";
+
+struct FsBackend;
+
+impl Guest for FsBackend {
+    type Store = FsStore;
+
+    fn info() -> BackendInfo {
+        BackendInfo {
+            name: "fs".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            // All state is in files: any number of instances may serve a handle.
+            shared_state: true,
+        }
+    }
+}
+
+/// One open store: the namespace directory plus lazily opened fan-out dirs.
+struct FsStore {
+    root: Dir,
+    chunks: Dir,
+    /// `chunks/0` .. `chunks/f`, opened (and created) on first use.
+    fanout: RefCell<[Option<Dir>; 16]>,
+    /// Chunks renamed into place but not yet `fsync`ed: (fan-out index, file).
+    unsynced: RefCell<BTreeSet<(usize, String)>>,
+    /// Temp-file names: a per-instance random seed plus a counter.
+    tmp_seed: u64,
+    tmp_seq: Cell<u64>,
+}
+
+/// A directory descriptor and whether writes are allowed under it.
+struct Dir {
+    fd: Descriptor,
+    writable: bool,
+}
+
+impl GuestStore for FsStore {
+    fn open(namespace: String) -> Result<Store> {
+        let parts = validate::namespace(&namespace)?;
+        let mut dir = data_dir()?;
+        for part in parts {
+            dir = dir.subdir(part)?;
+        }
+        let chunks = dir.subdir(CHUNKS_DIR)?;
+        Ok(Store::new(FsStore {
+            root: dir,
+            chunks,
+            fanout: RefCell::new(Default::default()),
+            unsynced: RefCell::default(),
+            // RandomState is seeded from wasi:random; two instances writing
+            // the same chunk at once must not share a temp-file name.
+            tmp_seed: RandomState::new().hash_one(0u8),
+            tmp_seq: Cell::new(0),
+        }))
+    }
+
+    fn put_chunk(&self, hash: Vec<u8>, data: &Payload) -> Result<PutOutcome> {
+        validate::hash(&hash)?;
+        let name = validate::hash_hex(&hash);
+        let slot = fanout_index(&name);
+        self.with_fanout(slot, |dir| {
+            // A chunk is present when a file of the right size is there: a
+            // crash between rename and fsync can leave a short file behind,
+            // and such a file is rewritten rather than trusted.
+            match dir.fd.stat_at(PathFlags::empty(), &name) {
+                Ok(stat) if stat.size == data.len() => return Ok(PutOutcome::AlreadyPresent),
+                Ok(_) | Err(ErrorCode::NoEntry) => {}
+                Err(e) => return Err(e).fs_context("stat chunk"),
+            }
+            self.write_file(dir, &name, data, false)?;
+            self.unsynced.borrow_mut().insert((slot, name.clone()));
+            Ok(PutOutcome::Stored)
+        })
+    }
+
+    fn get_chunk(&self, hash: Vec<u8>) -> Result<Payload> {
+        validate::hash(&hash)?;
+        let name = validate::hash_hex(&hash);
+        self.with_fanout(fanout_index(&name), |dir| read_file(dir, &name, "chunk"))
+    }
+
+    fn put_manifest(&self, name: String, data: &Payload) -> Result<()> {
+        validate::manifest_name(&name)?;
+        self.flush()?;
+        self.write_file(&self.root, &name, data, true)?;
+        self.root.fd.sync().fs_context("sync manifest directory")
+    }
+
+    fn get_manifest(&self, name: String) -> Result<Payload> {
+        validate::manifest_name(&name)?;
+        read_file(&self.root, &name, "manifest")
+    }
+
+    fn delete_manifest(&self, name: String) -> Result<()> {
+        validate::manifest_name(&name)?;
+        self.root.require_writable()?;
+        match self.root.fd.unlink_file_at(&name) {
+            Ok(()) | Err(ErrorCode::NoEntry) => Ok(()),
+            Err(e) => Err(e).fs_context("delete manifest"),
+        }
+    }
+
+    fn prefetch_chunks(&self, hashes: Vec<Vec<u8>>) -> Result<()> {
+        // Ask the kernel to start reading every chunk now, so the get-chunk
+        // calls that follow hit the page cache. Missing chunks are skipped:
+        // the get that follows reports them.
+        for hash in &hashes {
+            validate::hash(hash)?;
+        }
+        for hash in hashes {
+            let name = validate::hash_hex(&hash);
+            let _ = self.with_fanout(fanout_index(&name), |dir| {
+                let file = dir
+                    .fd
+                    .open_at(PathFlags::empty(), &name, OpenFlags::empty(), DescriptorFlags::READ)
+                    .fs_context("open chunk")?;
+                let size = file.stat().fs_context("stat chunk")?.size;
+                file.advise(0, size, Advice::WillNeed).fs_context("advise chunk")
+            });
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        let unsynced = std::mem::take(&mut *self.unsynced.borrow_mut());
+        let mut dirs = BTreeSet::new();
+        for (slot, name) in &unsynced {
+            let synced = self.with_fanout(*slot, |dir| {
+                let file = dir
+                    .fd
+                    .open_at(PathFlags::empty(), name, OpenFlags::empty(), DescriptorFlags::READ)
+                    .fs_context("open chunk for sync")?;
+                file.sync_data().fs_context("sync chunk")
+            });
+            if let Err(e) = synced {
+                // Keep the rest queued so a retry syncs them.
+                self.unsynced.borrow_mut().extend(unsynced.iter().cloned());
+                return Err(e);
+            }
+            dirs.insert(*slot);
+        }
+        for slot in dirs {
+            self.with_fanout(slot, |dir| dir.fd.sync().fs_context("sync chunk directory"))?;
+        }
+        Ok(())
+    }
+}
+
+impl FsStore {
+    /// Run `f` on fan-out directory `slot`, opening (creating) it on first use.
+    fn with_fanout<T>(&self, slot: usize, f: impl FnOnce(&Dir) -> Result<T>) -> Result<T> {
+        let mut fanout = self.fanout.borrow_mut();
+        if fanout[slot].is_none() {
+            fanout[slot] = Some(self.chunks.subdir(&format!("{slot:x}"))?);
+        }
+        f(fanout[slot].as_ref().expect("opened above"))
+    }
+
+    /// Write `data` to a fresh temp file in `dir`, then rename it to `name`.
+    /// `durable` syncs the file before the rename (manifests); chunks are
+    /// synced in batch by [`GuestStore::flush`].
+    fn write_file(&self, dir: &Dir, name: &str, data: &Payload, durable: bool) -> Result<()> {
+        dir.require_writable()?;
+        let seq = self.tmp_seq.get();
+        self.tmp_seq.set(seq + 1);
+        let tmp = format!("{TMP_PREFIX}{:016x}-{seq}", self.tmp_seed);
+        let written = (|| {
+            let file = dir
+                .fd
+                .open_at(
+                    PathFlags::empty(),
+                    &tmp,
+                    OpenFlags::CREATE | OpenFlags::EXCLUSIVE,
+                    DescriptorFlags::WRITE,
+                )
+                .fs_context("create temp file")?;
+            payload_io::write_at(&file, data, 0).fs_context("write temp file")?;
+            if durable {
+                file.sync_data().fs_context("sync temp file")?;
+            }
+            drop(file);
+            dir.fd.rename_at(&tmp, &dir.fd, name).fs_context("rename temp file")
+        })();
+        if written.is_err() {
+            let _ = dir.fd.unlink_file_at(&tmp);
+        }
+        written
+    }
+}
+
+impl Dir {
+    /// Open (creating if missing) the subdirectory `name`. Under a read-only
+    /// grant an existing directory opens read-only and creation is skipped.
+    fn subdir(&self, name: &str) -> Result<Dir> {
+        if self.writable {
+            match self.fd.create_directory_at(name) {
+                Ok(()) | Err(ErrorCode::Exist) => {}
+                Err(e) => return Err(e).fs_context("create directory"),
+            }
+        }
+        open_dir(&self.fd, name, self.writable)
+    }
+
+    fn require_writable(&self) -> Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(Error::Denied(format!("{DATA_DIR} is granted read-only")))
+        }
+    }
+}
+
+/// The granted data directory, writable if the grant allows it.
+fn data_dir() -> Result<Dir> {
+    let (preopen, _) = preopens::get_directories()
+        .into_iter()
+        .find(|(_, path)| path == DATA_DIR)
+        .ok_or_else(|| Error::Denied(format!("no directory granted at {DATA_DIR}")))?;
+    open_dir(&preopen, ".", true).or_else(|_| open_dir(&preopen, ".", false))
+}
+
+fn open_dir(parent: &Descriptor, name: &str, writable: bool) -> Result<Dir> {
+    let mut flags = DescriptorFlags::READ;
+    if writable {
+        flags |= DescriptorFlags::MUTATE_DIRECTORY;
+    }
+    let fd = parent
+        .open_at(PathFlags::empty(), name, OpenFlags::DIRECTORY, flags)
+        .fs_context("open directory")?;
+    Ok(Dir { fd, writable })
+}
+
+/// Read a whole file into a payload without copying it through guest memory.
+fn read_file(dir: &Dir, name: &str, what: &str) -> Result<Payload> {
+    let file = dir
+        .fd
+        .open_at(PathFlags::empty(), name, OpenFlags::empty(), DescriptorFlags::READ)
+        .fs_context(&format!("open {what}"))?;
+    let size = file.stat().fs_context(&format!("stat {what}"))?.size;
+    let payload = payload_io::read_at(&file, 0, size).fs_context(&format!("read {what}"))?;
+    if payload.len() != size {
+        return Err(Error::Io(format!(
+            "{what} {name} shrank while read: {} of {size} bytes",
+            payload.len()
+        )));
+    }
+    Ok(payload)
+}
+
+/// Index of the fan-out directory: the first hex digit of the hash.
+fn fanout_index(hex_name: &str) -> usize {
+    usize::from_str_radix(&hex_name[..1], 16).expect("hex digit")
+}
+
+export_backend!(FsBackend);

@@ -1,0 +1,142 @@
+//! Loaded backend components: compiled code plus a pre-linked instance
+//! template, shared by every handle in the process.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use wasmtime::component::{HasSelf, Linker};
+
+use crate::artifact_cache::{self, Origin};
+use crate::bindings::kvwasm::kv_store::{payload_io, types};
+use crate::bindings::{BackendInfo, FilesystemBackendPre};
+use crate::engine::engine;
+use crate::state::HostState;
+
+/// Where a component's bytes come from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ComponentSource {
+    /// Embedded in this build (`builtin:fs`, `builtin:memory`).
+    Builtin(Builtin),
+    /// A `.wasm` file.
+    File(std::path::PathBuf),
+}
+
+/// The components kvwasm ships inside its binaries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Builtin {
+    /// `guest-backends/fs`, the zero-configuration default.
+    Fs,
+    /// `guest-backends/memory`.
+    Memory,
+}
+
+impl Builtin {
+    /// The name used in configs: `builtin:<name>`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Builtin::Fs => "fs",
+            Builtin::Memory => "memory",
+        }
+    }
+
+    fn bytes(self) -> &'static [u8] {
+        match self {
+            Builtin::Fs => kvwasm_guest_artifacts::FS,
+            Builtin::Memory => kvwasm_guest_artifacts::MEMORY,
+        }
+    }
+
+    /// Every builtin.
+    pub const ALL: [Builtin; 2] = [Builtin::Fs, Builtin::Memory];
+}
+
+impl std::str::FromStr for ComponentSource {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ComponentSource, String> {
+        match s.strip_prefix("builtin:") {
+            Some(name) => Builtin::ALL
+                .into_iter()
+                .find(|b| b.name() == name)
+                .map(ComponentSource::Builtin)
+                .ok_or_else(|| format!("unknown builtin component {name:?} (known: fs, memory)")),
+            None => Ok(ComponentSource::File(s.into())),
+        }
+    }
+}
+
+impl std::fmt::Display for ComponentSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ComponentSource::Builtin(b) => write!(f, "builtin:{}", b.name()),
+            ComponentSource::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// A compiled component, linked against the host and ready to instantiate.
+pub struct LoadedComponent {
+    /// BLAKE3 of the component bytes.
+    pub hash: blake3::Hash,
+    /// Size of the component in bytes.
+    pub size: usize,
+    /// How the compiled code was obtained.
+    pub origin: Origin,
+    pub(crate) pre: FilesystemBackendPre<HostState>,
+    /// What the guest says about itself; asked once, on first instantiation.
+    pub(crate) info: OnceLock<BackendInfo>,
+}
+
+impl LoadedComponent {
+    /// Load (or reuse, within this process) the component from `source`.
+    pub fn load(source: &ComponentSource) -> wasmtime::Result<Arc<LoadedComponent>> {
+        let bytes: std::borrow::Cow<'static, [u8]> = match source {
+            ComponentSource::Builtin(b) => b.bytes().into(),
+            ComponentSource::File(path) => std::fs::read(path)
+                .map_err(|e| wasmtime::format_err!("cannot read component {}: {e}", path.display()))?
+                .into(),
+        };
+        let hash = blake3::hash(&bytes);
+
+        // Components are shared by content, so two config entries naming the
+        // same file (or a builtin) compile and link once per process.
+        static LOADED: OnceLock<Mutex<HashMap<blake3::Hash, Arc<LoadedComponent>>>> =
+            OnceLock::new();
+        let loaded = LOADED.get_or_init(Default::default);
+        if let Some(found) = loaded.lock().unwrap().get(&hash) {
+            return Ok(found.clone());
+        }
+        let (component, origin) = artifact_cache::load(&bytes, &hash)?;
+        let pre = linker()?.instantiate_pre(&component)?;
+        let pre = FilesystemBackendPre::new(pre).map_err(|e| {
+            wasmtime::format_err!("{source} is not a kv-store backend (it must export kvwasm:kv-store/store): {e}")
+        })?;
+        tracing::debug!(%source, ?origin, size = bytes.len(), "component loaded");
+        let component = Arc::new(LoadedComponent {
+            hash,
+            size: bytes.len(),
+            origin,
+            pre,
+            info: OnceLock::new(),
+        });
+        Ok(loaded
+            .lock()
+            .unwrap()
+            .entry(hash)
+            .or_insert(component)
+            .clone())
+    }
+}
+
+/// Everything a backend may import: WASI 0.2 (each capability inert unless
+/// granted in its context) and the kv-store host interfaces. Built once.
+fn linker() -> wasmtime::Result<&'static Linker<HostState>> {
+    static LINKER: OnceLock<Linker<HostState>> = OnceLock::new();
+    if let Some(linker) = LINKER.get() {
+        return Ok(linker);
+    }
+    let mut linker = Linker::new(engine());
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+    types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+    payload_io::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+    Ok(LINKER.get_or_init(|| linker))
+}

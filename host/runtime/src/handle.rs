@@ -1,0 +1,243 @@
+//! An open store: what a C `kv_store_v1 *` points at.
+//!
+//! A handle may be called from many threads at once. A guest instance runs
+//! one call at a time, so a handle keeps a small pool of instances (up to
+//! [`Backend::max_instances`] when the backend declares shared state, else
+//! exactly one) and hands each call an idle one. No lock is held while a
+//! guest runs, except that `put_manifest` calls are serialised per handle.
+//!
+//! Visibility across instances: a backend may buffer chunks per instance
+//! until `flush`. Before `put_manifest` runs on one instance, every other
+//! instance that accepted a chunk before the manifest call began is flushed
+//! (waiting for it if another thread is using it). If an instance holding
+//! unflushed chunks is lost to a trap, the next `put_manifest` fails, so a
+//! manifest never publishes chunks that were dropped.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use crate::backend::Backend;
+use crate::bindings::PutOutcome;
+use crate::error::KvError;
+use crate::instance::{Instance, Outcome};
+use crate::payload::MallocBuffer;
+
+/// An open kv-store handle.
+pub struct StoreHandle {
+    backend: Arc<Backend>,
+    namespace: String,
+    max_instances: usize,
+    pool: Mutex<Pool>,
+    returned: Condvar,
+    manifest_lock: Mutex<()>,
+}
+
+#[derive(Default)]
+struct Pool {
+    idle: Vec<Instance>,
+    /// Instances in existence: idle plus checked out.
+    live: usize,
+    /// Sequence number of completed chunk puts.
+    puts: u64,
+    /// Instance id → sequence number of its oldest unflushed put.
+    unflushed: HashMap<u64, u64>,
+    /// An instance with unflushed puts trapped since the last manifest.
+    lost_unflushed: bool,
+}
+
+impl StoreHandle {
+    /// Open `namespace` on `backend`. The first instance starts now, so a
+    /// bad namespace or a broken component fails here, not on first use.
+    pub fn open(backend: Arc<Backend>, namespace: &str) -> Result<StoreHandle, KvError> {
+        let (first, info) = Instance::open(&backend, namespace)?;
+        let info = backend.component.info.get_or_init(|| info);
+        let max_instances = if info.shared_state {
+            backend.max_instances.max(1)
+        } else {
+            1
+        };
+        Ok(StoreHandle {
+            backend,
+            namespace: namespace.to_owned(),
+            max_instances,
+            pool: Mutex::new(Pool {
+                idle: vec![first],
+                live: 1,
+                ..Pool::default()
+            }),
+            returned: Condvar::new(),
+            manifest_lock: Mutex::new(()),
+        })
+    }
+
+    /// The backend this handle runs on.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// `put_chunk`: `Ok(true)` when the hash was already present.
+    pub fn put_chunk(&self, hash: &[u8], data: &[u8]) -> Result<bool, KvError> {
+        self.with_instance(true, |i| i.put_chunk(hash, data))
+            .map(|outcome| outcome == PutOutcome::AlreadyPresent)
+    }
+
+    /// `get_chunk`.
+    pub fn get_chunk(&self, hash: &[u8]) -> Result<MallocBuffer, KvError> {
+        self.with_instance(false, |i| i.get_chunk(hash))
+    }
+
+    /// `put_manifest`: flush every instance that accepted chunks, then publish.
+    pub fn put_manifest(&self, name: &str, data: &[u8]) -> Result<(), KvError> {
+        let _serial = lock(&self.manifest_lock);
+        let cutoff = {
+            let mut pool = lock(&self.pool);
+            if std::mem::take(&mut pool.lost_unflushed) {
+                return Err(KvError::Io(
+                    "a backend instance holding unflushed chunks of this handle trapped; \
+                     put the chunks again before publishing a manifest"
+                        .into(),
+                ));
+            }
+            pool.puts
+        };
+        let instance = self.checkout()?;
+        if let Err(e) = self.flush_others(instance.id, cutoff) {
+            self.checkin(instance, false);
+            return Err(e);
+        }
+        let id = instance.id;
+        let result = self.finish(instance, false, |i| i.put_manifest(name, data));
+        if result.is_ok() {
+            // The guest flushed its own chunks as part of put-manifest.
+            lock(&self.pool).unflushed.remove(&id);
+        }
+        result
+    }
+
+    /// `get_manifest`.
+    pub fn get_manifest(&self, name: &str) -> Result<MallocBuffer, KvError> {
+        self.with_instance(false, |i| i.get_manifest(name))
+    }
+
+    /// `delete_manifest` (a missing name is success).
+    pub fn delete_manifest(&self, name: &str) -> Result<(), KvError> {
+        match self.with_instance(false, |i| i.delete_manifest(name)) {
+            Err(KvError::NotFound) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// `prefetch_chunks`.
+    pub fn prefetch_chunks(&self, hashes: &[Vec<u8>]) -> Result<(), KvError> {
+        self.with_instance(false, |i| i.prefetch_chunks(hashes))
+    }
+
+    fn with_instance<T>(
+        &self,
+        is_put: bool,
+        call: impl FnOnce(&mut Instance) -> Outcome<T>,
+    ) -> Result<T, KvError> {
+        let instance = self.checkout()?;
+        self.finish(instance, is_put, call)
+    }
+
+    /// Run `call` on a checked-out instance and give it back (or drop it).
+    fn finish<T>(
+        &self,
+        mut instance: Instance,
+        is_put: bool,
+        call: impl FnOnce(&mut Instance) -> Outcome<T>,
+    ) -> Result<T, KvError> {
+        match call(&mut instance) {
+            Outcome::Returned(result) => {
+                self.checkin(instance, is_put && result.is_ok());
+                result
+            }
+            Outcome::Lost(err) => {
+                tracing::warn!(
+                    backend = %self.backend.name,
+                    namespace = %self.namespace,
+                    "guest instance discarded, a fresh one serves the next call: {err}"
+                );
+                let id = instance.id;
+                drop(instance);
+                let mut pool = lock(&self.pool);
+                pool.live -= 1;
+                pool.lost_unflushed |= pool.unflushed.remove(&id).is_some();
+                self.returned.notify_all();
+                Err(err)
+            }
+        }
+    }
+
+    /// An idle instance, a new one if the pool may grow, else wait.
+    fn checkout(&self) -> Result<Instance, KvError> {
+        let mut pool = lock(&self.pool);
+        loop {
+            if let Some(instance) = pool.idle.pop() {
+                return Ok(instance);
+            }
+            if pool.live < self.max_instances {
+                pool.live += 1;
+                drop(pool);
+                return match Instance::open(&self.backend, &self.namespace) {
+                    Ok((instance, _)) => Ok(instance),
+                    Err(e) => {
+                        lock(&self.pool).live -= 1;
+                        self.returned.notify_all();
+                        Err(e)
+                    }
+                };
+            }
+            pool = self.returned.wait(pool).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn checkin(&self, instance: Instance, accepted_put: bool) {
+        let mut pool = lock(&self.pool);
+        if accepted_put {
+            pool.puts += 1;
+            let seq = pool.puts;
+            pool.unflushed.entry(instance.id).or_insert(seq);
+        }
+        pool.idle.push(instance);
+        self.returned.notify_all();
+    }
+
+    /// Flush every instance other than `own` holding puts made at or before
+    /// `cutoff`, waiting for those in use by other threads.
+    fn flush_others(&self, own: u64, cutoff: u64) -> Result<(), KvError> {
+        loop {
+            let mut pool = lock(&self.pool);
+            let instance = loop {
+                let due = |id: &u64| *id != own && pool.unflushed.get(id).is_some_and(|s| *s <= cutoff);
+                if !pool.unflushed.keys().any(due) {
+                    return Ok(());
+                }
+                match pool.idle.iter().position(|i| due(&i.id)) {
+                    Some(at) => break pool.idle.swap_remove(at),
+                    None => pool = self.returned.wait(pool).unwrap_or_else(|p| p.into_inner()),
+                }
+            };
+            drop(pool);
+            let id = instance.id;
+            self.finish(instance, false, Instance::flush)?;
+            lock(&self.pool).unflushed.remove(&id);
+        }
+    }
+}
+
+impl Drop for StoreHandle {
+    fn drop(&mut self) {
+        let idle = std::mem::take(&mut lock(&self.pool).idle);
+        for instance in idle {
+            instance.close();
+        }
+    }
+}
+
+/// Lock, recovering from poisoning: the protected state stays consistent
+/// because no code path panics while holding these locks.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,52 @@
+//! The kvwasm host: runs `kv_store_v1` storage backends as sandboxed
+//! WebAssembly components under wasmtime.
+//!
+//! [`open`] turns a `wasm://` URI into a [`StoreHandle`] whose methods are
+//! the kv_store_v1 operations. Layers, bottom up:
+//!
+//! * [`engine`] — the one wasmtime engine per process and its deadline clock;
+//! * [`artifact_cache`] — precompiled components on disk;
+//! * [`component`] — compiled, pre-linked components shared in the process;
+//! * [`capabilities`] and [`limits`] — what a guest may reach and use;
+//! * `payload` — host-owned buffers that carry bytes without copying;
+//! * `instance` — one guest instance and typed, deadline-bound calls;
+//! * [`handle`] — an open store: a pool of instances, safe from many threads;
+//! * [`config`] and [`uri`] — how operators and consumers name backends.
+
+pub mod artifact_cache;
+pub mod backend;
+mod bindings;
+pub mod capabilities;
+pub mod component;
+pub mod config;
+pub mod engine;
+mod error;
+pub mod handle;
+mod instance;
+pub mod limits;
+mod payload;
+mod state;
+pub mod uri;
+
+use std::sync::Arc;
+
+pub use backend::Backend;
+pub use bindings::BackendInfo;
+pub use error::KvError;
+pub use handle::StoreHandle;
+pub use payload::MallocBuffer;
+
+/// Open the store a `wasm://` URI names (see [`uri`]).
+pub fn open(uri: &str) -> Result<StoreHandle, KvError> {
+    let backend = match uri::parse(uri).map_err(KvError::BadInput)? {
+        uri::Target::EmbeddedFs(dir) => {
+            let backend = config::Config::embedded_fs(&dir).map_err(KvError::Host)?;
+            return StoreHandle::open(Arc::new(backend), "");
+        }
+        uri::Target::Named { backend, namespace } => {
+            let path = config::locate().map_err(KvError::Host)?;
+            (config::cached_backend(&path, &backend).map_err(KvError::Host)?, namespace)
+        }
+    };
+    StoreHandle::open(backend.0, &backend.1)
+}

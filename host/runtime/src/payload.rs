@@ -1,0 +1,272 @@
+//! The `payload` resource: byte buffers owned by the host, so chunk bytes
+//! travel between the consumer and the storage medium without a detour
+//! through guest linear memory.
+//!
+//! * On `put-*`, the consumer's buffer is **lent** to the guest for the one
+//!   call ([`lend`]); the entry is removed from the resource table before the
+//!   call returns, so the pointer never outlives the C caller's borrow.
+//! * On `get-*`, payloads are [`MallocBuffer`]s: `payload-io.read-at`
+//!   `pread`s straight into one, and the shim hands it to the consumer as the
+//!   `malloc`'d output buffer.
+
+use std::ptr::NonNull;
+
+use wasmtime::component::Resource;
+use wasmtime_wasi::OpenMode;
+use wasmtime_wasi::filesystem::Descriptor;
+use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
+
+use crate::bindings::kvwasm::kv_store::{payload_io, types};
+use crate::state::HostState;
+
+/// A host-owned byte buffer visible to guests as a `payload` resource.
+pub enum Payload {
+    /// The consumer's input buffer, valid only during the current call.
+    Lent(LentBytes),
+    /// A buffer from `malloc`, handed to the consumer on `get-*`.
+    Owned(MallocBuffer),
+}
+
+/// A pointer/length pair lent by the caller of a store method.
+pub struct LentBytes {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the bytes are only read, and only while the lending call (on the
+// thread that owns the store) is running.
+unsafe impl Send for LentBytes {}
+
+impl Payload {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            // SAFETY: `lend` guarantees the borrow outlives the table entry.
+            Payload::Lent(l) => unsafe { std::slice::from_raw_parts(l.ptr, l.len) },
+            Payload::Owned(b) => b.as_slice(),
+        }
+    }
+}
+
+/// Put `bytes` into the table as a payload for the duration of `call`, then
+/// remove it, whatever `call` returned.
+pub(crate) fn lend<T>(
+    state: &mut wasmtime::Store<HostState>,
+    bytes: &[u8],
+    call: impl FnOnce(&mut wasmtime::Store<HostState>, Resource<Payload>) -> T,
+) -> wasmtime::Result<T> {
+    let lent = Payload::Lent(LentBytes {
+        ptr: bytes.as_ptr(),
+        len: bytes.len(),
+    });
+    let res = state.data_mut().table.push(lent)?;
+    let out = call(state, Resource::new_borrow(res.rep()));
+    // The guest only ever saw a borrow, so the entry is still ours to delete
+    // (unless the instance trapped, in which case the whole store is dropped).
+    let _ = state.data_mut().table.delete(res);
+    Ok(out)
+}
+
+/// Take a payload a guest returned out of the table.
+pub(crate) fn take(
+    state: &mut wasmtime::Store<HostState>,
+    res: Resource<Payload>,
+) -> wasmtime::Result<MallocBuffer> {
+    match state.data_mut().table.delete(res)? {
+        Payload::Owned(buf) => Ok(buf),
+        // Guests only ever hold borrows of lent payloads and cannot return
+        // them; reaching this means a host bug, not a guest one.
+        Payload::Lent(_) => wasmtime::bail!("a lent payload was returned"),
+    }
+}
+
+/// A heap block from C `malloc`, freed with `free` unless handed over with
+/// [`MallocBuffer::into_raw`]. Never NULL: an empty buffer is a 1-byte block,
+/// so consumers that test the pointer see success.
+pub struct MallocBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: uniquely owned heap memory.
+unsafe impl Send for MallocBuffer {}
+
+impl MallocBuffer {
+    /// Allocate `len` bytes; `None` if `malloc` fails.
+    fn alloc(len: usize) -> Option<MallocBuffer> {
+        // SAFETY: plain malloc; the block is owned by the result.
+        let ptr = unsafe { libc::malloc(len.max(1)) }.cast::<u8>();
+        NonNull::new(ptr).map(|ptr| MallocBuffer { ptr, len })
+    }
+
+    /// A malloc'd copy of `bytes`.
+    pub fn copy_from(bytes: &[u8]) -> Option<MallocBuffer> {
+        let buf = MallocBuffer::alloc(bytes.len())?;
+        // SAFETY: `buf` has room for `bytes.len()` bytes; no overlap.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.ptr.as_ptr(), bytes.len()) };
+        Some(buf)
+    }
+
+    /// Fill a new buffer of up to `len` bytes from `file` at `offset` with
+    /// `pread`, straight into the malloc'd block. Shorter only at EOF.
+    fn read_file(file: &std::fs::File, offset: u64, len: usize) -> std::io::Result<MallocBuffer> {
+        use std::os::fd::AsRawFd;
+        let mut buf = MallocBuffer::alloc(len).ok_or(std::io::ErrorKind::OutOfMemory)?;
+        let mut filled = 0usize;
+        while filled < len {
+            let at = offset
+                .checked_add(filled as u64)
+                .and_then(|at| libc::off_t::try_from(at).ok())
+                .ok_or(std::io::ErrorKind::InvalidInput)?;
+            // SAFETY: writes at most `len - filled` bytes inside the block.
+            let n = unsafe {
+                libc::pread(
+                    file.as_raw_fd(),
+                    buf.ptr.as_ptr().add(filled).cast(),
+                    len - filled,
+                    at,
+                )
+            };
+            match n {
+                0 => break,
+                n if n > 0 => filled += n as usize,
+                _ => {
+                    let err = std::io::Error::last_os_error();
+                    if err.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(err);
+                    }
+                }
+            }
+        }
+        buf.len = filled;
+        Ok(buf)
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len` bytes were initialised when the buffer was filled.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Hand the block to C; the receiver must `free` it.
+    pub fn into_raw(self) -> (*mut u8, usize) {
+        let out = (self.ptr.as_ptr(), self.len);
+        std::mem::forget(self);
+        out
+    }
+}
+
+impl Drop for MallocBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc, not handed out.
+        unsafe { libc::free(self.ptr.as_ptr().cast()) }
+    }
+}
+
+impl types::Host for HostState {}
+
+impl types::HostPayload for HostState {
+    fn new(&mut self, bytes: Vec<u8>) -> wasmtime::Result<Resource<Payload>> {
+        if bytes.len() as u64 > self.limits.max_payload_bytes {
+            wasmtime::bail!(
+                "guest built a payload of {} bytes, limit {}",
+                bytes.len(),
+                self.limits.max_payload_bytes
+            );
+        }
+        let buf = MallocBuffer::copy_from(&bytes)
+            .ok_or_else(|| wasmtime::format_err!("out of memory for a payload"))?;
+        Ok(self.table.push(Payload::Owned(buf))?)
+    }
+
+    fn len(&mut self, payload: Resource<Payload>) -> wasmtime::Result<u64> {
+        Ok(self.table.get(&payload)?.as_slice().len() as u64)
+    }
+
+    fn read(
+        &mut self,
+        payload: Resource<Payload>,
+        offset: u64,
+        len: u64,
+    ) -> wasmtime::Result<Vec<u8>> {
+        let bytes = self.table.get(&payload)?.as_slice();
+        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
+        let end = start.saturating_add(usize::try_from(len).unwrap_or(usize::MAX)).min(bytes.len());
+        Ok(bytes[start..end].to_vec())
+    }
+
+    fn drop(&mut self, payload: Resource<Payload>) -> wasmtime::Result<()> {
+        self.table.delete(payload)?;
+        Ok(())
+    }
+}
+
+impl payload_io::Host for HostState {
+    fn write_at(
+        &mut self,
+        file: Resource<Descriptor>,
+        data: Resource<Payload>,
+        offset: u64,
+    ) -> wasmtime::Result<Result<(), ErrorCode>> {
+        use std::os::unix::fs::FileExt;
+        let file = match self.table.get(&file)? {
+            Descriptor::File(f) => f,
+            Descriptor::Dir(_) => return Ok(Err(ErrorCode::BadDescriptor)),
+        };
+        // The same checks wasi:filesystem's own `write` makes: the grant must
+        // be writable and the file opened for writing.
+        if file.perms.write_not_permitted() || !file.open_mode.contains(OpenMode::WRITE) {
+            return Ok(Err(ErrorCode::NotPermitted));
+        }
+        let bytes = self.table.get(&data)?.as_slice();
+        Ok(file.file.write_all_at(bytes, offset).map_err(io_error_code))
+    }
+
+    fn read_at(
+        &mut self,
+        file: Resource<Descriptor>,
+        offset: u64,
+        len: u64,
+    ) -> wasmtime::Result<Result<Resource<Payload>, ErrorCode>> {
+        let file = match self.table.get(&file)? {
+            Descriptor::File(f) => f,
+            Descriptor::Dir(_) => return Ok(Err(ErrorCode::BadDescriptor)),
+        };
+        if !file.open_mode.contains(OpenMode::READ) {
+            return Ok(Err(ErrorCode::NotPermitted));
+        }
+        if len > self.limits.max_payload_bytes {
+            return Ok(Err(ErrorCode::FileTooLarge));
+        }
+        let len = usize::try_from(len).map_err(|_| wasmtime::format_err!("length overflow"))?;
+        match MallocBuffer::read_file(&file.file, offset, len) {
+            Ok(buf) => Ok(Ok(self.table.push(Payload::Owned(buf))?)),
+            Err(e) => Ok(Err(io_error_code(e))),
+        }
+    }
+}
+
+/// The `wasi:filesystem` error code closest to an I/O error.
+fn io_error_code(e: std::io::Error) -> ErrorCode {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) => ErrorCode::InsufficientSpace,
+        Some(libc::EDQUOT) => ErrorCode::Quota,
+        Some(libc::EFBIG) => ErrorCode::FileTooLarge,
+        Some(libc::EACCES) => ErrorCode::Access,
+        Some(libc::EPERM) => ErrorCode::NotPermitted,
+        Some(libc::EBADF) => ErrorCode::BadDescriptor,
+        Some(libc::EISDIR) => ErrorCode::IsDirectory,
+        _ if e.kind() == std::io::ErrorKind::OutOfMemory => ErrorCode::InsufficientMemory,
+        _ => ErrorCode::Io,
+    }
+}

@@ -1,0 +1,103 @@
+//! A deliberately hostile backend, for tests only. It validates nothing and
+//! does what the manifest name says, so tests can drive every attack through
+//! the real C ABI:
+//!
+//! | `get_manifest(name)`   | behaviour                                          |
+//! |------------------------|----------------------------------------------------|
+//! | `ping`                 | returns `pong`                                     |
+//! | `panic`                | panics (trap)                                      |
+//! | `loop`                 | spins forever (deadline)                           |
+//! | `alloc:<MiB>`          | allocates and touches that much memory             |
+//! | `recurse`              | recurses until the stack overflows                 |
+//! | `abs:<path>`           | reads an absolute guest path, e.g. `/etc/passwd`   |
+//! | `env:<NAME>`           | returns the value of an environment variable       |
+//! | anything else          | reads `/data/<name>` without validating the name   |
+//!
+//! `put_manifest(name, data)` writes `/data/<name>`, so state outlives a
+//! trapped instance.
+
+use kvwasm_guest_support::{
+    BackendInfo, Error, Guest, GuestStore, Payload, PayloadExt, PutOutcome, Result, Store,
+    export_backend,
+};
+
+struct Hostile;
+
+impl Guest for Hostile {
+    type Store = HostileStore;
+
+    fn info() -> BackendInfo {
+        BackendInfo {
+            name: "hostile".into(),
+            version: "0".into(),
+            shared_state: true,
+        }
+    }
+}
+
+struct HostileStore;
+
+fn io_error(e: std::io::Error) -> Error {
+    Error::Io(e.to_string())
+}
+
+#[allow(unconditional_recursion)]
+fn recurse(depth: u64) -> u64 {
+    let frame = [depth; 64];
+    recurse(std::hint::black_box(frame)[3] + 1) + 1
+}
+
+impl GuestStore for HostileStore {
+    fn open(_namespace: String) -> Result<Store> {
+        Ok(Store::new(HostileStore))
+    }
+
+    fn put_chunk(&self, _hash: Vec<u8>, _data: &Payload) -> Result<PutOutcome> {
+        Err(Error::Other("hostile guest stores no chunks".into()))
+    }
+
+    fn get_chunk(&self, _hash: Vec<u8>) -> Result<Payload> {
+        Err(Error::NotFound)
+    }
+
+    fn put_manifest(&self, name: String, data: &Payload) -> Result<()> {
+        std::fs::write(format!("/data/{name}"), data.to_vec()).map_err(io_error)
+    }
+
+    fn get_manifest(&self, name: String) -> Result<Payload> {
+        let bytes = match name.split_once(':') {
+            _ if name == "ping" => b"pong".to_vec(),
+            _ if name == "panic" => panic!("hostile guest panics on purpose"),
+            _ if name == "loop" => loop {
+                std::hint::spin_loop();
+            },
+            _ if name == "recurse" => recurse(0).to_le_bytes().to_vec(),
+            Some(("alloc", mib)) => {
+                let mib: usize = mib.parse().map_err(|_| Error::InvalidArgument(name.clone()))?;
+                let block = vec![1u8; mib << 20];
+                std::hint::black_box(&block);
+                b"allocated".to_vec()
+            }
+            Some(("abs", path)) => std::fs::read(path).map_err(io_error)?,
+            Some(("env", var)) => std::env::var(var)
+                .map_err(|_| Error::NotFound)?
+                .into_bytes(),
+            _ => std::fs::read(format!("/data/{name}")).map_err(io_error)?,
+        };
+        Ok(Payload::new(&bytes))
+    }
+
+    fn delete_manifest(&self, _name: String) -> Result<()> {
+        Ok(())
+    }
+
+    fn prefetch_chunks(&self, _hashes: Vec<Vec<u8>>) -> Result<()> {
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+export_backend!(Hostile);
