@@ -1,0 +1,289 @@
+//! `libkv_store_wasm.so`: the `kv_store_v1` C ABI (vtable version 2) in
+//! front of [`kvwasm_host`].
+//!
+//! Every entry point catches panics, checks its pointers and lengths, and
+//! turns failures into a negative return (or NULL from `open`) with the
+//! reason logged to stderr. Log level: `KVWASM_LOG` (default `warn`; a miss
+//! on `get_*` is logged at `debug`).
+//!
+//! The handle given to the consumer is a boxed [`StoreHandle`]; it is `Sync`,
+//! so the consumer may call it from many threads at once.
+
+use std::ffi::{CStr, c_char};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use kv_store_abi::{KvStore, VERSION_PREFETCH, Vtable};
+use kvwasm_host::{KvError, MallocBuffer, StoreHandle};
+
+static VTABLE: Vtable = Vtable {
+    version: VERSION_PREFETCH,
+    open: Some(open),
+    close: Some(close),
+    put_chunk: Some(put_chunk),
+    get_chunk: Some(get_chunk),
+    put_manifest: Some(put_manifest),
+    get_manifest: Some(get_manifest),
+    delete_manifest: Some(delete_manifest),
+    prefetch_chunks: Some(prefetch_chunks),
+};
+
+/// The one symbol a consumer needs.
+#[unsafe(no_mangle)]
+pub extern "C" fn kv_store_get_vtable() -> *const Vtable {
+    &VTABLE
+}
+
+/// Run an entry point: no panic crosses the FFI boundary, every failure is
+/// logged with the operation's name and becomes a negative code.
+fn entry(op: &'static str, body: impl FnOnce() -> Result<i32, KvError>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(rc)) => rc,
+        Ok(Err(err)) => {
+            if err.is_miss() {
+                tracing::debug!(op, code = err.code(), "{err}");
+            } else {
+                tracing::warn!(op, code = err.code(), "{err}");
+            }
+            err.code()
+        }
+        Err(panic) => {
+            tracing::error!(op, "internal panic caught at the C boundary: {}", panic_message(&panic));
+            -1
+        }
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
+}
+
+fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_env("KVWASM_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        // A host application may already have a subscriber; keep it.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .try_init();
+    });
+}
+
+fn bad(what: impl Into<String>) -> KvError {
+    KvError::BadInput(what.into())
+}
+
+/// The handle behind a `kv_store_v1 *`.
+///
+/// # Safety
+/// `ptr` is NULL or a pointer returned by `open` and not yet closed.
+unsafe fn handle<'a>(ptr: *mut KvStore) -> Result<&'a StoreHandle, KvError> {
+    // SAFETY: per the contract above.
+    unsafe { ptr.cast::<StoreHandle>().as_ref() }.ok_or_else(|| bad("NULL handle"))
+}
+
+/// A borrowed input buffer: NULL is allowed only with length 0.
+///
+/// # Safety
+/// A non-NULL `ptr` points at `len` readable bytes for the call.
+unsafe fn bytes<'a>(ptr: *const u8, len: usize, what: &str) -> Result<&'a [u8], KvError> {
+    if ptr.is_null() {
+        return if len == 0 {
+            Ok(&[])
+        } else {
+            Err(bad(format!("{what} is NULL with length {len}")))
+        };
+    }
+    // SAFETY: per the contract above.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// A hash: non-NULL, non-empty.
+///
+/// # Safety
+/// As [`bytes`].
+unsafe fn hash<'a>(ptr: *const u8, len: usize) -> Result<&'a [u8], KvError> {
+    if len == 0 {
+        return Err(bad("hash_len is 0"));
+    }
+    // SAFETY: forwarded.
+    unsafe { bytes(ptr, len, "hash") }
+}
+
+/// A manifest name: non-NULL, NUL-terminated, UTF-8 (the guest applies the
+/// naming rules).
+///
+/// # Safety
+/// A non-NULL `ptr` points at a NUL-terminated string.
+unsafe fn name<'a>(ptr: *const c_char) -> Result<&'a str, KvError> {
+    if ptr.is_null() {
+        return Err(bad("manifest name is NULL"));
+    }
+    // SAFETY: per the contract above.
+    let name = unsafe { CStr::from_ptr(ptr) };
+    name.to_str()
+        .map_err(|_| bad(format!("manifest name {name:?} is not valid UTF-8")))
+}
+
+/// Hand a result buffer to the consumer (it frees it with `free`).
+///
+/// # Safety
+/// `out` and `out_len` are valid for writes.
+unsafe fn deliver(buffer: MallocBuffer, out: *mut *mut u8, out_len: *mut usize) -> i32 {
+    let (ptr, len) = buffer.into_raw();
+    // SAFETY: per the contract above.
+    unsafe {
+        *out = ptr;
+        *out_len = len;
+    }
+    0
+}
+
+/// Check out-params before doing any work, and clear them.
+///
+/// # Safety
+/// Non-NULL pointers are valid for writes.
+unsafe fn out_params(out: *mut *mut u8, out_len: *mut usize) -> Result<(), KvError> {
+    if out.is_null() || out_len.is_null() {
+        return Err(bad("output pointer is NULL"));
+    }
+    // SAFETY: checked non-NULL; valid per the contract above.
+    unsafe {
+        *out = std::ptr::null_mut();
+        *out_len = 0;
+    }
+    Ok(())
+}
+
+unsafe extern "C" fn open(uri: *const c_char) -> *mut KvStore {
+    init_logging();
+    let mut opened = std::ptr::null_mut();
+    entry("open", || {
+        if uri.is_null() {
+            return Err(bad("URI is NULL"));
+        }
+        // SAFETY: the consumer passes a NUL-terminated string.
+        let uri = unsafe { CStr::from_ptr(uri) }
+            .to_str()
+            .map_err(|_| bad("URI is not valid UTF-8"))?;
+        let handle = kvwasm_host::open(uri).map_err(|e| match e {
+            KvError::BadInput(m) | KvError::Host(m) => KvError::Host(format!("open {uri:?}: {m}")),
+            other => KvError::Host(format!("open {uri:?}: {other}")),
+        })?;
+        opened = Box::into_raw(Box::new(handle)).cast();
+        Ok(0)
+    });
+    opened
+}
+
+unsafe extern "C" fn close(store: *mut KvStore) {
+    entry("close", || {
+        if !store.is_null() {
+            // SAFETY: `store` came from `open` and is closed exactly once.
+            drop(unsafe { Box::from_raw(store.cast::<StoreHandle>()) });
+        }
+        Ok(0)
+    });
+}
+
+unsafe extern "C" fn put_chunk(
+    store: *mut KvStore,
+    hash_ptr: *const u8,
+    hash_len: usize,
+    data: *const u8,
+    data_len: usize,
+) -> i32 {
+    entry("put_chunk", || {
+        // SAFETY: the ABI's pointer contract, checked by the helpers.
+        let (store, key, data) = unsafe {
+            (handle(store)?, hash(hash_ptr, hash_len)?, bytes(data, data_len, "data")?)
+        };
+        store.put_chunk(key, data).map(i32::from)
+    })
+}
+
+unsafe extern "C" fn get_chunk(
+    store: *mut KvStore,
+    hash_ptr: *const u8,
+    hash_len: usize,
+    out: *mut *mut u8,
+    out_len: *mut usize,
+) -> i32 {
+    entry("get_chunk", || {
+        // SAFETY: as above.
+        unsafe {
+            out_params(out, out_len)?;
+            let buffer = handle(store)?.get_chunk(hash(hash_ptr, hash_len)?)?;
+            Ok(deliver(buffer, out, out_len))
+        }
+    })
+}
+
+unsafe extern "C" fn put_manifest(
+    store: *mut KvStore,
+    name_ptr: *const c_char,
+    data: *const u8,
+    data_len: usize,
+) -> i32 {
+    entry("put_manifest", || {
+        // SAFETY: as above.
+        let (store, name, data) =
+            unsafe { (handle(store)?, name(name_ptr)?, bytes(data, data_len, "data")?) };
+        store.put_manifest(name, data).map(|()| 0)
+    })
+}
+
+unsafe extern "C" fn get_manifest(
+    store: *mut KvStore,
+    name_ptr: *const c_char,
+    out: *mut *mut u8,
+    out_len: *mut usize,
+) -> i32 {
+    entry("get_manifest", || {
+        // SAFETY: as above.
+        unsafe {
+            out_params(out, out_len)?;
+            let buffer = handle(store)?.get_manifest(name(name_ptr)?)?;
+            Ok(deliver(buffer, out, out_len))
+        }
+    })
+}
+
+unsafe extern "C" fn delete_manifest(store: *mut KvStore, name_ptr: *const c_char) -> i32 {
+    entry("delete_manifest", || {
+        // SAFETY: as above.
+        let (store, name) = unsafe { (handle(store)?, name(name_ptr)?) };
+        store.delete_manifest(name).map(|()| 0)
+    })
+}
+
+unsafe extern "C" fn prefetch_chunks(
+    store: *mut KvStore,
+    hashes: *const u8,
+    hash_len: usize,
+    n_hashes: usize,
+) -> i32 {
+    entry("prefetch_chunks", || {
+        // SAFETY: as above.
+        let store = unsafe { handle(store)? };
+        if n_hashes == 0 {
+            return Ok(0);
+        }
+        if hash_len == 0 {
+            return Err(bad("hash_len is 0"));
+        }
+        let total = hash_len
+            .checked_mul(n_hashes)
+            .ok_or_else(|| bad(format!("{n_hashes} hashes of {hash_len} bytes overflow")))?;
+        // SAFETY: as above.
+        let flat = unsafe { bytes(hashes, total, "hashes")? };
+        let hashes: Vec<Vec<u8>> = flat.chunks_exact(hash_len).map(<[u8]>::to_vec).collect();
+        store.prefetch_chunks(&hashes).map(|()| 0)
+    })
+}

@@ -1,0 +1,116 @@
+//! Helpers shared by the end-to-end tests.
+//!
+//! Tests load `libkv_store_wasm.so` from the build's target directory with
+//! `libloading`, exactly as a consumer does. Anything that needs a config
+//! file (`KVWASM_CONFIG`) runs in a child process through the `kv-probe`
+//! binary, so no test mutates the environment of the multi-threaded test
+//! process.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+pub use kv_store_abi::{Handle, Library};
+
+/// Directory holding the build's libraries and binaries (`target/<profile>`).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test binary>  or  target/<profile>/<binary>
+    exe.ancestors()
+        .find(|p| p.join(kv_store_abi::library_file_name("wasm")).is_file())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| {
+            panic!(
+                "libkv_store_wasm.so not found above {}; build it first: \
+                 cargo build --release --workspace",
+                exe.display()
+            )
+        })
+}
+
+/// Path of the built shim.
+pub fn shim_path() -> PathBuf {
+    target_dir().join(kv_store_abi::library_file_name("wasm"))
+}
+
+/// The shim, loaded once per test process.
+pub fn shim() -> &'static Library {
+    static LIB: OnceLock<Library> = OnceLock::new();
+    LIB.get_or_init(|| Library::open(shim_path().as_os_str()).expect("load the shim"))
+}
+
+/// `wasm://` URI of the embedded fs backend on `dir`.
+pub fn fs_uri(dir: &Path) -> String {
+    format!("wasm://{}", dir.display())
+}
+
+/// Open the embedded fs backend on `dir`.
+pub fn open_fs(dir: &Path) -> Handle<'static> {
+    shim()
+        .open_store(&fs_uri(dir))
+        .unwrap_or_else(|| panic!("open {} failed", fs_uri(dir)))
+}
+
+/// Deterministic, non-repeating test bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// A hash of `len` bytes derived from `seed` (for hash-length tests).
+pub fn hash_of_len(len: usize, seed: u64) -> Vec<u8> {
+    pattern(len, seed ^ 0xA5A5)
+}
+
+/// The xxh3-64 key llama.cpp uses, as 8 little-endian bytes.
+pub fn xxh3_key(data: &[u8]) -> [u8; 8] {
+    xxhash_rust::xxh3::xxh3_64(data).to_le_bytes()
+}
+
+/// A child run of `kv-probe`.
+pub struct Probe {
+    cmd: Command,
+}
+
+impl Probe {
+    /// `kv-probe <uri> <ops...>` with a clean kvwasm environment.
+    pub fn new(probe_exe: &str, uri: &str) -> Probe {
+        let mut cmd = Command::new(probe_exe);
+        cmd.arg(shim_path()).arg(uri);
+        cmd.env_remove("KVWASM_CONFIG").env("KVWASM_LOG", "debug");
+        Probe { cmd }
+    }
+
+    /// Use this config file.
+    pub fn config(mut self, path: &Path) -> Probe {
+        self.cmd.env("KVWASM_CONFIG", path);
+        self
+    }
+
+    /// Set an environment variable for the child.
+    pub fn env(mut self, key: &str, value: &str) -> Probe {
+        self.cmd.env(key, value);
+        self
+    }
+
+    /// Run the ops; returns (stdout lines, stderr).
+    pub fn run(mut self, ops: &[&str]) -> (Vec<String>, String) {
+        let out = self.cmd.args(ops).output().expect("run kv-probe");
+        let stdout = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+        (stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Write a config file into `dir` and return its path.
+pub fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("kvwasm.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}

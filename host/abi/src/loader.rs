@@ -263,6 +263,12 @@ impl Buffer {
     }
 }
 
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buffer({} bytes)", self.len)
+    }
+}
+
 impl std::ops::Deref for Buffer {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

@@ -77,6 +77,7 @@ impl StoreHandle {
 
     /// `put_chunk`: `Ok(true)` when the hash was already present.
     pub fn put_chunk(&self, hash: &[u8], data: &[u8]) -> Result<bool, KvError> {
+        self.check_payload(data)?;
         self.with_instance(true, |i| i.put_chunk(hash, data))
             .map(|outcome| outcome == PutOutcome::AlreadyPresent)
     }
@@ -88,6 +89,7 @@ impl StoreHandle {
 
     /// `put_manifest`: flush every instance that accepted chunks, then publish.
     pub fn put_manifest(&self, name: &str, data: &[u8]) -> Result<(), KvError> {
+        self.check_payload(data)?;
         let _serial = lock(&self.manifest_lock);
         let cutoff = {
             let mut pool = lock(&self.pool);
@@ -132,6 +134,19 @@ impl StoreHandle {
         self.with_instance(false, |i| i.prefetch_chunks(hashes))
     }
 
+    /// Inputs obey the same size limit as outputs.
+    fn check_payload(&self, data: &[u8]) -> Result<(), KvError> {
+        let max = self.backend.limits.max_payload_bytes();
+        if data.len() as u64 > max {
+            return Err(KvError::Limit(format!(
+                "payload of {} bytes exceeds the backend's limit of {} MiB",
+                data.len(),
+                self.backend.limits.max_payload_mib
+            )));
+        }
+        Ok(())
+    }
+
     fn with_instance<T>(
         &self,
         is_put: bool,
@@ -154,10 +169,11 @@ impl StoreHandle {
                 result
             }
             Outcome::Lost(err) => {
-                tracing::warn!(
+                // The caller logs `err`; this records the replacement.
+                tracing::info!(
                     backend = %self.backend.name,
                     namespace = %self.namespace,
-                    "guest instance discarded, a fresh one serves the next call: {err}"
+                    "guest instance discarded after: {err}; a fresh one serves the next call"
                 );
                 let id = instance.id;
                 drop(instance);

@@ -145,14 +145,17 @@ impl Instance {
     }
 }
 
-/// Describe a trap (or other fatal error) that ended an instance.
+/// Describe a trap (or other fatal error) that ended an instance, in one
+/// line: the trap code, not the wasm backtrace.
 fn lost(store: &Store<HostState>, err: wasmtime::Error, timeout_ms: u64) -> KvError {
-    match err.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) => KvError::Timeout(timeout_ms),
-        _ if store.data().limits.memory_denied => {
-            KvError::Trapped(format!("out of memory (memory limit reached): {err}"))
-        }
-        Some(trap) => KvError::Trapped(trap.to_string()),
-        None => KvError::Trapped(format!("{err:#}")),
+    let trap = err.downcast_ref::<Trap>();
+    if trap == Some(&Trap::Interrupt) {
+        return KvError::Timeout(timeout_ms);
+    }
+    let what = trap.map_or_else(|| format!("{err:#}"), Trap::to_string);
+    if store.data().limits.memory_denied {
+        KvError::Trapped(format!("out of memory: the memory limit was reached ({what})"))
+    } else {
+        KvError::Trapped(what)
     }
 }

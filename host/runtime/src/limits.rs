@@ -42,7 +42,8 @@ impl Limits {
         self.call_timeout_ms.div_ceil(tick).max(1)
     }
 
-    pub(crate) fn max_payload_bytes(&self) -> u64 {
+    /// [`Limits::max_payload_mib`] in bytes.
+    pub fn max_payload_bytes(&self) -> u64 {
         self.max_payload_mib.saturating_mul(1 << 20)
     }
 

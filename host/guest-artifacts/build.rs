@@ -19,6 +19,7 @@ const TEST_GUESTS: &[(&str, &str)] = &[("kvwasm-guest-hostile", "HOSTILE")];
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
     let workspace = manifest_dir.parent().unwrap().parent().unwrap().to_path_buf();
+    let guests_workspace = workspace.join("guest-backends");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").unwrap());
 
     let mut guests = BACKENDS.to_vec();
@@ -26,14 +27,14 @@ fn main() {
         guests.extend_from_slice(TEST_GUESTS);
     }
 
-    for dir in ["wit", "guest-backends", "tests/guests", "Cargo.lock"] {
+    for dir in ["wit", "guest-backends", "tests/guests"] {
         println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
     }
 
     let target_dir = guest_target_dir(&out_dir, &workspace);
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(&workspace)
+    cmd.current_dir(&guests_workspace)
         .args(["build", "--release", "--target", "wasm32-wasip2", "--locked"])
         .arg("--target-dir")
         .arg(&target_dir)

@@ -1,0 +1,117 @@
+//! A guest is confined to what it was granted, and a guest that traps or
+//! loops costs one call, not the process.
+
+use kvwasm_tests::{Probe, open_fs, write_config};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
+
+/// A config with the hostile test guest granted `dir/data` only.
+fn hostile_config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    write_config(
+        dir,
+        &format!(
+            "[backends.hostile]\ncomponent = {:?}\ndir = \"data\"\n\
+             memory_limit_mib = 64\ncall_timeout_ms = 300\n{extra}",
+            kvwasm_guest_artifacts::HOSTILE_PATH
+        ),
+    )
+}
+
+#[test]
+fn a_trap_fails_one_call_and_the_next_call_works_with_files_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "");
+    let (out, err) = Probe::new(PROBE, "wasm://hostile/t")
+        .config(&config)
+        .run(&[
+            "put-manifest:kept=state outside the guest",
+            "get-manifest:panic",
+            "get-manifest:ping",
+            "get-manifest:kept",
+            "get-manifest:recurse",
+            "get-manifest:ping",
+            "get-manifest:alloc:512",
+            "get-manifest:ping",
+            "get-manifest:alloc:8",
+            "get-manifest:loop",
+            "get-manifest:kept",
+        ]);
+    assert_eq!(
+        out,
+        [
+            "open ok",
+            "put-manifest kept=state outside the guest -> 0",
+            "get-manifest panic -> -7",
+            "get-manifest ping -> 0 pong",
+            "get-manifest kept -> 0 state outside the guest",
+            "get-manifest recurse -> -7",
+            "get-manifest ping -> 0 pong",
+            "get-manifest alloc:512 -> -7",
+            "get-manifest ping -> 0 pong",
+            "get-manifest alloc:8 -> 0 allocated",
+            "get-manifest loop -> -8",
+            "get-manifest kept -> 0 state outside the guest",
+        ],
+        "{err}"
+    );
+    assert!(err.contains("guest trapped"), "{err}");
+    assert!(err.contains("out of memory"), "memory cap named in the log: {err}");
+    assert!(err.contains("deadline of 300 ms"), "{err}");
+}
+
+#[test]
+fn a_guest_cannot_read_outside_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("secret"), b"host secret").unwrap();
+    let config = hostile_config(dir.path(), "");
+    let data = dir.path().join("data");
+    std::os::unix::fs::symlink(dir.path().join("secret"), data.join("link-out")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", data.join("link-passwd")).unwrap();
+    let secret = dir.path().join("secret");
+    let abs_secret = format!("get-manifest:abs:{}", secret.display());
+    let (out, err) = Probe::new(PROBE, "wasm://hostile/t").config(&config).run(&[
+        "get-manifest:abs:/etc/passwd",
+        "get-manifest:../secret",
+        "get-manifest:../../../../etc/passwd",
+        &abs_secret,
+        "get-manifest:link-out",
+        "get-manifest:link-passwd",
+        "get-manifest:abs:/proc/self/environ",
+        "get-manifest:env:HOME",
+        "get-manifest:ping",
+    ]);
+    assert_eq!(out.len(), 10, "{out:?} {err}");
+    for line in &out[1..9] {
+        assert!(line.ends_with("-> -5") || line.ends_with("-> -2"), "escape succeeded? {line}");
+        assert!(!line.contains("host secret") && !line.contains("root:"), "{line}");
+    }
+    assert_eq!(out[9], "get-manifest ping -> 0 pong");
+}
+
+#[test]
+fn the_embedded_fs_guest_cannot_be_steered_outside_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("secret"), b"outside").unwrap();
+    let store = open_fs(&dir.path().join("store"));
+    for name in ["../secret", "/etc/passwd", "..", "chunks/../../secret"] {
+        assert!(store.get_manifest(name).is_err(), "{name:?}");
+        assert!(store.put_manifest(name, b"overwritten").is_err(), "{name:?}");
+    }
+    assert_eq!(std::fs::read(dir.path().join("secret")).unwrap(), b"outside");
+}
+
+#[test]
+fn a_read_only_grant_refuses_writes_in_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "read_only = true\n");
+    std::fs::write(dir.path().join("data/existing"), b"readable").unwrap();
+    let (out, err) = Probe::new(PROBE, "wasm://hostile/t")
+        .config(&config)
+        .run(&["get-manifest:existing", "put-manifest:new=x", "put-manifest:existing=overwrite"]);
+    assert_eq!(out[1], "get-manifest existing -> 0 readable", "{err}");
+    assert!(out[2].ends_with("-> -5"), "{out:?}");
+    assert!(out[3].ends_with("-> -5"), "{out:?}");
+    assert!(!dir.path().join("data/new").exists());
+    assert_eq!(std::fs::read(dir.path().join("data/existing")).unwrap(), b"readable");
+}
