@@ -1,0 +1,29 @@
+//! Finding and loading libkv_store_wasm.so as a consumer would.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use kv_store_abi::{Library, library_file_name};
+
+/// Load the shim: `--lib` if given; else `$KV_STORE_LIBRARY_PATH/<lib>` if
+/// it exists (the consumers' rule); else the copy built next to this
+/// executable; else the system loader's search path.
+pub fn load_shim(explicit: Option<PathBuf>) -> anyhow::Result<Library> {
+    if let Some(path) = explicit {
+        return Library::open(path.as_os_str()).with_context(|| format!("loading {}", path.display()));
+    }
+    let name = library_file_name("wasm");
+    let from_env = std::env::var_os("KV_STORE_LIBRARY_PATH")
+        .map(|dir| PathBuf::from(dir).join(&name))
+        .filter(|p| p.is_file());
+    let beside_exe = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join(&name)))
+        .filter(|p| p.is_file());
+    match from_env.or(beside_exe) {
+        Some(path) => Library::open(path.as_os_str()).with_context(|| format!("loading {}", path.display())),
+        None => Library::for_scheme("wasm").with_context(|| {
+            format!("{name} not found: pass --lib, set KV_STORE_LIBRARY_PATH, or build it (cargo build --release)")
+        }),
+    }
+}
