@@ -10,15 +10,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// (package, name of the generated constant)
-const BACKENDS: &[(&str, &str)] = &[
-    ("kvwasm-guest-fs", "FS"),
-    ("kvwasm-guest-memory", "MEMORY"),
-];
+const BACKENDS: &[(&str, &str)] = &[("kvwasm-guest-fs", "FS"), ("kvwasm-guest-memory", "MEMORY")];
 const TEST_GUESTS: &[(&str, &str)] = &[("kvwasm-guest-hostile", "HOSTILE")];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
-    let workspace = manifest_dir.parent().unwrap().parent().unwrap().to_path_buf();
+    let workspace = manifest_dir
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let guests_workspace = workspace.join("guest-backends");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").unwrap());
 
@@ -35,7 +37,13 @@ fn main() {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&guests_workspace)
-        .args(["build", "--release", "--target", "wasm32-wasip2", "--locked"])
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--locked",
+        ])
         .arg("--target-dir")
         .arg(&target_dir)
         // Small, fast components: no debuginfo, whole-program optimisation.
@@ -47,10 +55,17 @@ fn main() {
         cmd.args(["-p", package]);
     }
     // The outer build's flags are for the host, not for wasm.
-    for var in ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "CARGO_BUILD_TARGET", "RUSTC_WORKSPACE_WRAPPER"] {
+    for var in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTFLAGS",
+        "CARGO_BUILD_TARGET",
+        "RUSTC_WORKSPACE_WRAPPER",
+    ] {
         cmd.env_remove(var);
     }
-    let status = cmd.status().expect("failed to run cargo for the wasm guests");
+    let status = cmd
+        .status()
+        .expect("failed to run cargo for the wasm guests");
     assert!(
         status.success(),
         "building the wasm32-wasip2 guests failed; is the target installed? \
@@ -80,7 +95,12 @@ fn main() {
 fn guest_target_dir(out_dir: &Path, workspace: &Path) -> PathBuf {
     let target = env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .or_else(|| out_dir.ancestors().find(|p| p.join("CACHEDIR.TAG").exists()).map(Path::to_path_buf))
+        .or_else(|| {
+            out_dir
+                .ancestors()
+                .find(|p| p.join("CACHEDIR.TAG").exists())
+                .map(Path::to_path_buf)
+        })
         .unwrap_or_else(|| workspace.join("target"));
     target.join("wasm-guests")
 }

@@ -47,7 +47,11 @@ fn entry(op: &'static str, body: impl FnOnce() -> Result<i32, KvError>) -> i32 {
             err.code()
         }
         Err(panic) => {
-            tracing::error!(op, "internal panic caught at the C boundary: {}", panic_message(&panic));
+            tracing::error!(
+                op,
+                "internal panic caught at the C boundary: {}",
+                panic_message(&panic)
+            );
             -1
         }
     }
@@ -202,7 +206,11 @@ unsafe extern "C" fn put_chunk(
     entry("put_chunk", || {
         // SAFETY: the ABI's pointer contract, checked by the helpers.
         let (store, key, data) = unsafe {
-            (handle(store)?, hash(hash_ptr, hash_len)?, bytes(data, data_len, "data")?)
+            (
+                handle(store)?,
+                hash(hash_ptr, hash_len)?,
+                bytes(data, data_len, "data")?,
+            )
         };
         store.put_chunk(key, data).map(i32::from)
     })
@@ -233,8 +241,13 @@ unsafe extern "C" fn put_manifest(
 ) -> i32 {
     entry("put_manifest", || {
         // SAFETY: as above.
-        let (store, name, data) =
-            unsafe { (handle(store)?, name(name_ptr)?, bytes(data, data_len, "data")?) };
+        let (store, name, data) = unsafe {
+            (
+                handle(store)?,
+                name(name_ptr)?,
+                bytes(data, data_len, "data")?,
+            )
+        };
         store.put_manifest(name, data).map(|()| 0)
     })
 }

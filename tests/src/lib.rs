@@ -103,7 +103,10 @@ impl Probe {
     /// Run the ops; returns (stdout lines, stderr).
     pub fn run(mut self, ops: &[&str]) -> (Vec<String>, String) {
         let out = self.cmd.args(ops).output().expect("run kv-probe");
-        let stdout = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+        let stdout = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect();
         (stdout, String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }

@@ -21,27 +21,57 @@ fn null_and_empty_arguments_are_rejected() {
     // SAFETY: deliberately hostile calls; the shim must survive each.
     unsafe {
         let put_chunk = vt.put_chunk.unwrap();
-        assert!(put_chunk(ptr::null_mut(), data.as_ptr(), 4, data.as_ptr(), 4) < 0, "NULL handle");
-        assert!(put_chunk(h, ptr::null(), 8, data.as_ptr(), 4) < 0, "NULL hash, len 8");
-        assert!(put_chunk(h, data.as_ptr(), 0, data.as_ptr(), 4) < 0, "hash_len 0");
-        assert!(put_chunk(h, data.as_ptr(), 4, ptr::null(), 4) < 0, "NULL data, len 4");
-        assert!(put_chunk(h, [9u8; 65].as_ptr(), 65, data.as_ptr(), 4) < 0, "hash_len 65");
+        assert!(
+            put_chunk(ptr::null_mut(), data.as_ptr(), 4, data.as_ptr(), 4) < 0,
+            "NULL handle"
+        );
+        assert!(
+            put_chunk(h, ptr::null(), 8, data.as_ptr(), 4) < 0,
+            "NULL hash, len 8"
+        );
+        assert!(
+            put_chunk(h, data.as_ptr(), 0, data.as_ptr(), 4) < 0,
+            "hash_len 0"
+        );
+        assert!(
+            put_chunk(h, data.as_ptr(), 4, ptr::null(), 4) < 0,
+            "NULL data, len 4"
+        );
+        assert!(
+            put_chunk(h, [9u8; 65].as_ptr(), 65, data.as_ptr(), 4) < 0,
+            "hash_len 65"
+        );
         // NULL data with length 0 is an empty chunk, which is legal.
         assert_eq!(put_chunk(h, data.as_ptr(), 4, ptr::null(), 0), 0);
 
         let get_chunk = vt.get_chunk.unwrap();
-        assert!(get_chunk(h, data.as_ptr(), 4, ptr::null_mut(), &mut out_len) < 0, "NULL out");
-        assert!(get_chunk(h, data.as_ptr(), 4, &mut out, ptr::null_mut()) < 0, "NULL out_len");
+        assert!(
+            get_chunk(h, data.as_ptr(), 4, ptr::null_mut(), &mut out_len) < 0,
+            "NULL out"
+        );
+        assert!(
+            get_chunk(h, data.as_ptr(), 4, &mut out, ptr::null_mut()) < 0,
+            "NULL out_len"
+        );
         assert!(get_chunk(ptr::null_mut(), data.as_ptr(), 4, &mut out, &mut out_len) < 0);
         assert!(get_chunk(h, ptr::null(), 4, &mut out, &mut out_len) < 0);
         assert!(out.is_null());
 
         let put_manifest = vt.put_manifest.unwrap();
-        assert!(put_manifest(h, ptr::null(), data.as_ptr(), 4) < 0, "NULL name");
-        assert!(put_manifest(h, name.as_ptr(), ptr::null(), 4) < 0, "NULL data, len 4");
+        assert!(
+            put_manifest(h, ptr::null(), data.as_ptr(), 4) < 0,
+            "NULL name"
+        );
+        assert!(
+            put_manifest(h, name.as_ptr(), ptr::null(), 4) < 0,
+            "NULL data, len 4"
+        );
         assert!(put_manifest(ptr::null_mut(), name.as_ptr(), data.as_ptr(), 4) < 0);
         let bad_utf8 = [0xffu8, 0xfe, 0];
-        assert!(put_manifest(h, bad_utf8.as_ptr().cast(), data.as_ptr(), 4) < 0, "bad UTF-8");
+        assert!(
+            put_manifest(h, bad_utf8.as_ptr().cast(), data.as_ptr(), 4) < 0,
+            "bad UTF-8"
+        );
 
         let get_manifest = vt.get_manifest.unwrap();
         assert!(get_manifest(h, ptr::null(), &mut out, &mut out_len) < 0);
@@ -70,19 +100,44 @@ fn dangerous_manifest_names_are_rejected() {
     let store = open_fs(&dir.path().join("store"));
     std::fs::write(dir.path().join("secret"), b"outside").unwrap();
     let long = "n".repeat(300);
-    for name in ["", "../secret", "..", "a/b", "/etc/passwd", "a\\b", "x\ny", &long] {
-        assert!(store.put_manifest(name, b"x").unwrap_err() < 0, "put {name:?}");
+    for name in [
+        "",
+        "../secret",
+        "..",
+        "a/b",
+        "/etc/passwd",
+        "a\\b",
+        "x\ny",
+        &long,
+    ] {
+        assert!(
+            store.put_manifest(name, b"x").unwrap_err() < 0,
+            "put {name:?}"
+        );
         assert!(store.get_manifest(name).unwrap_err() < 0, "get {name:?}");
-        assert!(store.delete_manifest(name).unwrap_err() < 0, "delete {name:?}");
+        assert!(
+            store.delete_manifest(name).unwrap_err() < 0,
+            "delete {name:?}"
+        );
     }
-    assert_eq!(std::fs::read(dir.path().join("secret")).unwrap(), b"outside");
+    assert_eq!(
+        std::fs::read(dir.path().join("secret")).unwrap(),
+        b"outside"
+    );
     // 255 bytes is still fine.
     store.put_manifest(&"n".repeat(255), b"x").unwrap();
 }
 
 #[test]
 fn unknown_uri_forms_return_null_with_a_reason() {
-    for uri in ["", "file:///tmp/x", "wasm://", "wasm:///", "wasm://bad name/x", "memkv://h:1/ns"] {
+    for uri in [
+        "",
+        "file:///tmp/x",
+        "wasm://",
+        "wasm:///",
+        "wasm://bad name/x",
+        "memkv://h:1/ns",
+    ] {
         let (out, err) = Probe::new(PROBE, uri).run(&[]);
         assert_eq!(out, ["open NULL"], "{uri:?}");
         assert!(err.contains("open"), "{uri:?}: no reason logged: {err}");
@@ -95,7 +150,10 @@ fn missing_config_file_returns_null_with_a_reason() {
     let missing = dir.path().join("nope.toml");
     let (out, err) = Probe::new(PROBE, "wasm://fs/ns").config(&missing).run(&[]);
     assert_eq!(out, ["open NULL"]);
-    assert!(err.contains("cannot read config file") && err.contains("nope.toml"), "{err}");
+    assert!(
+        err.contains("cannot read config file") && err.contains("nope.toml"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -105,7 +163,9 @@ fn config_naming_a_missing_component_returns_null_with_a_reason() {
         dir.path(),
         "[backends.vendor]\ncomponent = \"vendor-missing.wasm\"\ndir = \"data\"\n",
     );
-    let (out, err) = Probe::new(PROBE, "wasm://vendor/ns").config(&config).run(&[]);
+    let (out, err) = Probe::new(PROBE, "wasm://vendor/ns")
+        .config(&config)
+        .run(&[]);
     assert_eq!(out, ["open NULL"]);
     assert!(err.contains("vendor-missing.wasm"), "{err}");
 }
@@ -113,12 +173,18 @@ fn config_naming_a_missing_component_returns_null_with_a_reason() {
 #[test]
 fn config_with_an_unknown_backend_or_bad_field_returns_null() {
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "[backends.a]\ncomponent = \"builtin:fs\"\nbogus = 1\n");
+    let config = write_config(
+        dir.path(),
+        "[backends.a]\ncomponent = \"builtin:fs\"\nbogus = 1\n",
+    );
     let (out, err) = Probe::new(PROBE, "wasm://a/ns").config(&config).run(&[]);
     assert_eq!(out, ["open NULL"]);
     assert!(err.contains("bogus"), "{err}");
 
-    let config = write_config(dir.path(), "[backends.a]\ncomponent = \"builtin:fs\"\ndir = \"d\"\n");
+    let config = write_config(
+        dir.path(),
+        "[backends.a]\ncomponent = \"builtin:fs\"\ndir = \"d\"\n",
+    );
     let (out, err) = Probe::new(PROBE, "wasm://zzz/ns").config(&config).run(&[]);
     assert_eq!(out, ["open NULL"]);
     assert!(err.contains("no backend \"zzz\""), "{err}");
@@ -134,21 +200,54 @@ fn named_backends_from_a_config_file_work() {
     );
     let (out, err) = Probe::new(PROBE, "wasm://disk/team/model-a/")
         .config(&config)
-        .run(&["put-chunk:0a0b=hello", "put-chunk:0a0b=hello", "put-manifest:m=0a0b", "get-manifest:m", "get-chunk:0a0b"]);
+        .run(&[
+            "put-chunk:0a0b=hello",
+            "put-chunk:0a0b=hello",
+            "put-manifest:m=0a0b",
+            "get-manifest:m",
+            "get-chunk:0a0b",
+        ]);
     assert_eq!(
         out,
-        ["open ok", "put-chunk 0a0b=hello -> 0", "put-chunk 0a0b=hello -> 1", "put-manifest m=0a0b -> 0", "get-manifest m -> 0 0a0b", "get-chunk 0a0b -> 0 hello"],
+        [
+            "open ok",
+            "put-chunk 0a0b=hello -> 0",
+            "put-chunk 0a0b=hello -> 1",
+            "put-manifest m=0a0b -> 0",
+            "get-manifest m -> 0 0a0b",
+            "get-chunk 0a0b -> 0 hello"
+        ],
         "{err}"
     );
     // The namespace becomes nested directories under the granted dir.
-    assert_eq!(std::fs::read(dir.path().join("kv/team/model-a/m")).unwrap(), b"0a0b");
+    assert_eq!(
+        std::fs::read(dir.path().join("kv/team/model-a/m")).unwrap(),
+        b"0a0b"
+    );
     assert!(dir.path().join("kv/team/model-a/chunks/0/0a0b").is_file());
 
-    let (out, err) = Probe::new(PROBE, "wasm://mem/x")
-        .config(&config)
-        .run(&["get-manifest:m", "put-manifest:m=v", "get-manifest:m"]);
-    assert_eq!(out, ["open ok", "get-manifest m -> -2", "put-manifest m=v -> 0", "get-manifest m -> 0 v"], "{err}");
+    let (out, err) = Probe::new(PROBE, "wasm://mem/x").config(&config).run(&[
+        "get-manifest:m",
+        "put-manifest:m=v",
+        "get-manifest:m",
+    ]);
+    assert_eq!(
+        out,
+        [
+            "open ok",
+            "get-manifest m -> -2",
+            "put-manifest m=v -> 0",
+            "get-manifest m -> 0 v"
+        ],
+        "{err}"
+    );
 
-    let (out, _) = Probe::new(PROBE, "wasm://disk/../escape").config(&config).run(&[]);
-    assert_eq!(out, ["open NULL"], "a namespace cannot climb out of the grant");
+    let (out, _) = Probe::new(PROBE, "wasm://disk/../escape")
+        .config(&config)
+        .run(&[]);
+    assert_eq!(
+        out,
+        ["open NULL"],
+        "a namespace cannot climb out of the grant"
+    );
 }

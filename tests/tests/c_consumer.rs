@@ -17,7 +17,10 @@ fn build_consumer(out: &Path) -> PathBuf {
         .arg("-ldl")
         .status()
         .unwrap_or_else(|e| panic!("run {cc}: {e}"));
-    assert!(status.success(), "compiling the C consumer failed (is libxxhash-dev installed?)");
+    assert!(
+        status.success(),
+        "compiling the C consumer failed (is libxxhash-dev installed?)"
+    );
     exe
 }
 
@@ -43,18 +46,39 @@ fn c_consumer_round_trips_every_chunk_size_and_hash_length() {
     let exe = build_consumer(tmp.path());
     let store = tmp.path().join("store");
     let uri = fs_uri(&store);
-    let cases: &[(usize, usize)] = &[(0, 0), (1, 1), (4096, 3 * 4096), (1 << 20, 3 << 20), (64 << 20, 64 << 20)];
+    let cases: &[(usize, usize)] = &[
+        (0, 0),
+        (1, 1),
+        (4096, 3 * 4096),
+        (1 << 20, 3 << 20),
+        (64 << 20, 64 << 20),
+    ];
     for &(chunk, object) in cases {
         for hash_len in [1, 8, 32, 64] {
             let name = format!("obj-{chunk}-{hash_len}");
             let stdout = run(
                 &exe,
-                &["-c", &chunk.to_string(), "-n", &object.to_string(), "-k", &hash_len.to_string(), "-m", &name],
+                &[
+                    "-c",
+                    &chunk.to_string(),
+                    "-n",
+                    &object.to_string(),
+                    "-k",
+                    &hash_len.to_string(),
+                    "-m",
+                    &name,
+                ],
                 &uri,
             );
-            assert!(stdout.contains("vtable version 2 (prefetch_chunks)"), "{stdout}");
+            assert!(
+                stdout.contains("vtable version 2 (prefetch_chunks)"),
+                "{stdout}"
+            );
             assert!(stdout.contains("every byte verified"), "{stdout}");
-            assert!(stdout.contains("all") && stdout.ends_with("OK\n"), "{stdout}");
+            assert!(
+                stdout.contains("all") && stdout.ends_with("OK\n"),
+                "{stdout}"
+            );
             assert!(store.join(&name).is_file(), "manifest {name} on disk");
         }
     }
@@ -66,6 +90,12 @@ fn c_consumer_default_run_with_a_trailing_slash_uri() {
     let exe = build_consumer(tmp.path());
     let uri = format!("{}/", fs_uri(&tmp.path().join("store")));
     let stdout = run(&exe, &[], &uri);
-    assert!(stdout.contains("in 6 chunks (6 stored, 0 dedup hits), 8-byte keys"), "{stdout}");
-    assert!(stdout.contains("saved again: all 6 chunks were dedup hits"), "{stdout}");
+    assert!(
+        stdout.contains("in 6 chunks (6 stored, 0 dedup hits), 8-byte keys"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("saved again: all 6 chunks were dedup hits"),
+        "{stdout}"
+    );
 }

@@ -22,7 +22,11 @@ fn eight_threads_of_mixed_operations_on_one_handle_lose_nothing() {
 
                     let data = pattern(1000 + (r as usize * 37) % 9000, t * 1000 + r);
                     let key = xxh3_key(&data);
-                    assert_eq!(store.put_chunk(&key, &data), Ok(false), "thread {t} round {r}");
+                    assert_eq!(
+                        store.put_chunk(&key, &data),
+                        Ok(false),
+                        "thread {t} round {r}"
+                    );
                     let name = format!("t{t}-r{r}");
                     store.put_manifest(&name, &key).unwrap();
                     assert_eq!(&*store.get_manifest(&name).unwrap(), &key);
@@ -68,8 +72,14 @@ fn hammer(writer: &kvwasm_tests::Handle<'_>, reader: &kvwasm_tests::Handle<'_>) 
         });
         s.spawn(|| {
             while !done.load(Ordering::Acquire) {
-                let got = reader.get_manifest("contended").expect("never missing mid-replace");
-                assert!(*got == *a || *got == *b, "torn manifest of {} bytes", got.len());
+                let got = reader
+                    .get_manifest("contended")
+                    .expect("never missing mid-replace");
+                assert!(
+                    *got == *a || *got == *b,
+                    "torn manifest of {} bytes",
+                    got.len()
+                );
                 reads.fetch_add(1, Ordering::Relaxed);
             }
         });

@@ -17,7 +17,10 @@ fn files_written_by_the_guest_match_the_llama_cpp_layout() {
     let manifest: Vec<u8> = expected.iter().flat_map(|(k, _)| *k).collect();
     store.put_manifest("slot-0.bin", &manifest).unwrap();
 
-    assert_eq!(std::fs::read(dir.path().join("slot-0.bin")).unwrap(), manifest);
+    assert_eq!(
+        std::fs::read(dir.path().join("slot-0.bin")).unwrap(),
+        manifest
+    );
     for (key, data) in &expected {
         let hex = hex::encode(key);
         let path = dir.path().join("chunks").join(&hex[..1]).join(&hex);
@@ -33,10 +36,18 @@ fn files_written_by_the_guest_match_the_llama_cpp_layout() {
     for fan in std::fs::read_dir(dir.path().join("chunks")).unwrap() {
         let fan = fan.unwrap();
         let name = fan.file_name().into_string().unwrap();
-        assert!(name.len() == 1 && name.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(
+            name.len() == 1
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
         for file in std::fs::read_dir(fan.path()).unwrap() {
             let file = file.unwrap().file_name().into_string().unwrap();
-            assert!(file.starts_with(&name) && file.len() == 16, "unexpected {file}");
+            assert!(
+                file.starts_with(&name) && file.len() == 16,
+                "unexpected {file}"
+            );
         }
     }
 }

@@ -23,11 +23,22 @@ fn chunks_round_trip_for_every_size_and_hash_length() {
             seed += 1;
             let hash = hash_of_len(hash_len, seed);
             let data = pattern(size, seed);
-            assert_eq!(store.put_chunk(&hash, &data), Ok(false), "size {size} hash {hash_len}: first put stores");
-            assert_eq!(store.put_chunk(&hash, &data), Ok(true), "size {size} hash {hash_len}: second put is a dedup hit");
+            assert_eq!(
+                store.put_chunk(&hash, &data),
+                Ok(false),
+                "size {size} hash {hash_len}: first put stores"
+            );
+            assert_eq!(
+                store.put_chunk(&hash, &data),
+                Ok(true),
+                "size {size} hash {hash_len}: second put is a dedup hit"
+            );
             let got = store.get_chunk(&hash).expect("get after put");
             assert_eq!(got.len(), size);
-            assert!(got.as_slice() == data.as_slice(), "size {size} hash {hash_len}: bytes differ");
+            assert!(
+                got.as_slice() == data.as_slice(),
+                "size {size} hash {hash_len}: bytes differ"
+            );
         }
     }
 }
@@ -50,12 +61,17 @@ fn missing_keys_and_deletes() {
 fn empty_manifest_publishes_and_flushes() {
     let dir = tempfile::tempdir().unwrap();
     let store = open_fs(dir.path());
-    store.put_chunk(&[7; 32], b"chunk before the empty manifest").unwrap();
+    store
+        .put_chunk(&[7; 32], b"chunk before the empty manifest")
+        .unwrap();
     store.put_manifest("__omlx_index__", b"").unwrap();
     assert_eq!(store.get_manifest("__omlx_index__").unwrap().len(), 0);
 
     let reader = open_fs(dir.path());
-    assert_eq!(&*reader.get_chunk(&[7; 32]).unwrap(), b"chunk before the empty manifest");
+    assert_eq!(
+        &*reader.get_chunk(&[7; 32]).unwrap(),
+        b"chunk before the empty manifest"
+    );
 }
 
 #[test]

@@ -22,21 +22,19 @@ fn hostile_config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
 fn a_trap_fails_one_call_and_the_next_call_works_with_files_intact() {
     let dir = tempfile::tempdir().unwrap();
     let config = hostile_config(dir.path(), "");
-    let (out, err) = Probe::new(PROBE, "wasm://hostile/t")
-        .config(&config)
-        .run(&[
-            "put-manifest:kept=state outside the guest",
-            "get-manifest:panic",
-            "get-manifest:ping",
-            "get-manifest:kept",
-            "get-manifest:recurse",
-            "get-manifest:ping",
-            "get-manifest:alloc:512",
-            "get-manifest:ping",
-            "get-manifest:alloc:8",
-            "get-manifest:loop",
-            "get-manifest:kept",
-        ]);
+    let (out, err) = Probe::new(PROBE, "wasm://hostile/t").config(&config).run(&[
+        "put-manifest:kept=state outside the guest",
+        "get-manifest:panic",
+        "get-manifest:ping",
+        "get-manifest:kept",
+        "get-manifest:recurse",
+        "get-manifest:ping",
+        "get-manifest:alloc:512",
+        "get-manifest:ping",
+        "get-manifest:alloc:8",
+        "get-manifest:loop",
+        "get-manifest:kept",
+    ]);
     assert_eq!(
         out,
         [
@@ -56,7 +54,10 @@ fn a_trap_fails_one_call_and_the_next_call_works_with_files_intact() {
         "{err}"
     );
     assert!(err.contains("guest trapped"), "{err}");
-    assert!(err.contains("out of memory"), "memory cap named in the log: {err}");
+    assert!(
+        err.contains("out of memory"),
+        "memory cap named in the log: {err}"
+    );
     assert!(err.contains("deadline of 300 ms"), "{err}");
 }
 
@@ -83,8 +84,14 @@ fn a_guest_cannot_read_outside_its_directory() {
     ]);
     assert_eq!(out.len(), 10, "{out:?} {err}");
     for line in &out[1..9] {
-        assert!(line.ends_with("-> -5") || line.ends_with("-> -2"), "escape succeeded? {line}");
-        assert!(!line.contains("host secret") && !line.contains("root:"), "{line}");
+        assert!(
+            line.ends_with("-> -5") || line.ends_with("-> -2"),
+            "escape succeeded? {line}"
+        );
+        assert!(
+            !line.contains("host secret") && !line.contains("root:"),
+            "{line}"
+        );
     }
     assert_eq!(out[9], "get-manifest ping -> 0 pong");
 }
@@ -96,9 +103,15 @@ fn the_embedded_fs_guest_cannot_be_steered_outside_its_directory() {
     let store = open_fs(&dir.path().join("store"));
     for name in ["../secret", "/etc/passwd", "..", "chunks/../../secret"] {
         assert!(store.get_manifest(name).is_err(), "{name:?}");
-        assert!(store.put_manifest(name, b"overwritten").is_err(), "{name:?}");
+        assert!(
+            store.put_manifest(name, b"overwritten").is_err(),
+            "{name:?}"
+        );
     }
-    assert_eq!(std::fs::read(dir.path().join("secret")).unwrap(), b"outside");
+    assert_eq!(
+        std::fs::read(dir.path().join("secret")).unwrap(),
+        b"outside"
+    );
 }
 
 #[test]
@@ -106,12 +119,17 @@ fn a_read_only_grant_refuses_writes_in_the_host() {
     let dir = tempfile::tempdir().unwrap();
     let config = hostile_config(dir.path(), "read_only = true\n");
     std::fs::write(dir.path().join("data/existing"), b"readable").unwrap();
-    let (out, err) = Probe::new(PROBE, "wasm://hostile/t")
-        .config(&config)
-        .run(&["get-manifest:existing", "put-manifest:new=x", "put-manifest:existing=overwrite"]);
+    let (out, err) = Probe::new(PROBE, "wasm://hostile/t").config(&config).run(&[
+        "get-manifest:existing",
+        "put-manifest:new=x",
+        "put-manifest:existing=overwrite",
+    ]);
     assert_eq!(out[1], "get-manifest existing -> 0 readable", "{err}");
     assert!(out[2].ends_with("-> -5"), "{out:?}");
     assert!(out[3].ends_with("-> -5"), "{out:?}");
     assert!(!dir.path().join("data/new").exists());
-    assert_eq!(std::fs::read(dir.path().join("data/existing")).unwrap(), b"readable");
+    assert_eq!(
+        std::fs::read(dir.path().join("data/existing")).unwrap(),
+        b"readable"
+    );
 }

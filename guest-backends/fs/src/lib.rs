@@ -148,10 +148,16 @@ impl GuestStore for FsStore {
             let _ = self.with_fanout(fanout_index(&name), |dir| {
                 let file = dir
                     .fd
-                    .open_at(PathFlags::empty(), &name, OpenFlags::empty(), DescriptorFlags::READ)
+                    .open_at(
+                        PathFlags::empty(),
+                        &name,
+                        OpenFlags::empty(),
+                        DescriptorFlags::READ,
+                    )
                     .fs_context("open chunk")?;
                 let size = file.stat().fs_context("stat chunk")?.size;
-                file.advise(0, size, Advice::WillNeed).fs_context("advise chunk")
+                file.advise(0, size, Advice::WillNeed)
+                    .fs_context("advise chunk")
             });
         }
         Ok(())
@@ -164,7 +170,12 @@ impl GuestStore for FsStore {
             let synced = self.with_fanout(*slot, |dir| {
                 let file = dir
                     .fd
-                    .open_at(PathFlags::empty(), name, OpenFlags::empty(), DescriptorFlags::READ)
+                    .open_at(
+                        PathFlags::empty(),
+                        name,
+                        OpenFlags::empty(),
+                        DescriptorFlags::READ,
+                    )
                     .fs_context("open chunk for sync")?;
                 file.sync_data().fs_context("sync chunk")
             });
@@ -215,7 +226,9 @@ impl FsStore {
                 file.sync_data().fs_context("sync temp file")?;
             }
             drop(file);
-            dir.fd.rename_at(&tmp, &dir.fd, name).fs_context("rename temp file")
+            dir.fd
+                .rename_at(&tmp, &dir.fd, name)
+                .fs_context("rename temp file")
         })();
         if written.is_err() {
             let _ = dir.fd.unlink_file_at(&tmp);
@@ -270,7 +283,12 @@ fn open_dir(parent: &Descriptor, name: &str, writable: bool) -> Result<Dir> {
 fn read_file(dir: &Dir, name: &str, what: &str) -> Result<Payload> {
     let file = dir
         .fd
-        .open_at(PathFlags::empty(), name, OpenFlags::empty(), DescriptorFlags::READ)
+        .open_at(
+            PathFlags::empty(),
+            name,
+            OpenFlags::empty(),
+            DescriptorFlags::READ,
+        )
         .fs_context(&format!("open {what}"))?;
     let size = file.stat().fs_context(&format!("stat {what}"))?.size;
     let payload = payload_io::read_at(&file, 0, size).fs_context(&format!("read {what}"))?;

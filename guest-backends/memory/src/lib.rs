@@ -49,7 +49,10 @@ impl GuestStore for MemoryStore {
     fn get_chunk(&self, hash: Vec<u8>) -> Result<Payload> {
         validate::hash(&hash)?;
         let chunks = self.chunks.borrow();
-        chunks.get(&hash).map(|b| Payload::new(b)).ok_or(Error::NotFound)
+        chunks
+            .get(&hash)
+            .map(|b| Payload::new(b))
+            .ok_or(Error::NotFound)
     }
 
     fn put_manifest(&self, name: String, data: &Payload) -> Result<()> {
@@ -61,7 +64,10 @@ impl GuestStore for MemoryStore {
     fn get_manifest(&self, name: String) -> Result<Payload> {
         validate::manifest_name(&name)?;
         let manifests = self.manifests.borrow();
-        manifests.get(&name).map(|b| Payload::new(b)).ok_or(Error::NotFound)
+        manifests
+            .get(&name)
+            .map(|b| Payload::new(b))
+            .ok_or(Error::NotFound)
     }
 
     fn delete_manifest(&self, name: String) -> Result<()> {

@@ -65,15 +65,13 @@ pub fn namespace(namespace: &str) -> Result<Vec<&str>, Error> {
     namespace
         .split('/')
         .map(|part| {
-            manifest_name(part)
-                .map(|()| part)
-                .map_err(|_| {
-                    Error::InvalidArgument(format!(
-                        "namespace {:?} rejected: component {:?} is not a safe name",
-                        truncate(namespace),
-                        truncate(part)
-                    ))
-                })
+            manifest_name(part).map(|()| part).map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "namespace {:?} rejected: component {:?} is not a safe name",
+                    truncate(namespace),
+                    truncate(part)
+                ))
+            })
         })
         .collect()
 }
@@ -101,11 +99,26 @@ mod tests {
 
     #[test]
     fn names() {
-        for ok in ["slot0.bin", "__omlx_index__", ".hidden", "a.b", &"x".repeat(255)] {
+        for ok in [
+            "slot0.bin",
+            "__omlx_index__",
+            ".hidden",
+            "a.b",
+            &"x".repeat(255),
+        ] {
             assert!(manifest_name(ok).is_ok(), "{ok:?} should be accepted");
         }
         for bad in [
-            "", ".", "..", "../etc", "a/b", "/abs", "a\\b", "a\0b", "a\nb", "x..y",
+            "",
+            ".",
+            "..",
+            "../etc",
+            "a/b",
+            "/abs",
+            "a\\b",
+            "a\0b",
+            "a\nb",
+            "x..y",
             &"x".repeat(256),
         ] {
             assert!(manifest_name(bad).is_err(), "{bad:?} should be rejected");
@@ -115,7 +128,10 @@ mod tests {
     #[test]
     fn namespaces() {
         assert_eq!(namespace("").unwrap(), Vec::<&str>::new());
-        assert_eq!(namespace("prod/Qwen3-8B").unwrap(), vec!["prod", "Qwen3-8B"]);
+        assert_eq!(
+            namespace("prod/Qwen3-8B").unwrap(),
+            vec!["prod", "Qwen3-8B"]
+        );
         for bad in ["/a", "a//b", "a/../b", "a/", ".."] {
             assert!(namespace(bad).is_err(), "{bad:?} should be rejected");
         }

@@ -32,7 +32,11 @@ impl std::error::Error for LoadError {}
 
 /// `libkv_store_<scheme>.so` (`.dylib` on macOS).
 pub fn library_file_name(scheme: &str) -> String {
-    let ext = if cfg!(target_os = "macos") { "dylib" } else { "so" };
+    let ext = if cfg!(target_os = "macos") {
+        "dylib"
+    } else {
+        "so"
+    };
     format!("libkv_store_{scheme}.{ext}")
 }
 
@@ -154,7 +158,15 @@ impl Handle<'_> {
     pub fn put_chunk(&self, hash: &[u8], data: &[u8]) -> Result<bool, i32> {
         let f = self.lib.vtable.put_chunk.expect("checked at load");
         // SAFETY: pointers and lengths come from live slices.
-        let rc = unsafe { f(self.as_ptr(), hash.as_ptr(), hash.len(), data.as_ptr(), data.len()) };
+        let rc = unsafe {
+            f(
+                self.as_ptr(),
+                hash.as_ptr(),
+                hash.len(),
+                data.as_ptr(),
+                data.len(),
+            )
+        };
         match rc {
             0 => Ok(false),
             1 => Ok(true),
@@ -204,7 +216,10 @@ impl Handle<'_> {
             _ => return Err(0),
         };
         let hash_len = hashes.first().map_or(0, |h| h.len());
-        assert!(hashes.iter().all(|h| h.len() == hash_len), "mixed hash lengths");
+        assert!(
+            hashes.iter().all(|h| h.len() == hash_len),
+            "mixed hash lengths"
+        );
         let flat: Vec<u8> = hashes.concat();
         // SAFETY: `flat` holds n_hashes * hash_len bytes.
         status(unsafe { f(self.as_ptr(), flat.as_ptr(), hash_len, hashes.len()) })

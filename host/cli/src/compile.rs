@@ -25,23 +25,35 @@ pub struct CompileArgs {
 }
 
 pub fn run(args: CompileArgs) -> anyhow::Result<()> {
-    let dir = artifact_cache::cache_dir()
-        .context("the artifact cache is disabled (KVWASM_CACHE_DIR=off) or no home directory is known")?;
+    let dir = artifact_cache::cache_dir().context(
+        "the artifact cache is disabled (KVWASM_CACHE_DIR=off) or no home directory is known",
+    )?;
     println!("artifact cache: {}", dir.display());
 
-    let mut sources: Vec<ComponentSource> = Builtin::ALL.into_iter().map(ComponentSource::Builtin).collect();
+    let mut sources: Vec<ComponentSource> = Builtin::ALL
+        .into_iter()
+        .map(ComponentSource::Builtin)
+        .collect();
     let config_path = args.config.clone().map(Ok).unwrap_or_else(config::locate);
     match config_path {
         Ok(path) => {
             let config = Config::load(&path).map_err(anyhow::Error::msg)?;
             for backend in config.backends.values() {
-                match backend.component.parse::<ComponentSource>().map_err(anyhow::Error::msg)? {
-                    ComponentSource::File(p) => sources.push(ComponentSource::File(config.base_dir.join(p))),
+                match backend
+                    .component
+                    .parse::<ComponentSource>()
+                    .map_err(anyhow::Error::msg)?
+                {
+                    ComponentSource::File(p) => {
+                        sources.push(ComponentSource::File(config.base_dir.join(p)))
+                    }
                     builtin => sources.push(builtin),
                 }
             }
         }
-        Err(why) if args.config.is_none() => println!("no config file ({why}); compiling built-ins only"),
+        Err(why) if args.config.is_none() => {
+            println!("no config file ({why}); compiling built-ins only")
+        }
         Err(why) => anyhow::bail!(why),
     }
     sources.extend(args.components.into_iter().map(ComponentSource::File));

@@ -10,7 +10,8 @@ use kv_store_abi::{Library, library_file_name};
 /// executable; else the system loader's search path.
 pub fn load_shim(explicit: Option<PathBuf>) -> anyhow::Result<Library> {
     if let Some(path) = explicit {
-        return Library::open(path.as_os_str()).with_context(|| format!("loading {}", path.display()));
+        return Library::open(path.as_os_str())
+            .with_context(|| format!("loading {}", path.display()));
     }
     let name = library_file_name("wasm");
     let from_env = std::env::var_os("KV_STORE_LIBRARY_PATH")

@@ -62,8 +62,17 @@ impl DemoArgs {
     /// `session`: a row depends on the whole prefix up to `t`, so rows agree
     /// across sessions exactly within the shared prefix.
     fn row(&self, stream: u32, token: u32, session: u32, out: &mut [u8]) {
-        let owner = if token < self.prefix_tokens { u32::MAX } else { session };
-        let id = [stream.to_le_bytes(), token.to_le_bytes(), owner.to_le_bytes()].concat();
+        let owner = if token < self.prefix_tokens {
+            u32::MAX
+        } else {
+            session
+        };
+        let id = [
+            stream.to_le_bytes(),
+            token.to_le_bytes(),
+            owner.to_le_bytes(),
+        ]
+        .concat();
         let mut x = xxhash_rust::xxh3::xxh3_64(&id) | 1;
         for word in out.chunks_mut(8) {
             x ^= x << 13;
@@ -87,8 +96,15 @@ impl DemoArgs {
                 chunks.push(chunk);
             }
         }
-        let keys = chunks.iter().map(|c| xxhash_rust::xxh3::xxh3_64(c).to_le_bytes()).collect();
-        Session { name: format!("session-{index}.slot"), chunks, keys }
+        let keys = chunks
+            .iter()
+            .map(|c| xxhash_rust::xxh3::xxh3_64(c).to_le_bytes())
+            .collect();
+        Session {
+            name: format!("session-{index}.slot"),
+            chunks,
+            keys,
+        }
     }
 }
 
@@ -109,7 +125,10 @@ fn mb_per_s(bytes: u64, time: Duration) -> f64 {
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    ensure!(args.chunk_tokens > 0 && args.row_bytes > 0 && args.layers > 0, "sizes must be positive");
+    ensure!(
+        args.chunk_tokens > 0 && args.row_bytes > 0 && args.layers > 0,
+        "sizes must be positive"
+    );
     let lib = load_shim(args.lib.clone())?;
     let tmp;
     let uri = match (&args.uri, &args.dir) {
@@ -120,7 +139,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             format!("wasm://{}", tmp.path().display())
         }
     };
-    println!("kvwasm demo: {} sessions through {}", args.sessions, lib.path().display());
+    println!(
+        "kvwasm demo: {} sessions through {}",
+        args.sessions,
+        lib.path().display()
+    );
     println!("  store          {uri}");
     println!(
         "  model          {} layers, {} B rows, {} prefix + {} unique tokens, {} KiB chunks",
@@ -132,7 +155,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
 
     let started = Instant::now();
-    let store = lib.open_store(&uri).with_context(|| format!("open({uri}) returned NULL (see the log above)"))?;
+    let store = lib
+        .open_store(&uri)
+        .with_context(|| format!("open({uri}) returned NULL (see the log above)"))?;
     let first_open = started.elapsed();
     let started = Instant::now();
     drop(lib.open_store(&uri).context("second open failed")?);
@@ -148,7 +173,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         "session", "chunks", "dedup", "written", "save ms", "restore ms", "verified"
     );
 
-    let (mut total_puts, mut total_dups, mut total_bytes, mut written_bytes) = (0u64, 0u64, 0u64, 0u64);
+    let (mut total_puts, mut total_dups, mut total_bytes, mut written_bytes) =
+        (0u64, 0u64, 0u64, 0u64);
     let (mut save_time, mut restore_time) = (Duration::ZERO, Duration::ZERO);
     for index in 0..args.sessions {
         let session = args.session(index);
@@ -164,25 +190,43 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                 Err(rc) => bail!("put_chunk returned {rc}"),
             }
         }
-        store.put_manifest(&session.name, &manifest).map_err(|rc| anyhow::anyhow!("put_manifest returned {rc}"))?;
+        store
+            .put_manifest(&session.name, &manifest)
+            .map_err(|rc| anyhow::anyhow!("put_manifest returned {rc}"))?;
         let save = started.elapsed();
 
         let started = Instant::now();
-        let got_manifest = store.get_manifest(&session.name).map_err(|rc| anyhow::anyhow!("get_manifest returned {rc}"))?;
+        let got_manifest = store
+            .get_manifest(&session.name)
+            .map_err(|rc| anyhow::anyhow!("get_manifest returned {rc}"))?;
         let keys: Vec<&[u8]> = got_manifest[16..].chunks(8).collect();
         if lib.has_prefetch() {
-            store.prefetch_chunks(&keys).map_err(|rc| anyhow::anyhow!("prefetch_chunks returned {rc}"))?;
+            store
+                .prefetch_chunks(&keys)
+                .map_err(|rc| anyhow::anyhow!("prefetch_chunks returned {rc}"))?;
         }
         let restored = keys
             .iter()
-            .map(|k| store.get_chunk(k).map_err(|rc| anyhow::anyhow!("get_chunk returned {rc}")))
+            .map(|k| {
+                store
+                    .get_chunk(k)
+                    .map_err(|rc| anyhow::anyhow!("get_chunk returned {rc}"))
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let restore = started.elapsed();
 
-        ensure!(*got_manifest == *manifest, "{}: manifest differs", session.name);
+        ensure!(
+            *got_manifest == *manifest,
+            "{}: manifest differs",
+            session.name
+        );
         let bytes: u64 = session.chunks.iter().map(|c| c.len() as u64).sum();
         for (got, want) in restored.iter().zip(&session.chunks) {
-            ensure!(got.as_slice() == want.as_slice(), "{}: restored chunk differs", session.name);
+            ensure!(
+                got.as_slice() == want.as_slice(),
+                "{}: restored chunk differs",
+                session.name
+            );
         }
         println!(
             "  {:<18} {:>7} {:>7} {:>7.1}MB {:>10.1} {:>10.1} {:>9.1}MB",

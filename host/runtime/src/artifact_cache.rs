@@ -37,7 +37,11 @@ fn artifact_path(dir: &Path, component_hash: &blake3::Hash) -> PathBuf {
     let mut hasher = Blake3Hasher(blake3::Hasher::new());
     engine().precompile_compatibility_hash().hash(&mut hasher);
     let engine_hash = hasher.0.finalize().to_hex();
-    dir.join(format!("{}-{}.cwasm", &component_hash.to_hex()[..32], &engine_hash[..16]))
+    dir.join(format!(
+        "{}-{}.cwasm",
+        &component_hash.to_hex()[..32],
+        &engine_hash[..16]
+    ))
 }
 
 /// How a component was obtained, for logs and `kvwasm compile`.
@@ -63,7 +67,9 @@ pub fn load(bytes: &[u8], component_hash: &blake3::Hash) -> wasmtime::Result<(Co
         // only this user can write. wasmtime still checks the header.
         match unsafe { Component::deserialize_file(engine(), &path) } {
             Ok(component) => return Ok((component, Origin::Cached)),
-            Err(e) => tracing::warn!(path = %path.display(), "ignoring unusable cached artifact: {e}"),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "ignoring unusable cached artifact: {e}")
+            }
         }
     }
     let artifact = engine().precompile_component(bytes)?;
@@ -79,7 +85,10 @@ pub fn load(bytes: &[u8], component_hash: &blake3::Hash) -> wasmtime::Result<(Co
 /// Write atomically: a concurrent loader sees the whole artifact or none.
 fn store(dir: &Path, path: &Path, artifact: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
     // NamedTempFile is created with mode 0600.
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(artifact)?;

@@ -42,9 +42,11 @@ impl Grants {
             } else {
                 FsPerms::ReadWrite
             };
-            builder.preopened_dir(&dir.host, DATA_DIR, perms).map_err(|e| {
-                wasmtime::format_err!("cannot grant directory {}: {e}", dir.host.display())
-            })?;
+            builder
+                .preopened_dir(&dir.host, DATA_DIR, perms)
+                .map_err(|e| {
+                    wasmtime::format_err!("cannot grant directory {}: {e}", dir.host.display())
+                })?;
         }
         Ok(builder.build())
     }

@@ -92,7 +92,9 @@ impl LoadedComponent {
         let bytes: std::borrow::Cow<'static, [u8]> = match source {
             ComponentSource::Builtin(b) => b.bytes().into(),
             ComponentSource::File(path) => std::fs::read(path)
-                .map_err(|e| wasmtime::format_err!("cannot read component {}: {e}", path.display()))?
+                .map_err(|e| {
+                    wasmtime::format_err!("cannot read component {}: {e}", path.display())
+                })?
                 .into(),
         };
         let hash = blake3::hash(&bytes);
@@ -108,7 +110,9 @@ impl LoadedComponent {
         let (component, origin) = artifact_cache::load(&bytes, &hash)?;
         let pre = linker()?.instantiate_pre(&component)?;
         let pre = FilesystemBackendPre::new(pre).map_err(|e| {
-            wasmtime::format_err!("{source} is not a kv-store backend (it must export kvwasm:kv-store/store): {e}")
+            wasmtime::format_err!(
+                "{source} is not a kv-store backend (it must export kvwasm:kv-store/store): {e}"
+            )
         })?;
         tracing::debug!(%source, ?origin, size = bytes.len(), "component loaded");
         let component = Arc::new(LoadedComponent {

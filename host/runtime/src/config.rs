@@ -75,7 +75,9 @@ impl Config {
                 .and_then(|()| backend.source().map(drop))
                 .map_err(|e| format!("[backends.{name}]: {e}"))?;
             if backend.max_instances == Some(0) {
-                return Err(format!("[backends.{name}]: max_instances must be at least 1"));
+                return Err(format!(
+                    "[backends.{name}]: max_instances must be at least 1"
+                ));
             }
         }
         Ok(config)
@@ -180,16 +182,20 @@ pub fn locate() -> Result<PathBuf, String> {
         .into_iter()
         .chain([PathBuf::from("/etc/kvwasm/config.toml")])
         .collect();
-    candidates.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
-        format!(
-            "no config file: set {CONFIG_ENV} or create one of {}",
-            candidates
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| {
+            format!(
+                "no config file: set {CONFIG_ENV} or create one of {}",
+                candidates
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
 }
 
 /// Backends built from config files, by (file, name), so repeated opens in
@@ -198,7 +204,8 @@ pub fn locate() -> Result<PathBuf, String> {
 pub(crate) fn cached_backend(path: &Path, name: &str) -> Result<Arc<Backend>, String> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
-    static BACKENDS: OnceLock<Mutex<HashMap<(PathBuf, String), Arc<Backend>>>> = OnceLock::new();
+    type Cache = Mutex<HashMap<(PathBuf, String), Arc<Backend>>>;
+    static BACKENDS: OnceLock<Cache> = OnceLock::new();
     let key = (path.to_owned(), name.to_owned());
     let cache = BACKENDS.get_or_init(Default::default);
     if let Some(found) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
@@ -244,9 +251,18 @@ mod tests {
     fn rejects_bad_configs() {
         let base = Path::new("/");
         for (text, why) in [
-            ("[backends.a]\ncomponent = \"builtin:nope\"", "unknown builtin"),
-            ("[backends.a]\ncomponent = \"builtin:fs\"\ntypo = 1", "unknown field"),
-            ("[backends.a]\ncomponent = \"builtin:fs\"\ncall_timeout_ms = 0", "at least 1"),
+            (
+                "[backends.a]\ncomponent = \"builtin:nope\"",
+                "unknown builtin",
+            ),
+            (
+                "[backends.a]\ncomponent = \"builtin:fs\"\ntypo = 1",
+                "unknown field",
+            ),
+            (
+                "[backends.a]\ncomponent = \"builtin:fs\"\ncall_timeout_ms = 0",
+                "at least 1",
+            ),
             ("[backends.a]\ndir = \"/x\"", "missing field"),
             ("backends = 3", "invalid type"),
         ] {

@@ -226,7 +226,8 @@ impl StoreHandle {
         loop {
             let mut pool = lock(&self.pool);
             let instance = loop {
-                let due = |id: &u64| *id != own && pool.unflushed.get(id).is_some_and(|s| *s <= cutoff);
+                let due =
+                    |id: &u64| *id != own && pool.unflushed.get(id).is_some_and(|s| *s <= cutoff);
                 if !pool.unflushed.keys().any(due) {
                     return Ok(());
                 }

@@ -41,7 +41,10 @@ type CallResult<T> = wasmtime::Result<Result<T, GuestError>>;
 impl Instance {
     /// Instantiate `backend`'s component and open `namespace` in it.
     /// Also returns the guest's [`BackendInfo`].
-    pub(crate) fn open(backend: &Backend, namespace: &str) -> Result<(Instance, BackendInfo), KvError> {
+    pub(crate) fn open(
+        backend: &Backend,
+        namespace: &str,
+    ) -> Result<(Instance, BackendInfo), KvError> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let wasi = backend
             .grants
@@ -63,7 +66,9 @@ impl Instance {
             .instantiate(&mut store)
             .map_err(|e| lost(&store, e, timeout_ms))?;
         let guest = bindings.kvwasm_kv_store_store();
-        let info = guest.call_info(&mut store).map_err(|e| lost(&store, e, timeout_ms))?;
+        let info = guest
+            .call_info(&mut store)
+            .map_err(|e| lost(&store, e, timeout_ms))?;
         store.set_epoch_deadline(deadline_ticks);
         let handle = guest
             .store()
@@ -102,10 +107,12 @@ impl Instance {
     }
 
     pub(crate) fn get_chunk(&mut self, hash: &[u8]) -> Outcome<MallocBuffer> {
-        self.call(|guest, store, handle| match guest.call_get_chunk(&mut *store, handle, hash)? {
-            Ok(payload) => Ok(Ok(payload::take(store, payload)?)),
-            Err(e) => Ok(Err(e)),
-        })
+        self.call(
+            |guest, store, handle| match guest.call_get_chunk(&mut *store, handle, hash)? {
+                Ok(payload) => Ok(Ok(payload::take(store, payload)?)),
+                Err(e) => Ok(Err(e)),
+            },
+        )
     }
 
     pub(crate) fn put_manifest(&mut self, name: &str, data: &[u8]) -> Outcome<()> {
@@ -117,9 +124,11 @@ impl Instance {
     }
 
     pub(crate) fn get_manifest(&mut self, name: &str) -> Outcome<MallocBuffer> {
-        self.call(|guest, store, handle| match guest.call_get_manifest(&mut *store, handle, name)? {
-            Ok(payload) => Ok(Ok(payload::take(store, payload)?)),
-            Err(e) => Ok(Err(e)),
+        self.call(|guest, store, handle| {
+            match guest.call_get_manifest(&mut *store, handle, name)? {
+                Ok(payload) => Ok(Ok(payload::take(store, payload)?)),
+                Err(e) => Ok(Err(e)),
+            }
         })
     }
 
@@ -154,7 +163,9 @@ fn lost(store: &Store<HostState>, err: wasmtime::Error, timeout_ms: u64) -> KvEr
     }
     let what = trap.map_or_else(|| format!("{err:#}"), Trap::to_string);
     if store.data().limits.memory_denied {
-        KvError::Trapped(format!("out of memory: the memory limit was reached ({what})"))
+        KvError::Trapped(format!(
+            "out of memory: the memory limit was reached ({what})"
+        ))
     } else {
         KvError::Trapped(what)
     }

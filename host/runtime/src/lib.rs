@@ -45,7 +45,10 @@ pub fn open(uri: &str) -> Result<StoreHandle, KvError> {
         }
         uri::Target::Named { backend, namespace } => {
             let path = config::locate().map_err(KvError::Host)?;
-            (config::cached_backend(&path, &backend).map_err(KvError::Host)?, namespace)
+            (
+                config::cached_backend(&path, &backend).map_err(KvError::Host)?,
+                namespace,
+            )
         }
     };
     StoreHandle::open(backend.0, &backend.1)

@@ -200,8 +200,12 @@ impl types::HostPayload for HostState {
         len: u64,
     ) -> wasmtime::Result<Vec<u8>> {
         let bytes = self.table.get(&payload)?.as_slice();
-        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
-        let end = start.saturating_add(usize::try_from(len).unwrap_or(usize::MAX)).min(bytes.len());
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        let end = start
+            .saturating_add(usize::try_from(len).unwrap_or(usize::MAX))
+            .min(bytes.len());
         Ok(bytes[start..end].to_vec())
     }
 

@@ -60,8 +60,14 @@ mod tests {
 
     #[test]
     fn embedded() {
-        assert_eq!(parse("wasm:///tmp/kv"), Ok(Target::EmbeddedFs("/tmp/kv".into())));
-        assert_eq!(parse("wasm:///tmp/kv/"), Ok(Target::EmbeddedFs("/tmp/kv".into())));
+        assert_eq!(
+            parse("wasm:///tmp/kv"),
+            Ok(Target::EmbeddedFs("/tmp/kv".into()))
+        );
+        assert_eq!(
+            parse("wasm:///tmp/kv/"),
+            Ok(Target::EmbeddedFs("/tmp/kv".into()))
+        );
     }
 
     #[test]
@@ -72,12 +78,23 @@ mod tests {
         };
         assert_eq!(parse("wasm://fs"), Ok(named("fs", "")));
         assert_eq!(parse("wasm://fs/"), Ok(named("fs", "")));
-        assert_eq!(parse("wasm://redis/prod/Qwen3-8B/"), Ok(named("redis", "prod/Qwen3-8B")));
+        assert_eq!(
+            parse("wasm://redis/prod/Qwen3-8B/"),
+            Ok(named("redis", "prod/Qwen3-8B"))
+        );
     }
 
     #[test]
     fn rejected() {
-        for bad in ["", "file:///tmp", "wasm:/x", "wasm://", "wasm:///", "wasm://a b/c", "wasm://../x"] {
+        for bad in [
+            "",
+            "file:///tmp",
+            "wasm:/x",
+            "wasm://",
+            "wasm:///",
+            "wasm://a b/c",
+            "wasm://../x",
+        ] {
             assert!(parse(bad).is_err(), "{bad:?} should be rejected");
         }
     }

@@ -73,7 +73,9 @@ impl GuestStore for HostileStore {
             },
             _ if name == "recurse" => recurse(0).to_le_bytes().to_vec(),
             Some(("alloc", mib)) => {
-                let mib: usize = mib.parse().map_err(|_| Error::InvalidArgument(name.clone()))?;
+                let mib: usize = mib
+                    .parse()
+                    .map_err(|_| Error::InvalidArgument(name.clone()))?;
                 let block = vec![1u8; mib << 20];
                 std::hint::black_box(&block);
                 b"allocated".to_vec()

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Every test: formatting, lints (host and guests), unit and end-to-end tests,
+# the C consumer, and a smoke run of the demo. Installs what it needs.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+(cd guest-backends && cargo fmt --all -- --check)
+
+step "cargo clippy (host workspace, then guests for wasm32-wasip2)"
+cargo clippy --release --workspace --all-targets --locked -- -D warnings
+(cd guest-backends && cargo clippy --release --target wasm32-wasip2 --workspace --locked -- -D warnings)
+
+step "guest-support unit tests (native)"
+(cd guest-backends && cargo test --release --locked -p kvwasm-guest-support)
+
+step "cargo test --release --workspace"
+cargo test --release --workspace --locked
+
+step "kvwasm demo (smoke)"
+target/release/kvwasm compile
+target/release/kvwasm demo --sessions 2
