@@ -11,7 +11,10 @@ use std::process::Command;
 
 /// (package, name of the generated constant)
 const BACKENDS: &[(&str, &str)] = &[("kvwasm-guest-fs", "FS"), ("kvwasm-guest-memory", "MEMORY")];
-const TEST_GUESTS: &[(&str, &str)] = &[("kvwasm-guest-hostile", "HOSTILE")];
+const TEST_GUESTS: &[(&str, &str)] = &[
+    ("kvwasm-guest-hostile", "HOSTILE"),
+    ("kvwasm-vendor-starter", "VENDOR_STARTER"),
+];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
@@ -29,7 +32,12 @@ fn main() {
         guests.extend_from_slice(TEST_GUESTS);
     }
 
-    for dir in ["wit", "guest-backends", "tests/guests"] {
+    for dir in [
+        "wit",
+        "guest-backends",
+        "tests/guests",
+        "examples/vendor-starter",
+    ] {
         println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
     }
 

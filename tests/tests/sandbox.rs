@@ -133,3 +133,28 @@ fn a_read_only_grant_refuses_writes_in_the_host() {
         b"readable"
     );
 }
+
+#[test]
+fn a_guest_cannot_open_connections_or_resolve_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "");
+    // A real listener on loopback, so a refusal is the sandbox, not an
+    // absent peer.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let connect = format!("get-manifest:connect:{}", listener.local_addr().unwrap());
+    let (out, err) = Probe::new(PROBE, "wasm://hostile/t").config(&config).run(&[
+        &connect,
+        "get-manifest:resolve:localhost",
+        "get-manifest:ping",
+    ]);
+    assert_eq!(out.len(), 4, "{out:?} {err}");
+    assert!(out[1].ends_with("-> -5"), "connect: {}", out[1]);
+    assert!(out[2].ends_with("-> -5"), "resolve: {}", out[2]);
+    assert_eq!(out[3], "get-manifest ping -> 0 pong");
+    assert_eq!(
+        listener.accept().map(drop).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock,
+        "the listener must not have seen a connection"
+    );
+}

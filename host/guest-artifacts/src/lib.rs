@@ -1,6 +1,7 @@
 //! The guest backends as WebAssembly components, built by `build.rs`.
 //!
-//! `FS` and `MEMORY` are the backends the shim embeds; the test-only guests
-//! exist with the `test-guests` feature.
+//! `FS` and `MEMORY` are the backends the shim embeds. With the
+//! `test-guests` feature, `HOSTILE` (tests/guests/hostile) and
+//! `VENDOR_STARTER` (examples/vendor-starter) exist too.
 
 include!(concat!(env!("OUT_DIR"), "/guests.rs"));

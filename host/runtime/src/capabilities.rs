@@ -1,9 +1,10 @@
 //! Capability policy: what a guest may reach, turned into a WASI context.
 //!
 //! A guest gets exactly the grants listed here and nothing else: no
-//! environment, no arguments, no stdin, no network, no clocks beyond WASI's
-//! defaults, no preopen that was not granted. Stdout and stderr of the guest
-//! are discarded.
+//! environment variables, no arguments, no stdin, no network (TCP, UDP and
+//! name lookups are all off), no preopen that was not granted. Stdout and
+//! stderr of the guest go nowhere. What every guest does get from WASI:
+//! clocks and random numbers.
 
 use std::path::PathBuf;
 
@@ -36,6 +37,12 @@ impl Grants {
         // Must come before any preopen: each preopen captures it. Without it
         // every file operation hops to a thread pool (~20x slower small calls).
         builder.allow_blocking_current_thread(true);
+        // No network: explicit, rather than relying on wasmtime-wasi's
+        // defaults (whose address check also denies everything).
+        builder
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
         if let Some(dir) = &self.data_dir {
             let perms = if dir.read_only {
                 FsPerms::ReadOnly

@@ -103,12 +103,9 @@ impl StoreHandle {
             pool.puts
         };
         let instance = self.checkout()?;
-        if let Err(e) = self.flush_others(instance.id, cutoff) {
-            self.checkin(instance, false);
-            return Err(e);
-        }
-        let id = instance.id;
-        let result = self.finish(instance, false, |i| i.put_manifest(name, data));
+        let id = instance.id();
+        self.flush_others(id, cutoff)?;
+        let result = instance.run(false, |i| i.put_manifest(name, data));
         if result.is_ok() {
             // The guest flushed its own chunks as part of put-manifest.
             lock(&self.pool).unflushed.remove(&id);
@@ -152,52 +149,21 @@ impl StoreHandle {
         is_put: bool,
         call: impl FnOnce(&mut Instance) -> Outcome<T>,
     ) -> Result<T, KvError> {
-        let instance = self.checkout()?;
-        self.finish(instance, is_put, call)
-    }
-
-    /// Run `call` on a checked-out instance and give it back (or drop it).
-    fn finish<T>(
-        &self,
-        mut instance: Instance,
-        is_put: bool,
-        call: impl FnOnce(&mut Instance) -> Outcome<T>,
-    ) -> Result<T, KvError> {
-        match call(&mut instance) {
-            Outcome::Returned(result) => {
-                self.checkin(instance, is_put && result.is_ok());
-                result
-            }
-            Outcome::Lost(err) => {
-                // The caller logs `err`; this records the replacement.
-                tracing::info!(
-                    backend = %self.backend.name,
-                    namespace = %self.namespace,
-                    "guest instance discarded after: {err}; a fresh one serves the next call"
-                );
-                let id = instance.id;
-                drop(instance);
-                let mut pool = lock(&self.pool);
-                pool.live -= 1;
-                pool.lost_unflushed |= pool.unflushed.remove(&id).is_some();
-                self.returned.notify_all();
-                Err(err)
-            }
-        }
+        self.checkout()?.run(is_put, call)
     }
 
     /// An idle instance, a new one if the pool may grow, else wait.
-    fn checkout(&self) -> Result<Instance, KvError> {
+    fn checkout(&self) -> Result<CheckedOut<'_>, KvError> {
         let mut pool = lock(&self.pool);
         loop {
             if let Some(instance) = pool.idle.pop() {
-                return Ok(instance);
+                return Ok(CheckedOut::new(self, instance));
             }
             if pool.live < self.max_instances {
                 pool.live += 1;
                 drop(pool);
                 return match Instance::open(&self.backend, &self.namespace) {
-                    Ok((instance, _)) => Ok(instance),
+                    Ok((instance, _)) => Ok(CheckedOut::new(self, instance)),
                     Err(e) => {
                         lock(&self.pool).live -= 1;
                         self.returned.notify_all();
@@ -209,6 +175,7 @@ impl StoreHandle {
         }
     }
 
+    /// Give a healthy instance back, recording an accepted put.
     fn checkin(&self, instance: Instance, accepted_put: bool) {
         let mut pool = lock(&self.pool);
         if accepted_put {
@@ -217,6 +184,14 @@ impl StoreHandle {
             pool.unflushed.entry(instance.id).or_insert(seq);
         }
         pool.idle.push(instance);
+        self.returned.notify_all();
+    }
+
+    /// Forget an instance that is gone (trapped, or dropped by a panic).
+    fn retire(&self, id: u64) {
+        let mut pool = lock(&self.pool);
+        pool.live -= 1;
+        pool.lost_unflushed |= pool.unflushed.remove(&id).is_some();
         self.returned.notify_all();
     }
 
@@ -238,8 +213,74 @@ impl StoreHandle {
             };
             drop(pool);
             let id = instance.id;
-            self.finish(instance, false, Instance::flush)?;
+            CheckedOut::new(self, instance).run(false, Instance::flush)?;
             lock(&self.pool).unflushed.remove(&id);
+        }
+    }
+}
+
+/// An instance taken from the pool. Whatever happens, including a panic in
+/// host code, it goes back to the pool or is retired, so the pool's count of
+/// live instances never leaks and no caller waits forever for a slot.
+struct CheckedOut<'h> {
+    handle: &'h StoreHandle,
+    instance: Option<Instance>,
+}
+
+impl<'h> CheckedOut<'h> {
+    fn new(handle: &'h StoreHandle, instance: Instance) -> CheckedOut<'h> {
+        CheckedOut {
+            handle,
+            instance: Some(instance),
+        }
+    }
+
+    fn id(&self) -> u64 {
+        self.instance.as_ref().map_or(0, |i| i.id)
+    }
+
+    /// Run `call`, then give the instance back or, if it was lost, retire it.
+    fn run<T>(
+        mut self,
+        is_put: bool,
+        call: impl FnOnce(&mut Instance) -> Outcome<T>,
+    ) -> Result<T, KvError> {
+        let instance = self.instance.as_mut().expect("checked out");
+        let outcome = call(instance);
+        let instance = self.instance.take().expect("checked out");
+        match outcome {
+            Outcome::Returned(result) => {
+                self.handle.checkin(instance, is_put && result.is_ok());
+                result
+            }
+            Outcome::Lost(err) => {
+                // The caller logs `err`; this records the replacement.
+                tracing::info!(
+                    backend = %self.handle.backend.name,
+                    namespace = %self.handle.namespace,
+                    "guest instance discarded after: {err}; a fresh one serves the next call"
+                );
+                let id = instance.id;
+                drop(instance);
+                self.handle.retire(id);
+                Err(err)
+            }
+        }
+    }
+}
+
+impl Drop for CheckedOut<'_> {
+    fn drop(&mut self) {
+        if let Some(instance) = self.instance.take() {
+            if std::thread::panicking() {
+                // A panic unwound through `run`: the instance may be mid-call.
+                let id = instance.id;
+                drop(instance);
+                self.handle.retire(id);
+            } else {
+                // Never used (e.g. put_manifest's flush of others failed).
+                self.handle.checkin(instance, false);
+            }
         }
     }
 }

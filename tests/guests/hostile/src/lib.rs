@@ -11,6 +11,8 @@
 //! | `recurse`              | recurses until the stack overflows                 |
 //! | `abs:<path>`           | reads an absolute guest path, e.g. `/etc/passwd`   |
 //! | `env:<NAME>`           | returns the value of an environment variable       |
+//! | `connect:<ip:port>`    | opens a TCP connection                             |
+//! | `resolve:<host>`       | resolves a host name                               |
 //! | anything else          | reads `/data/<name>` without validating the name   |
 //!
 //! `put_manifest(name, data)` writes `/data/<name>`, so state outlives a
@@ -81,6 +83,15 @@ impl GuestStore for HostileStore {
                 b"allocated".to_vec()
             }
             Some(("abs", path)) => std::fs::read(path).map_err(io_error)?,
+            Some(("connect", addr)) => {
+                std::net::TcpStream::connect(addr).map_err(io_error)?;
+                b"connected".to_vec()
+            }
+            Some(("resolve", host)) => {
+                use std::net::ToSocketAddrs;
+                let found = (host, 80).to_socket_addrs().map_err(io_error)?;
+                format!("{:?}", found.collect::<Vec<_>>()).into_bytes()
+            }
             Some(("env", var)) => std::env::var(var)
                 .map_err(|_| Error::NotFound)?
                 .into_bytes(),
