@@ -13,6 +13,7 @@ use std::process::Command;
 const BACKENDS: &[(&str, &str)] = &[("kvwasm-guest-fs", "FS"), ("kvwasm-guest-memory", "MEMORY")];
 const TEST_GUESTS: &[(&str, &str)] = &[
     ("kvwasm-guest-hostile", "HOSTILE"),
+    ("kvwasm-guest-buffered", "BUFFERED"),
     ("kvwasm-vendor-starter", "VENDOR_STARTER"),
 ];
 
@@ -76,8 +77,8 @@ fn main() {
         .expect("failed to run cargo for the wasm guests");
     assert!(
         status.success(),
-        "building the wasm32-wasip2 guests failed; is the target installed? \
-         run: rustup target add wasm32-wasip2"
+        "building the wasm32-wasip2 guests failed (cargo output above); if the target is \
+         missing: rustup target add wasm32-wasip2"
     );
 
     let mut consts = String::new();

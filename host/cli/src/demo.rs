@@ -27,7 +27,8 @@ pub struct DemoArgs {
     /// Open this URI instead of `wasm://<dir>` (e.g. a configured backend).
     #[arg(long)]
     uri: Option<String>,
-    /// Path of libkv_store_wasm.so (default: see `kvwasm demo --help`).
+    /// Path of libkv_store_wasm.so (default: $KV_STORE_LIBRARY_PATH/, then
+    /// next to this executable, then the system loader's search path).
     #[arg(long)]
     lib: Option<PathBuf>,
     /// Number of sessions to save and restore.

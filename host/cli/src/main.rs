@@ -12,11 +12,19 @@ use clap::{Parser, Subcommand};
 /// filesystem backend) or `wasm://<backend>/<namespace>` (a backend from the
 /// config file, see KVWASM_CONFIG).
 #[derive(Parser)]
-#[command(name = "kvwasm", version, propagate_version = true)]
+#[command(name = "kvwasm", version, propagate_version = true, after_help = ENVIRONMENT)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+const ENVIRONMENT: &str = "\
+Environment:
+  KVWASM_CONFIG           config file naming backends (default: $XDG_CONFIG_HOME/kvwasm/config.toml,
+                          then /etc/kvwasm/config.toml)
+  KVWASM_CACHE_DIR        precompiled-component cache (default: $XDG_CACHE_HOME/kvwasm); `off` disables
+  KVWASM_LOG              log filter, e.g. `debug` (default: warn)
+  KV_STORE_LIBRARY_PATH   where consumers look for libkv_store_wasm.so first";
 
 #[derive(Subcommand)]
 enum Command {

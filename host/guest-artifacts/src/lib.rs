@@ -1,7 +1,7 @@
 //! The guest backends as WebAssembly components, built by `build.rs`.
 //!
 //! `FS` and `MEMORY` are the backends the shim embeds. With the
-//! `test-guests` feature, `HOSTILE` (tests/guests/hostile) and
+//! `test-guests` feature, `HOSTILE` and `BUFFERED` (tests/guests/) and
 //! `VENDOR_STARTER` (examples/vendor-starter) exist too.
 
 include!(concat!(env!("OUT_DIR"), "/guests.rs"));

@@ -75,6 +75,11 @@ impl StoreHandle {
         &self.backend
     }
 
+    /// Guest instances currently serving this handle (idle or busy).
+    pub fn live_instances(&self) -> usize {
+        lock(&self.pool).live
+    }
+
     /// `put_chunk`: `Ok(true)` when the hash was already present.
     pub fn put_chunk(&self, hash: &[u8], data: &[u8]) -> Result<bool, KvError> {
         self.check_payload(data)?;

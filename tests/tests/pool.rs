@@ -1,0 +1,71 @@
+//! One handle served by several guest instances: concurrent calls spread
+//! over the pool, and `put_manifest` still makes every chunk put through the
+//! handle, in any instance, visible before the manifest.
+
+use std::sync::Arc;
+
+use kvwasm_host::config::Config;
+use kvwasm_host::{Backend, StoreHandle};
+
+fn buffered_backend(dir: &std::path::Path, max_instances: usize) -> Arc<Backend> {
+    let text = format!(
+        "[backends.buffered]\ncomponent = {:?}\ndir = \"data\"\nmax_instances = {max_instances}\n",
+        kvwasm_guest_artifacts::BUFFERED_PATH
+    );
+    let config = Config::parse(&text, dir).unwrap();
+    Arc::new(config.backend("buffered").unwrap())
+}
+
+#[test]
+fn put_manifest_flushes_chunks_buffered_in_other_instances() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = buffered_backend(dir.path(), 4);
+    let writer = StoreHandle::open(backend.clone(), "").unwrap();
+    let chunks: Vec<(Vec<u8>, Vec<u8>)> = (0..16u8).map(|i| (vec![i; 8], vec![i; 1000 + i as usize])).collect();
+
+    std::thread::scope(|s| {
+        for part in chunks.chunks(4) {
+            let writer = &writer;
+            s.spawn(move || {
+                for (hash, data) in part {
+                    assert_eq!(writer.put_chunk(hash, data).unwrap(), false);
+                }
+            });
+        }
+    });
+    assert!(writer.live_instances() > 1, "concurrent puts should use several instances");
+
+    // Nothing is visible yet: every instance still buffers its chunks.
+    let reader = StoreHandle::open(backend, "").unwrap();
+    assert!(reader.get_chunk(&chunks[0].0).is_err());
+
+    writer.put_manifest("m", b"all sixteen").unwrap();
+    for (hash, data) in &chunks {
+        assert_eq!(reader.get_chunk(hash).unwrap().as_slice(), data.as_slice(), "chunk {hash:?}");
+    }
+}
+
+#[test]
+fn a_backend_without_shared_state_gets_one_instance() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "[backends.mem]\ncomponent = \"builtin:memory\"\nmax_instances = 4\n";
+    let backend = Arc::new(Config::parse(text, dir.path()).unwrap().backend("mem").unwrap());
+    let store = StoreHandle::open(backend, "").unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            let store = &store;
+            s.spawn(move || {
+                for i in 0..50u8 {
+                    store.put_chunk(&[t, i], &[t, i, 1]).unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(store.live_instances(), 1);
+    // All 200 chunks are in the one instance.
+    for t in 0..4u8 {
+        for i in 0..50u8 {
+            assert_eq!(store.get_chunk(&[t, i]).unwrap().as_slice(), &[t, i, 1]);
+        }
+    }
+}
