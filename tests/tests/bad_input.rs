@@ -251,3 +251,21 @@ fn named_backends_from_a_config_file_work() {
         "a namespace cannot climb out of the grant"
     );
 }
+
+#[test]
+fn names_with_nul_are_rejected_by_the_backend() {
+    // A C string cannot carry an interior NUL, but the host API can: the
+    // guest's own validation must refuse it.
+    let dir = tempfile::tempdir().unwrap();
+    let store = kvwasm_host::open(&kvwasm_tests::fs_uri(dir.path())).unwrap();
+    for name in ["a\0b", "\0", "slot\0/../../etc/passwd"] {
+        let err = store.put_manifest(name, b"x").unwrap_err();
+        assert_eq!(err.code(), -3, "{name:?}: {err}");
+        assert_eq!(store.get_manifest(name).unwrap_err().code(), -3);
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "only chunks/ exists"
+    );
+}

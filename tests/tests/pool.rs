@@ -21,19 +21,24 @@ fn put_manifest_flushes_chunks_buffered_in_other_instances() {
     let dir = tempfile::tempdir().unwrap();
     let backend = buffered_backend(dir.path(), 4);
     let writer = StoreHandle::open(backend.clone(), "").unwrap();
-    let chunks: Vec<(Vec<u8>, Vec<u8>)> = (0..16u8).map(|i| (vec![i; 8], vec![i; 1000 + i as usize])).collect();
+    let chunks: Vec<(Vec<u8>, Vec<u8>)> = (0..16u8)
+        .map(|i| (vec![i; 8], vec![i; 1000 + i as usize]))
+        .collect();
 
     std::thread::scope(|s| {
         for part in chunks.chunks(4) {
             let writer = &writer;
             s.spawn(move || {
                 for (hash, data) in part {
-                    assert_eq!(writer.put_chunk(hash, data).unwrap(), false);
+                    assert!(!writer.put_chunk(hash, data).unwrap(), "fresh chunk stored");
                 }
             });
         }
     });
-    assert!(writer.live_instances() > 1, "concurrent puts should use several instances");
+    assert!(
+        writer.live_instances() > 1,
+        "concurrent puts should use several instances"
+    );
 
     // Nothing is visible yet: every instance still buffers its chunks.
     let reader = StoreHandle::open(backend, "").unwrap();
@@ -41,7 +46,11 @@ fn put_manifest_flushes_chunks_buffered_in_other_instances() {
 
     writer.put_manifest("m", b"all sixteen").unwrap();
     for (hash, data) in &chunks {
-        assert_eq!(reader.get_chunk(hash).unwrap().as_slice(), data.as_slice(), "chunk {hash:?}");
+        assert_eq!(
+            reader.get_chunk(hash).unwrap().as_slice(),
+            data.as_slice(),
+            "chunk {hash:?}"
+        );
     }
 }
 
@@ -49,7 +58,12 @@ fn put_manifest_flushes_chunks_buffered_in_other_instances() {
 fn a_backend_without_shared_state_gets_one_instance() {
     let dir = tempfile::tempdir().unwrap();
     let text = "[backends.mem]\ncomponent = \"builtin:memory\"\nmax_instances = 4\n";
-    let backend = Arc::new(Config::parse(text, dir.path()).unwrap().backend("mem").unwrap());
+    let backend = Arc::new(
+        Config::parse(text, dir.path())
+            .unwrap()
+            .backend("mem")
+            .unwrap(),
+    );
     let store = StoreHandle::open(backend, "").unwrap();
     std::thread::scope(|s| {
         for t in 0..4u8 {

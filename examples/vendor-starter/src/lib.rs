@@ -102,7 +102,10 @@ impl GuestStore for StarterStore {
 impl StarterStore {
     fn chunk_path(&self, hash: &[u8]) -> Result<PathBuf, Error> {
         if hash.is_empty() || hash.len() > 64 {
-            return Err(Error::InvalidArgument(format!("hash of {} bytes", hash.len())));
+            return Err(Error::InvalidArgument(format!(
+                "hash of {} bytes",
+                hash.len()
+            )));
         }
         let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
         Ok(self.root.join("chunks").join(hex))
@@ -114,7 +117,9 @@ fn check_name(name: &str) -> Result<(), Error> {
     let bad = name.is_empty()
         || name.len() > 255
         || name.contains("..")
-        || name.chars().any(|c| c == '/' || c == '\\' || c.is_control());
+        || name
+            .chars()
+            .any(|c| c == '/' || c == '\\' || c.is_control());
     if bad {
         return Err(Error::InvalidArgument(format!("unsafe name {name:?}")));
     }

@@ -166,6 +166,12 @@ impl MallocBuffer {
     }
 }
 
+impl std::fmt::Debug for MallocBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MallocBuffer({} bytes)", self.len)
+    }
+}
+
 impl Drop for MallocBuffer {
     fn drop(&mut self) {
         // SAFETY: allocated by malloc, not handed out.

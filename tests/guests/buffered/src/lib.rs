@@ -52,8 +52,16 @@ impl GuestStore for BufferedStore {
         if std::fs::exists(path(&key)).map_err(io)? {
             return Ok(PutOutcome::AlreadyPresent);
         }
-        let fresh = self.pending.borrow_mut().insert(key, data.to_vec()).is_none();
-        Ok(if fresh { PutOutcome::Stored } else { PutOutcome::AlreadyPresent })
+        let fresh = self
+            .pending
+            .borrow_mut()
+            .insert(key, data.to_vec())
+            .is_none();
+        Ok(if fresh {
+            PutOutcome::Stored
+        } else {
+            PutOutcome::AlreadyPresent
+        })
     }
 
     fn get_chunk(&self, hash: Vec<u8>) -> Result<Payload> {
