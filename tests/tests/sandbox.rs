@@ -55,6 +55,12 @@ fn a_trap_fails_one_call_and_the_next_call_works_with_files_intact() {
     );
     assert!(err.contains("guest trapped"), "{err}");
     assert!(
+        err.contains("guest stderr:")
+            && err.contains("panicked at")
+            && err.contains("hostile guest panics on purpose"),
+        "the panic message is quoted in the log: {err}"
+    );
+    assert!(
         err.contains("out of memory"),
         "memory cap named in the log: {err}"
     );

@@ -2,14 +2,17 @@
 //!
 //! A guest gets exactly the grants listed here and nothing else: no
 //! environment variables, no arguments, no stdin, no network (TCP, UDP and
-//! name lookups are all off), no preopen that was not granted. Stdout and
-//! stderr of the guest go nowhere. What every guest does get from WASI:
-//! clocks and random numbers.
+//! name lookups are all off), no preopen that was not granted. The guest's
+//! stdout goes nowhere; its stderr goes to the host log at debug level (see
+//! `guest_log`). What every guest does get from WASI: clocks and random
+//! numbers.
 
 use std::path::PathBuf;
 
 use serde::Deserialize;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
+
+use crate::guest_log::GuestStderr;
 
 /// Guest path of the granted data directory (the fs backend's root).
 pub const DATA_DIR: &str = "/data";
@@ -32,8 +35,9 @@ pub struct DirGrant {
 
 impl Grants {
     /// Build the WASI context for one instance.
-    pub(crate) fn wasi_ctx(&self) -> wasmtime::Result<WasiCtx> {
+    pub(crate) fn wasi_ctx(&self, stderr: GuestStderr) -> wasmtime::Result<WasiCtx> {
         let mut builder = WasiCtxBuilder::new();
+        builder.stderr(stderr);
         // Must come before any preopen: each preopen captures it. Without it
         // every file operation hops to a thread pool (~20x slower small calls).
         builder.allow_blocking_current_thread(true);

@@ -14,6 +14,7 @@ use crate::backend::Backend;
 use crate::bindings::exports::kvwasm::kv_store::store::{Error as GuestError, GuestStore};
 use crate::bindings::{BackendInfo, FilesystemBackend, PutOutcome};
 use crate::error::KvError;
+use crate::guest_log::GuestStderr;
 use crate::payload::{self, MallocBuffer};
 use crate::state::HostState;
 
@@ -46,14 +47,16 @@ impl Instance {
         namespace: &str,
     ) -> Result<(Instance, BackendInfo), KvError> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let stderr = GuestStderr::new(&backend.name);
         let wasi = backend
             .grants
-            .wasi_ctx()
+            .wasi_ctx(stderr.clone())
             .map_err(|e| KvError::host("cannot apply the backend's grants", e))?;
         let state = HostState {
             wasi,
             table: Default::default(),
             limits: backend.limits.instance_limits(),
+            stderr,
         };
         let mut store = Store::new(crate::engine::engine(), state);
         store.limiter(|s| &mut s.limits);
@@ -161,7 +164,10 @@ fn lost(store: &Store<HostState>, err: wasmtime::Error, timeout_ms: u64) -> KvEr
     if trap == Some(&Trap::Interrupt) {
         return KvError::Timeout(timeout_ms);
     }
-    let what = trap.map_or_else(|| format!("{err:#}"), Trap::to_string);
+    let mut what = trap.map_or_else(|| format!("{err:#}"), Trap::to_string);
+    if let Some(words) = store.data().stderr.last_words() {
+        what = format!("{what}; guest stderr: {words}");
+    }
     if store.data().limits.memory_denied {
         KvError::Trapped(format!(
             "out of memory: the memory limit was reached ({what})"

@@ -21,6 +21,7 @@ pub mod component;
 pub mod config;
 pub mod engine;
 mod error;
+mod guest_log;
 pub mod handle;
 mod instance;
 pub mod limits;
