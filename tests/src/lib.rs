@@ -12,25 +12,29 @@ use std::sync::OnceLock;
 
 pub use kv_store_abi::{Handle, Library};
 
-/// Directory holding the build's libraries and binaries (`target/<profile>`).
-pub fn target_dir() -> PathBuf {
+/// Directory holding the `libkv_store_wasm.so` these tests were built with:
+/// `target/<profile>/deps`. This crate depends on the shim, so building the
+/// tests always rebuilds it there (`target/<profile>/` holds a copy only
+/// after a top-level build, which may be stale).
+pub fn shim_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test binary>  or  target/<profile>/<binary>
-    exe.ancestors()
-        .find(|p| p.join(kv_store_abi::library_file_name("wasm")).is_file())
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| {
-            panic!(
-                "libkv_store_wasm.so not found above {}; build it first: \
-                 cargo build --release --workspace",
-                exe.display()
-            )
-        })
+    // target/<profile>/deps/<test binary>, or target/<profile>/<binary>
+    let profile_dir = exe
+        .ancestors()
+        .find(|p| p.join("deps").is_dir() && p.join("build").is_dir())
+        .unwrap_or_else(|| panic!("no target/<profile> above {}", exe.display()));
+    let deps = profile_dir.join("deps");
+    assert!(
+        deps.join(kv_store_abi::library_file_name("wasm")).is_file(),
+        "libkv_store_wasm.so missing in {}; build the tests with cargo",
+        deps.display()
+    );
+    deps
 }
 
 /// Path of the built shim.
 pub fn shim_path() -> PathBuf {
-    target_dir().join(kv_store_abi::library_file_name("wasm"))
+    shim_dir().join(kv_store_abi::library_file_name("wasm"))
 }
 
 /// The shim, loaded once per test process.

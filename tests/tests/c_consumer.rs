@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kvwasm_tests::{fs_uri, target_dir};
+use kvwasm_tests::{fs_uri, shim_dir};
 
 fn build_consumer(out: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/c-consumer");
@@ -28,7 +28,7 @@ fn run(exe: &Path, args: &[&str], uri: &str) -> String {
     let out = Command::new(exe)
         .args(args)
         .arg(uri)
-        .env("KV_STORE_LIBRARY_PATH", target_dir())
+        .env("KV_STORE_LIBRARY_PATH", shim_dir())
         .output()
         .expect("run the C consumer");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

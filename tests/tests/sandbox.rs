@@ -164,3 +164,27 @@ fn a_guest_cannot_open_connections_or_resolve_names() {
         "the listener must not have seen a connection"
     );
 }
+
+#[test]
+fn a_guest_cannot_hoard_host_memory_through_payloads() {
+    // Payload buffers live in host memory, outside the guest's memory cap;
+    // they have their own cap: max_payload_mib held at once per instance.
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "max_payload_mib = 8\n");
+    let (out, err) = Probe::new(PROBE, "wasm://hostile/t").config(&config).run(&[
+        "get-manifest:hoard:4",
+        "get-manifest:hoard:100",
+        "get-manifest:ping",
+    ]);
+    assert_eq!(
+        out,
+        [
+            "open ok",
+            "get-manifest hoard:4 -> 0 hoarded",
+            "get-manifest hoard:100 -> -7",
+            "get-manifest ping -> 0 pong"
+        ],
+        "{err}"
+    );
+    assert!(err.contains("payload limit"), "{err}");
+}

@@ -146,15 +146,7 @@ impl GuestStore for FsStore {
         for hash in hashes {
             let name = validate::hash_hex(&hash);
             let _ = self.with_fanout(fanout_index(&name), |dir| {
-                let file = dir
-                    .fd
-                    .open_at(
-                        PathFlags::empty(),
-                        &name,
-                        OpenFlags::empty(),
-                        DescriptorFlags::READ,
-                    )
-                    .fs_context("open chunk")?;
+                let file = dir.open_file(&name, "open chunk")?;
                 let size = file.stat().fs_context("stat chunk")?.size;
                 file.advise(0, size, Advice::WillNeed)
                     .fs_context("advise chunk")
@@ -168,15 +160,7 @@ impl GuestStore for FsStore {
         let mut dirs = BTreeSet::new();
         for (slot, name) in &unsynced {
             let synced = self.with_fanout(*slot, |dir| {
-                let file = dir
-                    .fd
-                    .open_at(
-                        PathFlags::empty(),
-                        name,
-                        OpenFlags::empty(),
-                        DescriptorFlags::READ,
-                    )
-                    .fs_context("open chunk for sync")?;
+                let file = dir.open_file(name, "open chunk for sync")?;
                 file.sync_data().fs_context("sync chunk")
             });
             if let Err(e) = synced {
@@ -186,10 +170,14 @@ impl GuestStore for FsStore {
             }
             dirs.insert(*slot);
         }
+        if dirs.is_empty() {
+            return Ok(());
+        }
         for slot in dirs {
             self.with_fanout(slot, |dir| dir.fd.sync().fs_context("sync chunk directory"))?;
         }
-        Ok(())
+        // A fan-out directory created since the last flush is an entry here.
+        self.chunks.fd.sync().fs_context("sync chunks directory")
     }
 }
 
@@ -250,6 +238,18 @@ impl Dir {
         open_dir(&self.fd, name, self.writable)
     }
 
+    /// Open the existing file `name` for reading.
+    fn open_file(&self, name: &str, what: &str) -> Result<Descriptor> {
+        self.fd
+            .open_at(
+                PathFlags::empty(),
+                name,
+                OpenFlags::empty(),
+                DescriptorFlags::READ,
+            )
+            .fs_context(what)
+    }
+
     fn require_writable(&self) -> Result<()> {
         if self.writable {
             Ok(())
@@ -281,15 +281,7 @@ fn open_dir(parent: &Descriptor, name: &str, writable: bool) -> Result<Dir> {
 
 /// Read a whole file into a payload without copying it through guest memory.
 fn read_file(dir: &Dir, name: &str, what: &str) -> Result<Payload> {
-    let file = dir
-        .fd
-        .open_at(
-            PathFlags::empty(),
-            name,
-            OpenFlags::empty(),
-            DescriptorFlags::READ,
-        )
-        .fs_context(&format!("open {what}"))?;
+    let file = dir.open_file(name, &format!("open {what}"))?;
     let size = file.stat().fs_context(&format!("stat {what}"))?.size;
     let payload = payload_io::read_at(&file, 0, size).fs_context(&format!("read {what}"))?;
     if payload.len() != size {

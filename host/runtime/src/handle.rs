@@ -49,9 +49,9 @@ impl StoreHandle {
     /// Open `namespace` on `backend`. The first instance starts now, so a
     /// bad namespace or a broken component fails here, not on first use.
     pub fn open(backend: Arc<Backend>, namespace: &str) -> Result<StoreHandle, KvError> {
-        let (first, info) = Instance::open(&backend, namespace)?;
-        let info = backend.component.info.get_or_init(|| info);
-        let max_instances = if info.shared_state {
+        let first = Instance::open(&backend, namespace)?;
+        let shared_state = backend.component.info.get().is_some_and(|i| i.shared_state);
+        let max_instances = if shared_state {
             backend.max_instances.max(1)
         } else {
             1
@@ -168,7 +168,7 @@ impl StoreHandle {
                 pool.live += 1;
                 drop(pool);
                 return match Instance::open(&self.backend, &self.namespace) {
-                    Ok((instance, _)) => Ok(CheckedOut::new(self, instance)),
+                    Ok(instance) => Ok(CheckedOut::new(self, instance)),
                     Err(e) => {
                         lock(&self.pool).live -= 1;
                         self.returned.notify_all();

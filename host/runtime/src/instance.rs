@@ -12,7 +12,7 @@ use wasmtime::{Store, Trap};
 
 use crate::backend::Backend;
 use crate::bindings::exports::kvwasm::kv_store::store::{Error as GuestError, GuestStore};
-use crate::bindings::{BackendInfo, FilesystemBackend, PutOutcome};
+use crate::bindings::{FilesystemBackend, PutOutcome};
 use crate::error::KvError;
 use crate::guest_log::GuestStderr;
 use crate::payload::{self, MallocBuffer};
@@ -40,12 +40,10 @@ pub(crate) struct Instance {
 type CallResult<T> = wasmtime::Result<Result<T, GuestError>>;
 
 impl Instance {
-    /// Instantiate `backend`'s component and open `namespace` in it.
-    /// Also returns the guest's [`BackendInfo`].
-    pub(crate) fn open(
-        backend: &Backend,
-        namespace: &str,
-    ) -> Result<(Instance, BackendInfo), KvError> {
+    /// Instantiate `backend`'s component and open `namespace` in it. The
+    /// first instance of a component also asks the guest for its
+    /// [`BackendInfo`](crate::BackendInfo).
+    pub(crate) fn open(backend: &Backend, namespace: &str) -> Result<Instance, KvError> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let stderr = GuestStderr::new(&backend.name);
         let wasi = backend
@@ -69,10 +67,13 @@ impl Instance {
             .instantiate(&mut store)
             .map_err(|e| lost(&store, e, timeout_ms))?;
         let guest = bindings.kvwasm_kv_store_store();
-        let info = guest
-            .call_info(&mut store)
-            .map_err(|e| lost(&store, e, timeout_ms))?;
-        store.set_epoch_deadline(deadline_ticks);
+        if backend.component.info.get().is_none() {
+            let info = guest
+                .call_info(&mut store)
+                .map_err(|e| lost(&store, e, timeout_ms))?;
+            let _ = backend.component.info.set(info);
+            store.set_epoch_deadline(deadline_ticks);
+        }
         let handle = guest
             .store()
             .call_open(&mut store, namespace)
@@ -85,7 +86,7 @@ impl Instance {
             deadline_ticks,
             timeout_ms,
         };
-        Ok((instance, info))
+        Ok(instance)
     }
 
     /// Run one guest method under the deadline and classify the result.

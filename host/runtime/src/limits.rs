@@ -53,6 +53,7 @@ impl Limits {
             memory_bytes: usize::try_from(self.memory_limit_mib.saturating_mul(1 << 20))
                 .unwrap_or(usize::MAX),
             max_payload_bytes: self.max_payload_bytes(),
+            payload_bytes_held: 0,
             memory_denied: false,
         }
     }
@@ -76,9 +77,32 @@ impl Limits {
 pub(crate) struct InstanceLimits {
     memory_bytes: usize,
     pub(crate) max_payload_bytes: u64,
+    /// Bytes of host-owned payloads this instance holds now. Payload memory
+    /// is host memory, outside the guest's cap, so it has a cap of its own:
+    /// at most `max_payload_bytes` at once.
+    payload_bytes_held: u64,
     /// Set when the guest asked for memory past its cap. A trap that
     /// follows is reported as out-of-memory rather than a bare abort.
     pub(crate) memory_denied: bool,
+}
+
+impl InstanceLimits {
+    /// Account for a new payload of `len` bytes; `false` if it would exceed
+    /// the cap on payload bytes held at once.
+    pub(crate) fn reserve_payload(&mut self, len: u64) -> bool {
+        match self.payload_bytes_held.checked_add(len) {
+            Some(held) if held <= self.max_payload_bytes => {
+                self.payload_bytes_held = held;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A payload of `len` bytes left the instance (dropped, or returned).
+    pub(crate) fn release_payload(&mut self, len: u64) {
+        self.payload_bytes_held = self.payload_bytes_held.saturating_sub(len);
+    }
 }
 
 impl ResourceLimiter for InstanceLimits {

@@ -73,7 +73,10 @@ pub(crate) fn take(
     res: Resource<Payload>,
 ) -> wasmtime::Result<MallocBuffer> {
     match state.data_mut().table.delete(res)? {
-        Payload::Owned(buf) => Ok(buf),
+        Payload::Owned(buf) => {
+            state.data_mut().limits.release_payload(buf.len() as u64);
+            Ok(buf)
+        }
         // Guests only ever hold borrows of lent payloads and cannot return
         // them; reaching this means a host bug, not a guest one.
         Payload::Lent(_) => wasmtime::bail!("a lent payload was returned"),
@@ -183,9 +186,10 @@ impl types::Host for HostState {}
 
 impl types::HostPayload for HostState {
     fn new(&mut self, bytes: Vec<u8>) -> wasmtime::Result<Resource<Payload>> {
-        if bytes.len() as u64 > self.limits.max_payload_bytes {
+        if !self.limits.reserve_payload(bytes.len() as u64) {
             wasmtime::bail!(
-                "guest built a payload of {} bytes, limit {}",
+                "payload limit: a new payload of {} bytes would exceed the {} bytes of \
+                 payloads an instance may hold at once",
                 bytes.len(),
                 self.limits.max_payload_bytes
             );
@@ -216,7 +220,9 @@ impl types::HostPayload for HostState {
     }
 
     fn drop(&mut self, payload: Resource<Payload>) -> wasmtime::Result<()> {
-        self.table.delete(payload)?;
+        if let Payload::Owned(buf) = self.table.delete(payload)? {
+            self.limits.release_payload(buf.len() as u64);
+        }
         Ok(())
     }
 }
@@ -258,10 +264,20 @@ impl payload_io::Host for HostState {
         if len > self.limits.max_payload_bytes {
             return Ok(Err(ErrorCode::FileTooLarge));
         }
-        let len = usize::try_from(len).map_err(|_| wasmtime::format_err!("length overflow"))?;
-        match MallocBuffer::read_file(&file.file, offset, len) {
-            Ok(buf) => Ok(Ok(self.table.push(Payload::Owned(buf))?)),
-            Err(e) => Ok(Err(io_error_code(e))),
+        if !self.limits.reserve_payload(len) {
+            return Ok(Err(ErrorCode::InsufficientMemory));
+        }
+        let want = usize::try_from(len).map_err(|_| wasmtime::format_err!("length overflow"))?;
+        match MallocBuffer::read_file(&file.file, offset, want) {
+            Ok(buf) => {
+                // Account for what was read, not what was asked for.
+                self.limits.release_payload(len - buf.len() as u64);
+                Ok(Ok(self.table.push(Payload::Owned(buf))?))
+            }
+            Err(e) => {
+                self.limits.release_payload(len);
+                Ok(Err(io_error_code(e)))
+            }
         }
     }
 }

@@ -13,6 +13,7 @@
 //! | `env:<NAME>`           | returns the value of an environment variable       |
 //! | `connect:<ip:port>`    | opens a TCP connection                             |
 //! | `resolve:<host>`       | resolves a host name                               |
+//! | `hoard:<n>`            | creates and leaks n payloads of 1 MiB (host memory) |
 //! | anything else          | reads `/data/<name>` without validating the name   |
 //!
 //! `put_manifest(name, data)` writes `/data/<name>`, so state outlives a
@@ -83,6 +84,16 @@ impl GuestStore for HostileStore {
                 b"allocated".to_vec()
             }
             Some(("abs", path)) => std::fs::read(path).map_err(io_error)?,
+            Some(("hoard", n)) => {
+                let n: usize = n
+                    .parse()
+                    .map_err(|_| Error::InvalidArgument(name.clone()))?;
+                let block = vec![7u8; 1 << 20];
+                for _ in 0..n {
+                    std::mem::forget(Payload::new(&block));
+                }
+                b"hoarded".to_vec()
+            }
             Some(("connect", addr)) => {
                 std::net::TcpStream::connect(addr).map_err(io_error)?;
                 b"connected".to_vec()
