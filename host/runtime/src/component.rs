@@ -46,6 +46,14 @@ impl Builtin {
         }
     }
 
+    /// BLAKE3 of the embedded bytes, computed once per process: every
+    /// `wasm:///dir` open looks the builtin up by it.
+    fn hash(self) -> blake3::Hash {
+        static HASHES: [OnceLock<blake3::Hash>; Builtin::ALL.len()] =
+            [const { OnceLock::new() }; Builtin::ALL.len()];
+        *HASHES[self as usize].get_or_init(|| blake3::hash(self.bytes()))
+    }
+
     /// Every builtin.
     pub const ALL: [Builtin; 2] = [Builtin::Fs, Builtin::Memory];
 }
@@ -97,7 +105,10 @@ impl LoadedComponent {
                 })?
                 .into(),
         };
-        let hash = blake3::hash(&bytes);
+        let hash = match source {
+            ComponentSource::Builtin(b) => b.hash(),
+            ComponentSource::File(_) => blake3::hash(&bytes),
+        };
 
         // Components are shared by content, so two config entries naming the
         // same file (or a builtin) compile and link once per process.
