@@ -176,10 +176,8 @@ unsafe extern "C" fn open(uri: *const c_char) -> *mut KvStore {
         let uri = unsafe { CStr::from_ptr(uri) }
             .to_str()
             .map_err(|_| bad("URI is not valid UTF-8"))?;
-        let handle = kvwasm_host::open(uri).map_err(|e| match e {
-            KvError::BadInput(m) | KvError::Host(m) => KvError::Host(format!("open {uri:?}: {m}")),
-            other => KvError::Host(format!("open {uri:?}: {other}")),
-        })?;
+        let handle =
+            kvwasm_host::open(uri).map_err(|e| KvError::Host(format!("open {uri:?}: {e}")))?;
         opened = Box::into_raw(Box::new(handle)).cast();
         Ok(0)
     });

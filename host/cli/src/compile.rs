@@ -39,16 +39,11 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         Ok(path) => {
             let config = Config::load(&path).map_err(anyhow::Error::msg)?;
             for backend in config.backends.values() {
-                match backend
-                    .component
-                    .parse::<ComponentSource>()
-                    .map_err(anyhow::Error::msg)?
-                {
-                    ComponentSource::File(p) => {
-                        sources.push(ComponentSource::File(config.base_dir.join(p)))
-                    }
-                    builtin => sources.push(builtin),
-                }
+                sources.push(
+                    config
+                        .component_source(backend)
+                        .map_err(anyhow::Error::msg)?,
+                );
             }
         }
         Err(why) if args.config.is_none() => {

@@ -9,7 +9,6 @@
 
 use std::path::PathBuf;
 
-use serde::Deserialize;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 
 use crate::guest_log::GuestStderr;
@@ -25,7 +24,7 @@ pub struct Grants {
 }
 
 /// One directory grant.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirGrant {
     /// Host path.
     pub host: PathBuf,

@@ -97,10 +97,7 @@ impl Config {
             let known: Vec<_> = self.backends.keys().map(String::as_str).collect();
             format!("no backend {name:?} in the config (configured: {known:?})")
         })?;
-        let source = match spec.source()? {
-            ComponentSource::File(p) => ComponentSource::File(self.base_dir.join(p)),
-            builtin => builtin,
-        };
+        let source = self.component_source(spec)?;
         let component = LoadedComponent::load(&source)
             .map_err(|e| format!("backend {name:?}: cannot load {source}: {e:#}"))?;
         let data_dir = match &spec.dir {
@@ -125,6 +122,15 @@ impl Config {
             grants: Grants { data_dir },
             limits: spec.limits(),
             max_instances: spec.max_instances.unwrap_or_else(default_max_instances),
+        })
+    }
+
+    /// Where `spec`'s component comes from, with a relative path resolved
+    /// against the config file's directory.
+    pub fn component_source(&self, spec: &BackendConfig) -> Result<ComponentSource, String> {
+        Ok(match spec.source()? {
+            ComponentSource::File(p) => ComponentSource::File(self.base_dir.join(p)),
+            builtin => builtin,
         })
     }
 

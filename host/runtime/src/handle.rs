@@ -70,11 +70,6 @@ impl StoreHandle {
         })
     }
 
-    /// The backend this handle runs on.
-    pub fn backend(&self) -> &Backend {
-        &self.backend
-    }
-
     /// Guest instances currently serving this handle (idle or busy).
     pub fn live_instances(&self) -> usize {
         lock(&self.pool).live

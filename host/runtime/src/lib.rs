@@ -39,18 +39,15 @@ pub use payload::MallocBuffer;
 
 /// Open the store a `wasm://` URI names (see [`uri`]).
 pub fn open(uri: &str) -> Result<StoreHandle, KvError> {
-    let backend = match uri::parse(uri).map_err(KvError::BadInput)? {
+    match uri::parse(uri).map_err(KvError::BadInput)? {
         uri::Target::EmbeddedFs(dir) => {
             let backend = config::Config::embedded_fs(&dir).map_err(KvError::Host)?;
-            return StoreHandle::open(Arc::new(backend), "");
+            StoreHandle::open(Arc::new(backend), "")
         }
         uri::Target::Named { backend, namespace } => {
             let path = config::locate().map_err(KvError::Host)?;
-            (
-                config::cached_backend(&path, &backend).map_err(KvError::Host)?,
-                namespace,
-            )
+            let backend = config::cached_backend(&path, &backend).map_err(KvError::Host)?;
+            StoreHandle::open(backend, &namespace)
         }
-    };
-    StoreHandle::open(backend.0, &backend.1)
+    }
 }

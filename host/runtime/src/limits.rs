@@ -7,15 +7,13 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
 use wasmtime::ResourceLimiter;
 
 /// Granularity of call deadlines.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
 
 /// Limits applied to every instance of a backend.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Cap on a guest's linear memory, in MiB.
     pub memory_limit_mib: u64,
