@@ -11,9 +11,11 @@ if ! rustup target list --installed | grep -qx wasm32-wasip2; then
     rustup target add wasm32-wasip2
 fi
 
-# Debian packages: a C compiler and xxhash.h for examples/c-consumer.
+# Debian packages: a C compiler, make and xxhash.h for the C examples
+# (examples/c-consumer, examples/native-backend, tests/broken-backends).
 missing=()
 command -v cc >/dev/null || missing+=(gcc libc6-dev)
+command -v make >/dev/null || missing+=(make)
 [ -f /usr/include/xxhash.h ] || missing+=(libxxhash-dev)
 if [ ${#missing[@]} -gt 0 ]; then
     step "apt-get install ${missing[*]}"

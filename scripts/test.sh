@@ -21,6 +21,13 @@ step "guest-support unit tests (native)"
 step "cargo test --release --workspace"
 cargo test --release --workspace --locked
 
+step "kvwasm check --quick: the fs guest behind the shim, and the native C backend"
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+make -s -C examples/native-backend OUT="$scratch"
+target/release/kvwasm check --quick --component builtin:fs
+target/release/kvwasm check --quick --lib "$scratch/libkv_store_cfs.so" --uri "cfs://$scratch/data"
+
 step "kvwasm demo (smoke)"
 target/release/kvwasm compile
 target/release/kvwasm demo --sessions 2

@@ -6,11 +6,13 @@
 //! reason logged to stderr. Log level: `KVWASM_LOG` (default `warn`; a miss
 //! on `get_*` is logged at `debug`).
 //!
-//! The handle given to the consumer is a boxed [`StoreHandle`]; it is `Sync`,
-//! so the consumer may call it from many threads at once.
+//! The handle given to the consumer is a boxed `Arc<StoreHandle>` (handles
+//! on an in-memory backend share one store); it is `Sync`, so the consumer
+//! may call it from many threads at once.
 
 use std::ffi::{CStr, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 
 use kv_store_abi::{KvStore, VERSION_PREFETCH, Vtable};
 use kvwasm_host::{KvError, MallocBuffer, StoreHandle};
@@ -89,7 +91,9 @@ fn bad(what: impl Into<String>) -> KvError {
 /// `ptr` is NULL or a pointer returned by `open` and not yet closed.
 unsafe fn handle<'a>(ptr: *mut KvStore) -> Result<&'a StoreHandle, KvError> {
     // SAFETY: per the contract above.
-    unsafe { ptr.cast::<StoreHandle>().as_ref() }.ok_or_else(|| bad("NULL handle"))
+    unsafe { ptr.cast::<Arc<StoreHandle>>().as_ref() }
+        .map(|h| &**h)
+        .ok_or_else(|| bad("NULL handle"))
 }
 
 /// A borrowed input buffer: NULL is allowed only with length 0.
@@ -188,7 +192,7 @@ unsafe extern "C" fn close(store: *mut KvStore) {
     entry("close", || {
         if !store.is_null() {
             // SAFETY: `store` came from `open` and is closed exactly once.
-            drop(unsafe { Box::from_raw(store.cast::<StoreHandle>()) });
+            drop(unsafe { Box::from_raw(store.cast::<Arc<StoreHandle>>()) });
         }
         Ok(0)
     });

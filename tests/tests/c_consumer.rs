@@ -14,6 +14,7 @@ fn build_consumer(out: &Path) -> PathBuf {
         .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&exe)
         .arg(src.join("main.c"))
+        .arg(format!("-I{}", src.join("../include").display()))
         .arg("-ldl")
         .status()
         .unwrap_or_else(|e| panic!("run {cc}: {e}"));

@@ -83,3 +83,32 @@ fn a_backend_without_shared_state_gets_one_instance() {
         }
     }
 }
+
+#[test]
+fn in_memory_handles_share_a_store_per_namespace_until_the_last_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(
+        "[backends.mem]\ncomponent = \"builtin:memory\"\n",
+        dir.path(),
+    )
+    .unwrap();
+    let backend = Arc::new(config.backend("mem").unwrap());
+    let open = |ns: &str| kvwasm_host::handle::open_shared(backend.clone(), ns).unwrap();
+
+    let (a, b, other) = (open("tenant"), open("tenant"), open("other"));
+    assert!(!a.put_chunk(b"k", b"v").unwrap());
+    a.put_manifest("m", b"k").unwrap();
+    assert_eq!(
+        b.get_manifest("m").unwrap().as_slice(),
+        b"k",
+        "second handle sees it"
+    );
+    assert!(b.put_chunk(b"k", b"v").unwrap(), "and counts it as present");
+    assert!(other.get_manifest("m").is_err(), "other namespaces do not");
+
+    drop((a, b));
+    assert!(
+        open("tenant").get_manifest("m").is_err(),
+        "gone with the last handle"
+    );
+}

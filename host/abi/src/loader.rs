@@ -268,6 +268,14 @@ impl Buffer {
         Ok(Buffer { ptr, len })
     }
 
+    /// Give up ownership: the raw pointer (NULL or from the backend's
+    /// `malloc`) and length. The caller must `free` it, or leak it.
+    pub fn into_raw(self) -> (*mut u8, usize) {
+        let raw = (self.ptr, self.len);
+        std::mem::forget(self);
+        raw
+    }
+
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         if self.len == 0 {

@@ -5,14 +5,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use kv_store_abi::{Library, library_file_name};
 
-/// Load the shim: `--lib` if given; else `$KV_STORE_LIBRARY_PATH/<lib>` if
-/// it exists (the consumers' rule); else the copy built next to this
-/// executable; else the system loader's search path.
-pub fn load_shim(explicit: Option<PathBuf>) -> anyhow::Result<Library> {
-    if let Some(path) = explicit {
-        return Library::open(path.as_os_str())
-            .with_context(|| format!("loading {}", path.display()));
-    }
+/// `$KV_STORE_LIBRARY_PATH/<lib>` if it exists (the consumers' rule), else
+/// the copy built next to this executable.
+pub fn locate_shim() -> Option<PathBuf> {
     let name = library_file_name("wasm");
     let from_env = std::env::var_os("KV_STORE_LIBRARY_PATH")
         .map(|dir| PathBuf::from(dir).join(&name))
@@ -21,10 +16,20 @@ pub fn load_shim(explicit: Option<PathBuf>) -> anyhow::Result<Library> {
         .ok()
         .and_then(|exe| exe.parent().map(|d| d.join(&name)))
         .filter(|p| p.is_file());
-    match from_env.or(beside_exe) {
-        Some(path) => Library::open(path.as_os_str()).with_context(|| format!("loading {}", path.display())),
+    from_env.or(beside_exe)
+}
+
+/// Load the shim: `--lib` if given; else [`locate_shim`]; else the system
+/// loader's search path.
+pub fn load_shim(explicit: Option<PathBuf>) -> anyhow::Result<Library> {
+    match explicit.or_else(locate_shim) {
+        Some(path) => Library::open(path.as_os_str())
+            .with_context(|| format!("loading {}", path.display())),
         None => Library::for_scheme("wasm").with_context(|| {
-            format!("{name} not found: pass --lib, set KV_STORE_LIBRARY_PATH, or build it (cargo build --release)")
+            format!(
+                "{} not found: pass --lib, set KV_STORE_LIBRARY_PATH, or build it (cargo build --release)",
+                library_file_name("wasm")
+            )
         }),
     }
 }

@@ -1,5 +1,6 @@
 //! `kvwasm`: run, check and operate sandboxed kv_store_v1 backends.
 
+mod check;
 mod compile;
 mod consumer;
 mod demo;
@@ -29,6 +30,7 @@ Environment:
 #[derive(Subcommand)]
 enum Command {
     Demo(demo::DemoArgs),
+    Check(check::CheckArgs),
     Compile(compile::CompileArgs),
 }
 
@@ -41,11 +43,12 @@ fn main() -> std::process::ExitCode {
         .with_target(false)
         .init();
     let result = match Cli::parse().command {
-        Command::Demo(args) => demo::run(args),
-        Command::Compile(args) => compile::run(args),
+        Command::Demo(args) => demo::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Check(args) => check::run(args),
+        Command::Compile(args) => compile::run(args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("kvwasm: {e:#}");
             std::process::ExitCode::FAILURE

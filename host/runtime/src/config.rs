@@ -11,7 +11,8 @@
 //! max_payload_mib = 1024
 //! ```
 //!
-//! Relative paths are relative to the config file. The file is found at
+//! Relative paths are relative to the config file's directory, or to the
+//! top-level `base_dir = "..."` when set. The file is found at
 //! `$KVWASM_CONFIG` if set, else the first of
 //! `$XDG_CONFIG_HOME/kvwasm/config.toml` (or `~/.config/kvwasm/config.toml`)
 //! and `/etc/kvwasm/config.toml` that exists.
@@ -37,7 +38,11 @@ pub struct Config {
     /// Backends by name, as used in `wasm://<name>/...`.
     #[serde(default)]
     pub backends: BTreeMap<String, BackendConfig>,
-    /// Directory the file was read from (relative paths start here).
+    /// `base_dir`: where relative paths start, if not at the file itself
+    /// (lets tools such as `kvwasm check` run a copy of an operator's file).
+    #[serde(rename = "base_dir", default)]
+    declared_base_dir: Option<PathBuf>,
+    /// Directory relative paths start from.
     #[serde(skip)]
     pub base_dir: PathBuf,
 }
@@ -67,7 +72,10 @@ impl Config {
     /// Parse `text`; `base_dir` anchors relative paths.
     pub fn parse(text: &str, base_dir: &Path) -> Result<Config, String> {
         let mut config: Config = toml::from_str(text).map_err(|e| e.to_string())?;
-        config.base_dir = base_dir.to_owned();
+        config.base_dir = match &config.declared_base_dir {
+            Some(declared) => base_dir.join(declared),
+            None => base_dir.to_owned(),
+        };
         for (name, backend) in &config.backends {
             backend
                 .limits()

@@ -14,7 +14,7 @@
 //! manifest never publishes chunks that were dropped.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak};
 
 use crate::backend::Backend;
 use crate::bindings::PutOutcome;
@@ -43,6 +43,38 @@ struct Pool {
     unflushed: HashMap<u64, u64>,
     /// An instance with unflushed puts trapped since the last manifest.
     lost_unflushed: bool,
+}
+
+/// Open handles on backends whose state lives inside their one instance,
+/// by (backend, namespace).
+type PrivateStateStores = HashMap<(usize, String), Weak<StoreHandle>>;
+static PRIVATE_STATE: LazyLock<Mutex<PrivateStateStores>> = LazyLock::new(Default::default);
+
+/// Open a handle on `namespace` for a consumer.
+///
+/// A backend that declares `shared-state: false` (the in-memory one) keeps
+/// its data in its single instance. All handles on the same backend and
+/// namespace then share one store while any of them is open, so a second
+/// handle sees what the first published, as the ABI's visibility rule
+/// expects of any backend. The store is gone when the last handle closes.
+pub fn open_shared(backend: Arc<Backend>, namespace: &str) -> Result<Arc<StoreHandle>, KvError> {
+    let shared_state = |b: &Backend| b.component.info.get().map(|i| i.shared_state);
+    if shared_state(&backend) == Some(true) {
+        return StoreHandle::open(backend, namespace).map(Arc::new);
+    }
+    // The Arc keeps the backend alive, so its address names it while the
+    // entry can still be upgraded.
+    let key = (Arc::as_ptr(&backend) as usize, namespace.to_owned());
+    let mut stores = lock(&PRIVATE_STATE);
+    if let Some(open) = stores.get(&key).and_then(Weak::upgrade) {
+        return Ok(open);
+    }
+    let handle = Arc::new(StoreHandle::open(backend.clone(), namespace)?);
+    if shared_state(&backend) == Some(false) {
+        stores.retain(|_, store| store.strong_count() > 0);
+        stores.insert(key, Arc::downgrade(&handle));
+    }
+    Ok(handle)
 }
 
 impl StoreHandle {

@@ -37,17 +37,18 @@ pub use error::KvError;
 pub use handle::StoreHandle;
 pub use payload::MallocBuffer;
 
-/// Open the store a `wasm://` URI names (see [`uri`]).
-pub fn open(uri: &str) -> Result<StoreHandle, KvError> {
+/// Open the store a `wasm://` URI names (see [`uri`] and
+/// [`handle::open_shared`]).
+pub fn open(uri: &str) -> Result<Arc<StoreHandle>, KvError> {
     match uri::parse(uri).map_err(KvError::BadInput)? {
         uri::Target::EmbeddedFs(dir) => {
             let backend = config::Config::embedded_fs(&dir).map_err(KvError::Host)?;
-            StoreHandle::open(Arc::new(backend), "")
+            handle::open_shared(Arc::new(backend), "")
         }
         uri::Target::Named { backend, namespace } => {
             let path = config::locate().map_err(KvError::Host)?;
             let backend = config::cached_backend(&path, &backend).map_err(KvError::Host)?;
-            StoreHandle::open(backend, &namespace)
+            handle::open_shared(backend, &namespace)
         }
     }
 }

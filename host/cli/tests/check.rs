@@ -1,0 +1,215 @@
+//! `kvwasm check` end to end: the shipped backends (native C, and the
+//! WebAssembly guests behind the shim) pass; each deliberately broken
+//! backend in tests/broken-backends fails exactly the check it breaks.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+const KVWASM: &str = env!("CARGO_BIN_EXE_kvwasm");
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The native libraries, built once per test process with their Makefiles.
+fn native_libs() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        for makefile_dir in ["examples/native-backend", "tests/broken-backends"] {
+            let status = Command::new("make")
+                .arg("-s")
+                .arg("-C")
+                .arg(repo().join(makefile_dir))
+                .arg(format!("OUT={}", dir.path().display()))
+                .status()
+                .expect("run make (scripts/setup.sh installs it)");
+            assert!(status.success(), "building {makefile_dir} failed");
+        }
+        dir
+    })
+    .path()
+}
+
+/// A finished run: exit status and the parsed `--json` report.
+struct Run {
+    ok: bool,
+    json: serde_json::Value,
+}
+
+impl Run {
+    fn with(&self, verdict: &str) -> BTreeSet<String> {
+        self.json["report"]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["verdict"] == verdict)
+            .map(|r| r["name"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    fn detail(&self, check: &str) -> String {
+        self.json["report"]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == check)
+            .map(|r| r["detail"].as_str().unwrap().to_owned())
+            .unwrap_or_default()
+    }
+}
+
+fn check(args: &[&str]) -> Run {
+    let out = Command::new(KVWASM)
+        .arg("check")
+        .arg("--json")
+        .args(args)
+        .env_remove("KVWASM_CONFIG")
+        .output()
+        .expect("run kvwasm check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "kvwasm check {args:?}: no JSON report ({e}):\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    Run {
+        ok: out.status.success(),
+        json,
+    }
+}
+
+fn native(scheme: &str) -> Run {
+    let data = tempfile::tempdir().unwrap();
+    let lib = native_libs().join(format!("libkv_store_{scheme}.so"));
+    check(&[
+        "--lib",
+        lib.to_str().unwrap(),
+        "--uri",
+        &format!("{scheme}://{}", data.path().display()),
+    ])
+}
+
+fn component(component: &str) -> Run {
+    let shim = kvwasm_tests::shim_path();
+    check(&["--lib", shim.to_str().unwrap(), "--component", component])
+}
+
+fn none() -> BTreeSet<String> {
+    BTreeSet::new()
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn the_native_c_backend_passes_everything() {
+    let run = native("cfs");
+    assert_eq!(run.with("fail"), none(), "{:#}", run.json);
+    assert_eq!(run.with("warn"), none(), "{:#}", run.json);
+    assert_eq!(run.with("skip"), none());
+    assert!(run.ok);
+    assert_eq!(run.with("pass").len(), kvwasm_conformance::CHECKS.len());
+}
+
+#[test]
+fn the_shim_with_the_fs_guest_passes_everything() {
+    let run = component("builtin:fs");
+    assert_eq!(run.with("fail"), none(), "{:#}", run.json);
+    assert_eq!(run.with("warn"), none(), "{:#}", run.json);
+    assert!(run.ok);
+}
+
+#[test]
+fn the_shim_with_the_memory_guest_passes_and_is_not_durable() {
+    let run = component("builtin:memory");
+    assert_eq!(run.with("fail"), none(), "{:#}", run.json);
+    // Honest about what it is: nothing survives the last handle's close.
+    assert_eq!(run.with("warn"), set(&["durable-across-reopen"]));
+    assert!(run.ok, "a SHOULD warning does not fail the run");
+}
+
+#[test]
+fn the_vendor_starter_component_passes_everything() {
+    let run = component(kvwasm_guest_artifacts::VENDOR_STARTER_PATH);
+    assert_eq!(run.with("fail"), none(), "{:#}", run.json);
+    assert_eq!(run.with("warn"), none(), "{:#}", run.json);
+}
+
+#[test]
+fn each_broken_backend_fails_exactly_the_rule_it_breaks() {
+    for (scheme, broken) in [
+        ("dupzero", "put-chunk-idempotent"),
+        ("tornmanifest", "manifest-atomicity"),
+        ("arenaalloc", "malloc-outputs"),
+        ("racy", "thread-safety"),
+    ] {
+        let run = native(scheme);
+        assert_eq!(run.with("fail"), set(&[broken]), "{scheme}: {:#}", run.json);
+        assert_eq!(run.with("warn"), none(), "{scheme}: {:#}", run.json);
+        assert!(!run.ok, "{scheme}: a failed MUST fails the run");
+    }
+}
+
+#[test]
+fn a_crash_is_reported_as_the_failure_of_its_check() {
+    let run = native("arenaalloc");
+    let detail = run.detail("malloc-outputs");
+    assert!(detail.contains("crashed the process"), "{detail}");
+    // The checks after it still ran, leaking outputs instead of crashing.
+    assert!(run.with("pass").contains("round-trip-sizes"));
+}
+
+#[test]
+fn only_skip_and_quick_select_checks() {
+    let data = tempfile::tempdir().unwrap();
+    let lib = native_libs().join("libkv_store_cfs.so");
+    let uri = format!("cfs://{}", data.path().display());
+    let base = ["--lib", lib.to_str().unwrap(), "--uri", &uri];
+    let only = check(&[&base[..], &["--only", "vtable,missing-chunk"]].concat());
+    assert_eq!(only.with("pass"), set(&["vtable", "missing-chunk"]));
+
+    let quick = check(&[&base[..], &["--quick", "--skip", "thread-safety"]].concat());
+    let ran = quick.with("pass");
+    assert!(!ran.contains("thread-safety") && !ran.contains("close-releases"));
+    assert!(ran.contains("manifest-atomicity"));
+
+    let out = Command::new(KVWASM)
+        .args(["check", "--only", "no-such-check"])
+        .args(base)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no check named \"no-such-check\""));
+}
+
+#[test]
+fn a_config_supplies_grants_with_paths_relative_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("kvwasm.toml");
+    std::fs::write(
+        &config,
+        "[backends.vendor]\ncomponent = \"builtin:memory\"\ndir = \"granted\"\n",
+    )
+    .unwrap();
+    let shim = kvwasm_tests::shim_path();
+    let run = check(&[
+        "--lib",
+        shim.to_str().unwrap(),
+        "--component",
+        "builtin:fs",
+        "--config",
+        config.to_str().unwrap(),
+        "--only",
+        "visibility",
+    ]);
+    assert_eq!(run.with("pass"), set(&["visibility"]), "{:#}", run.json);
+    // The fs guest (not the config's memory backend) wrote into the
+    // config's relative directory under the default namespace.
+    let written = dir.path().join("granted/kvwasm-check/chunks");
+    assert!(written.is_dir(), "{} missing", written.display());
+}
