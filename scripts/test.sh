@@ -28,6 +28,11 @@ make -s -C examples/native-backend OUT="$scratch"
 target/release/kvwasm check --quick --component builtin:fs
 target/release/kvwasm check --quick --lib "$scratch/libkv_store_cfs.so" --uri "cfs://$scratch/data"
 
+step "kvwasm bench --quick (smoke: seconds, no timing assertions)"
+mkdir -p "$scratch/bench"
+target/release/kvwasm bench --quick --no-progress --native "$scratch/libkv_store_cfs.so" \
+    --dir "scratch=$scratch/bench" --plot "$scratch/bench.svg" >/dev/null
+
 step "kvwasm demo (smoke)"
 target/release/kvwasm compile
 target/release/kvwasm demo --sessions 2

@@ -279,18 +279,10 @@ fn open_dir(parent: &Descriptor, name: &str, writable: bool) -> Result<Dir> {
     Ok(Dir { fd, writable })
 }
 
-/// Read a whole file into a payload without copying it through guest memory.
+/// Read a whole file into a payload, in one host call, without copying it
+/// through guest memory.
 fn read_file(dir: &Dir, name: &str, what: &str) -> Result<Payload> {
-    let file = dir.open_file(name, &format!("open {what}"))?;
-    let size = file.stat().fs_context(&format!("stat {what}"))?.size;
-    let payload = payload_io::read_at(&file, 0, size).fs_context(&format!("read {what}"))?;
-    if payload.len() != size {
-        return Err(Error::Io(format!(
-            "{what} {name} shrank while read: {} of {size} bytes",
-            payload.len()
-        )));
-    }
-    Ok(payload)
+    payload_io::read_file(&dir.fd, name).fs_context(&format!("read {what}"))
 }
 
 /// Index of the fan-out directory: the first hex digit of the hash.

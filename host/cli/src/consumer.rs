@@ -5,10 +5,15 @@ use std::path::PathBuf;
 use anyhow::Context;
 use kv_store_abi::{Library, library_file_name};
 
-/// `$KV_STORE_LIBRARY_PATH/<lib>` if it exists (the consumers' rule), else
-/// the copy built next to this executable.
+/// The shim: see [`locate_library`].
 pub fn locate_shim() -> Option<PathBuf> {
-    let name = library_file_name("wasm");
+    locate_library("wasm")
+}
+
+/// `libkv_store_<scheme>.so`: in `$KV_STORE_LIBRARY_PATH` if it exists there
+/// (the consumers' rule), else the copy next to this executable.
+pub fn locate_library(scheme: &str) -> Option<PathBuf> {
+    let name = library_file_name(scheme);
     let from_env = std::env::var_os("KV_STORE_LIBRARY_PATH")
         .map(|dir| PathBuf::from(dir).join(&name))
         .filter(|p| p.is_file());

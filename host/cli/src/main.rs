@@ -1,5 +1,6 @@
 //! `kvwasm`: run, check and operate sandboxed kv_store_v1 backends.
 
+mod bench;
 mod check;
 mod compile;
 mod consumer;
@@ -31,6 +32,7 @@ Environment:
 enum Command {
     Demo(demo::DemoArgs),
     Check(check::CheckArgs),
+    Bench(bench::BenchArgs),
     Compile(compile::CompileArgs),
 }
 
@@ -45,6 +47,7 @@ fn main() -> std::process::ExitCode {
     let result = match Cli::parse().command {
         Command::Demo(args) => demo::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Check(args) => check::run(args),
+        Command::Bench(args) => bench::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Compile(args) => compile::run(args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {

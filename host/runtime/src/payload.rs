@@ -255,27 +255,72 @@ impl payload_io::Host for HostState {
         len: u64,
     ) -> wasmtime::Result<Result<Resource<Payload>, ErrorCode>> {
         let file = match self.table.get(&file)? {
-            Descriptor::File(f) => f,
+            Descriptor::File(f) if f.open_mode.contains(OpenMode::READ) => f.file.clone(),
+            Descriptor::File(_) => return Ok(Err(ErrorCode::NotPermitted)),
             Descriptor::Dir(_) => return Ok(Err(ErrorCode::BadDescriptor)),
         };
-        if !file.open_mode.contains(OpenMode::READ) {
-            return Ok(Err(ErrorCode::NotPermitted));
+        let want = usize::try_from(len).map_err(|_| wasmtime::format_err!("length overflow"))?;
+        self.read_payload(&file, offset, want, false)
+    }
+
+    fn read_file(
+        &mut self,
+        dir: Resource<Descriptor>,
+        path: String,
+    ) -> wasmtime::Result<Result<Resource<Payload>, ErrorCode>> {
+        let dir = match self.table.get(&dir)? {
+            Descriptor::Dir(d) => d,
+            Descriptor::File(_) => return Ok(Err(ErrorCode::NotDirectory)),
+        };
+        // Resolved beneath `dir` (openat2 RESOLVE_BENEATH, or cap-std's
+        // manual resolution): no `..`, absolute path or symlink leaves it.
+        let mut options = cap_primitives::fs::OpenOptions::new();
+        options.read(true);
+        let opened = cap_primitives::fs::open(&dir.dir, std::path::Path::new(&path), &options)
+            .and_then(|file| file.metadata().map(|meta| (file, meta)));
+        let (file, meta) = match opened {
+            Ok(found) => found,
+            Err(e) => return Ok(Err(io_error_code(e))),
+        };
+        if meta.is_dir() {
+            return Ok(Err(ErrorCode::IsDirectory));
         }
-        if len > self.limits.max_payload_bytes {
+        let Ok(len) = usize::try_from(meta.len()) else {
+            return Ok(Err(ErrorCode::FileTooLarge));
+        };
+        self.read_payload(&file, 0, len, true)
+    }
+}
+
+impl HostState {
+    /// `pread` `len` bytes of `file` at `offset` into a new payload, within
+    /// the payload limits. `exact`: fewer bytes (the file shrank) is `io`.
+    fn read_payload(
+        &mut self,
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+        exact: bool,
+    ) -> wasmtime::Result<Result<Resource<Payload>, ErrorCode>> {
+        let len64 = len as u64;
+        if len64 > self.limits.max_payload_bytes {
             return Ok(Err(ErrorCode::FileTooLarge));
         }
-        if !self.limits.reserve_payload(len) {
+        if !self.limits.reserve_payload(len64) {
             return Ok(Err(ErrorCode::InsufficientMemory));
         }
-        let want = usize::try_from(len).map_err(|_| wasmtime::format_err!("length overflow"))?;
-        match MallocBuffer::read_file(&file.file, offset, want) {
+        match MallocBuffer::read_file(file, offset, len) {
+            Ok(buf) if exact && buf.len() != len => {
+                self.limits.release_payload(len64);
+                Ok(Err(ErrorCode::Io))
+            }
             Ok(buf) => {
                 // Account for what was read, not what was asked for.
-                self.limits.release_payload(len - buf.len() as u64);
+                self.limits.release_payload(len64 - buf.len() as u64);
                 Ok(Ok(self.table.push(Payload::Owned(buf))?))
             }
             Err(e) => {
-                self.limits.release_payload(len);
+                self.limits.release_payload(len64);
                 Ok(Err(io_error_code(e)))
             }
         }
@@ -292,6 +337,10 @@ fn io_error_code(e: std::io::Error) -> ErrorCode {
         Some(libc::EPERM) => ErrorCode::NotPermitted,
         Some(libc::EBADF) => ErrorCode::BadDescriptor,
         Some(libc::EISDIR) => ErrorCode::IsDirectory,
+        Some(libc::ENOENT) => ErrorCode::NoEntry,
+        Some(libc::ENOTDIR) => ErrorCode::NotDirectory,
+        Some(libc::ELOOP) => ErrorCode::Loop,
+        Some(libc::EXDEV) => ErrorCode::NotPermitted,
         _ if e.kind() == std::io::ErrorKind::OutOfMemory => ErrorCode::InsufficientMemory,
         _ => ErrorCode::Io,
     }

@@ -84,6 +84,17 @@ impl GuestStore for HostileStore {
                 b"allocated".to_vec()
             }
             Some(("abs", path)) => std::fs::read(path).map_err(io_error)?,
+            // The host's one-call file read, steered at `path` beneath /data.
+            Some(("readfile", path)) => {
+                use kvwasm_guest_support::FsErrorExt;
+                use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_io;
+                use kvwasm_guest_support::bindings::wasi::filesystem::preopens;
+                let (data, _) = preopens::get_directories()
+                    .into_iter()
+                    .find(|(_, p)| p == "/data")
+                    .ok_or(Error::NotFound)?;
+                return payload_io::read_file(&data, path).fs_context("readfile");
+            }
             Some(("hoard", n)) => {
                 let n: usize = n
                     .parse()

@@ -1,0 +1,121 @@
+//! `kvwasm bench`: kv_store_v1 backends measured side by side through the C
+//! ABI, loaded with `dlopen` as a consumer does.
+//!
+//! The first target is the baseline (normally the native C backend); every
+//! figure of the others is also given as a ratio to it. Within a repetition
+//! the targets run back to back, alternating which goes first, so that slow
+//! drift on a noisy machine hits them alike.
+
+pub mod plot;
+pub mod report;
+mod stats;
+mod target;
+mod workloads;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use stats::Stat;
+pub use target::{Medium, Target};
+pub use workloads::open_probe;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Backends; the first is the baseline.
+    pub targets: Vec<Target>,
+    /// Directories to run on (e.g. tmpfs and disk); the first also hosts
+    /// the thread, small-call, open and memory measurements.
+    pub media: Vec<Medium>,
+    pub reps: usize,
+    /// Seconds, not minutes: tiny sizes, one repetition. For CI smoke runs.
+    pub quick: bool,
+    /// How to start a fresh process that times its first `open`
+    /// (`exe args... --lib L --uri U`), for the first-use latency.
+    pub open_probe: Option<(PathBuf, Vec<std::ffi::OsString>)>,
+    /// Show a progress bar on stderr.
+    pub progress: bool,
+}
+
+/// Chunk sizes of the throughput matrix.
+pub const CHUNK_SIZES: [usize; 4] = [4 << 10, 64 << 10, 1 << 20, 16 << 20];
+
+/// Every measurement of one run.
+#[derive(Debug, serde::Serialize)]
+pub struct Results {
+    pub targets: Vec<String>,
+    pub media: Vec<Medium>,
+    pub reps: usize,
+    pub quick: bool,
+    /// GB/s per target, by medium, chunk size and operation.
+    pub throughput: Vec<Row>,
+    /// Milliseconds per target: 96 × 1 MiB saves and restores, by medium.
+    pub save_restore: Vec<Row>,
+    /// Nanoseconds per `get_manifest` of a missing name.
+    pub small_call: Row,
+    /// GB/s at 1 MiB with 1 and with 4 threads on one handle.
+    pub threads: Vec<Row>,
+    /// Milliseconds for `open`.
+    pub open: Vec<Row>,
+    /// Resident memory per open handle, KiB.
+    pub memory_per_handle: Row,
+}
+
+/// One measured case: a statistic per target, in `Results::targets` order.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    pub medium: String,
+    pub case: String,
+    pub unit: Unit,
+    pub per_target: Vec<Stat>,
+}
+
+/// The unit of a row's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Unit {
+    GBps,
+    Millis,
+    Nanos,
+    KiB,
+}
+
+impl Unit {
+    pub fn label(self) -> &'static str {
+        match self {
+            Unit::GBps => "GB/s",
+            Unit::Millis => "ms",
+            Unit::Nanos => "ns",
+            Unit::KiB => "KiB",
+        }
+    }
+}
+
+/// Run the plan.
+pub fn run(plan: &Plan) -> Result<Results, String> {
+    if plan.targets.is_empty() || plan.media.is_empty() {
+        return Err("nothing to measure: no targets or no directories".into());
+    }
+    let loaded = plan
+        .targets
+        .iter()
+        .map(Target::load)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut w = workloads::Workloads::new(plan, &loaded);
+    let results = Results {
+        targets: plan.targets.iter().map(|t| t.label.clone()).collect(),
+        media: plan.media.clone(),
+        reps: plan.reps,
+        quick: plan.quick,
+        throughput: w.throughput()?,
+        save_restore: w.save_restore()?,
+        small_call: w.small_call()?,
+        threads: w.threads()?,
+        open: w.open_latency()?,
+        memory_per_handle: w.memory_per_handle()?,
+    };
+    w.finish();
+    Ok(results)
+}
+
+/// A pause between phases lets writeback from the previous one settle.
+const SETTLE: Duration = Duration::from_millis(200);

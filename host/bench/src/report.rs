@@ -1,0 +1,159 @@
+//! Results as Markdown tables (what `docs/benchmarks.md` quotes), with every
+//! figure also given as a ratio to the baseline, and the targets
+//! checked against them.
+
+use std::fmt::Write as _;
+
+use crate::{Results, Row, Stat};
+
+/// The whole report.
+pub fn markdown(r: &Results) -> String {
+    let mut out = String::new();
+    let media: Vec<String> = r
+        .media
+        .iter()
+        .map(|m| format!("{} (`{}`)", m.label, m.path.display()))
+        .collect();
+    let _ = writeln!(
+        out,
+        "Targets: {} (baseline: {}). Directories: {}. {} repetition(s); median [min–max].{}\n",
+        r.targets.join(", "),
+        r.targets[0],
+        media.join(", "),
+        r.reps,
+        if r.quick { " QUICK run: tiny sizes, not for quoting." } else { "" }
+    );
+    if r.targets.len() > 1 {
+        section(&mut out, "Targets", &goals(r));
+    }
+    for medium in &r.media {
+        let rows: Vec<&Row> = r.throughput.iter().filter(|x| x.medium == medium.label).collect();
+        section(&mut out, &format!("Throughput, {}", medium.label), &table(r, &rows));
+    }
+    for medium in &r.media {
+        let rows: Vec<&Row> = r.save_restore.iter().filter(|x| x.medium == medium.label).collect();
+        section(
+            &mut out,
+            &format!("Save and restore, 96 × 1 MiB, {}", medium.label),
+            &table(r, &rows),
+        );
+    }
+    let mut rest: Vec<&Row> = vec![&r.small_call];
+    rest.extend(&r.threads);
+    rest.extend(&r.open);
+    rest.push(&r.memory_per_handle);
+    section(&mut out, &format!("Calls, threads, open and memory ({})", r.media[0].label), &table(r, &rest));
+    out
+}
+
+fn section(out: &mut String, title: &str, body: &str) {
+    let _ = writeln!(out, "### {title}\n\n{body}");
+}
+
+/// One row per case: each target's median and spread, then each
+/// non-baseline target's ratio to the baseline.
+fn table(r: &Results, rows: &[&Row]) -> String {
+    let mut out = String::from("| case |");
+    for t in &r.targets {
+        let _ = write!(out, " {t} |");
+    }
+    for t in &r.targets[1..] {
+        let _ = write!(out, " {t} ÷ {} |", r.targets[0]);
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(2 * r.targets.len() - 1));
+    out.push('\n');
+    for row in rows {
+        let _ = write!(out, "| {} ({}) |", row.case, row.unit.label());
+        for s in &row.per_target {
+            let _ = write!(out, " {} |", cell(s));
+        }
+        for s in &row.per_target[1..] {
+            let _ = write!(out, " {:.2}× |", s.median / row.per_target[0].median);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn cell(s: &Stat) -> String {
+    if s.samples.len() > 1 {
+        format!("{} [{}–{}]", num(s.median), num(s.min), num(s.max))
+    } else {
+        num(s.median)
+    }
+}
+
+fn num(v: f64) -> String {
+    match v.abs() {
+        x if x >= 100.0 => format!("{v:.0}"),
+        x if x >= 10.0 => format!("{v:.1}"),
+        x if x >= 1.0 => format!("{v:.2}"),
+        _ => format!("{v:.3}"),
+    }
+}
+
+/// The throughput issue's targets, for the second target against the
+/// baseline: the goal, the measured value, and whether it was met.
+fn goals(r: &Results) -> String {
+    let t = 1;
+    let mut out = String::from("| goal | measured | met |\n|---|---|---|\n");
+    let mut line = |goal: &str, measured: String, met: bool| {
+        let _ = writeln!(out, "| {goal} | {measured} | {} |", if met { "yes" } else { "**no**" });
+    };
+    let ratio = |row: &Row| row.per_target[t].median / row.per_target[0].median;
+    let find = |rows: &[Row], medium: &str, case: &str| rows.iter().find(|x| x.medium == medium && x.case == case).cloned();
+    for medium in &r.media {
+        let m = &medium.label;
+        for (sizes, floor) in [(&["1 MiB", "16 MiB"][..], 0.9), (&["4 KiB"][..], 0.6)] {
+            for op in ["put", "get"] {
+                for size in sizes {
+                    if let Some(row) = find(&r.throughput, m, &format!("{op} {size}")) {
+                        let x = ratio(&row);
+                        line(&format!("{op} {size} ≥ {floor}× native ({m})"), format!("{x:.2}×"), x >= floor);
+                    }
+                }
+            }
+        }
+        for case in ["cold save", "restore with prefetch"] {
+            if let Some(row) = find(&r.save_restore, m, case) {
+                let x = ratio(&row);
+                line(&format!("{case}, 96 × 1 MiB, within 1.15× native ({m})"), format!("{x:.2}× time"), x <= 1.15);
+            }
+        }
+        if m == &r.media[0].label {
+            if let Some(row) = find(&r.save_restore, m, "warm save (all chunks present)") {
+                let ms = row.per_target[t].median;
+                line(&format!("warm save ≤ 2 ms ({m})"), format!("{ms:.2} ms"), ms <= 2.0);
+            }
+        }
+    }
+    let small = ratio(&r.small_call);
+    line("small call ≤ 3× native", format!("{small:.2}× time"), small <= 3.0);
+    for op in ["put", "get"] {
+        let one = r.threads.iter().find(|x| x.case == format!("{op} 1 MiB, 1 thread"));
+        let four = r.threads.iter().find(|x| x.case == format!("{op} 1 MiB, 4 threads"));
+        if let (Some(one), Some(four)) = (one, four) {
+            let x = four.per_target[t].median / one.per_target[t].median;
+            line(&format!("{op}: 4 threads ≥ 1.5× one thread"), format!("{x:.2}×"), x >= 1.5);
+        }
+    }
+    for (case, limit) in [
+        ("first open in a process, warm artifact cache", 5.0),
+        ("another open in the same process", 0.5),
+    ] {
+        if let Some(row) = r.open.iter().find(|x| x.case == case) {
+            let ms = row.per_target[t].median;
+            line(&format!("{case} ≤ {limit} ms"), format!("{ms:.2} ms"), ms <= limit);
+        }
+    }
+    if let Some(row) = r.open.iter().find(|x| x.case.contains("empty artifact cache")) {
+        line("first open, empty cache (report only)", format!("{:.0} ms", row.per_target[t].median), true);
+    }
+    line(
+        "resident memory per handle (report only)",
+        format!("{:.0} KiB", r.memory_per_handle.per_target[t].median),
+        true,
+    );
+    out
+}

@@ -1,0 +1,152 @@
+//! `kvwasm bench`: backends side by side through the C ABI.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use kvwasm_bench::{Medium, Plan, Target};
+
+/// Measure kv_store_v1 backends side by side: put/get throughput at 4 KiB to
+/// 16 MiB chunks on each directory, 96 × 1 MiB saves and restores, small-call
+/// cost, thread scaling, open latency and memory per handle.
+///
+/// By default it compares the native C backend (libkv_store_cfs.so, the
+/// baseline) with libkv_store_wasm.so running the fs guest, on tmpfs
+/// (/dev/shm) and disk (/var/tmp). `bash scripts/bench.sh` builds the
+/// native backend and runs this with the plot written to docs/.
+#[derive(clap::Args)]
+#[command(verbatim_doc_comment)]
+pub struct BenchArgs {
+    /// A backend to measure, LABEL=LIBRARY=URI with {dir} in the URI (repeat;
+    /// the first is the baseline), e.g. native=./libkv_store_cfs.so=cfs://{dir}
+    #[arg(long = "target", value_name = "LABEL=LIB=URI")]
+    targets: Vec<String>,
+    /// The native baseline for the default targets (default: libkv_store_cfs.so
+    /// in $KV_STORE_LIBRARY_PATH or next to this executable).
+    #[arg(long, value_name = "PATH")]
+    native: Option<PathBuf>,
+    /// The shim for the default targets (default: as `kvwasm demo` finds it).
+    #[arg(long, value_name = "PATH")]
+    shim: Option<PathBuf>,
+    /// A directory to run in, LABEL=PATH (repeat; default tmpfs=/dev/shm and
+    /// disk=/var/tmp). The first also hosts the thread, call, open and memory runs.
+    #[arg(long = "dir", value_name = "LABEL=PATH")]
+    dirs: Vec<String>,
+    /// Repetitions of every measurement.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Seconds, not minutes: tiny sizes and one repetition (a smoke run).
+    #[arg(long)]
+    quick: bool,
+    /// Write the throughput plot (SVG) here.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// Write all samples as JSON here.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+    /// Internal: time dlopen and the first open in this fresh process.
+    #[arg(long, hide = true)]
+    open_probe: bool,
+    #[arg(long, hide = true)]
+    lib: Option<PathBuf>,
+    #[arg(long, hide = true)]
+    uri: Option<String>,
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.open_probe {
+        let (Some(lib), Some(uri)) = (&args.lib, &args.uri) else {
+            bail!("--open-probe needs --lib and --uri");
+        };
+        println!("{}", kvwasm_bench::open_probe(lib, uri).map_err(anyhow::Error::msg)?);
+        return Ok(());
+    }
+    let targets = if args.targets.is_empty() {
+        default_targets(&args)?
+    } else {
+        args.targets
+            .iter()
+            .map(|t| Target::parse(t))
+            .collect::<Result<_, _>>()
+            .map_err(anyhow::Error::msg)?
+    };
+    let media = if args.dirs.is_empty() {
+        default_media()
+    } else {
+        args.dirs
+            .iter()
+            .map(|d| Medium::parse(d))
+            .collect::<Result<_, _>>()
+            .map_err(anyhow::Error::msg)?
+    };
+    for medium in &media {
+        anyhow::ensure!(medium.path.is_dir(), "{} is not a directory", medium.path.display());
+    }
+    let plan = Plan {
+        targets,
+        media,
+        reps: if args.quick { 1 } else { args.reps.max(1) },
+        quick: args.quick,
+        open_probe: Some((
+            std::env::current_exe().context("locating this executable")?,
+            vec!["bench".into(), "--open-probe".into()],
+        )),
+        progress: !args.no_progress,
+    };
+    let results = kvwasm_bench::run(&plan).map_err(anyhow::Error::msg)?;
+    print!("{}", kvwasm_bench::report::markdown(&results));
+    if let Some(path) = &args.plot {
+        kvwasm_bench::plot::write_svg(&results, path).map_err(anyhow::Error::msg)?;
+        eprintln!("plot written to {}", path.display());
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&results)?)?;
+        eprintln!("samples written to {}", path.display());
+    }
+    Ok(())
+}
+
+fn default_targets(args: &BenchArgs) -> anyhow::Result<Vec<Target>> {
+    let native = args
+        .native
+        .clone()
+        .or_else(|| crate::consumer::locate_library("cfs"))
+        .context(
+            "the native baseline libkv_store_cfs.so was not found: pass --native, or build it with \
+             `make -C examples/native-backend OUT=$PWD/target/release` (scripts/bench.sh does)",
+        )?;
+    let shim = args
+        .shim
+        .clone()
+        .or_else(|| crate::consumer::locate_library("wasm"))
+        .context("libkv_store_wasm.so not found: pass --shim or build it (cargo build --release)")?;
+    Ok(vec![
+        Target {
+            label: "native".into(),
+            lib: native,
+            uri_template: "cfs://{dir}".into(),
+        },
+        Target {
+            label: "kvwasm".into(),
+            lib: shim,
+            uri_template: "wasm://{dir}".into(),
+        },
+    ])
+}
+
+fn default_media() -> Vec<Medium> {
+    let mut media = Vec::new();
+    if std::path::Path::new("/dev/shm").is_dir() {
+        media.push(Medium {
+            label: "tmpfs".into(),
+            path: "/dev/shm".into(),
+        });
+    }
+    media.push(Medium {
+        label: "disk".into(),
+        path: "/var/tmp".into(),
+    });
+    media
+}
