@@ -92,17 +92,21 @@ fn a_guest_cannot_read_outside_its_directory() {
         "get-manifest:readfile:link-out",
         "get-manifest:readfile:link-passwd",
         "get-manifest:readfile:.",
+        "get-manifest:writefile:../escaped",
+        "get-manifest:writefile:/tmp/kvwasm-escaped",
         "get-manifest:ping",
     ]);
-    assert_eq!(out.len(), 15, "{out:?} {err}");
-    for line in &out[1..14] {
+    assert_eq!(out.len(), 17, "{out:?} {err}");
+    for line in &out[1..16] {
         assert!(line.contains(" -> -"), "escape succeeded? {line}");
         assert!(
             !line.contains("host secret") && !line.contains("root:"),
             "{line}"
         );
     }
-    assert_eq!(out[14], "get-manifest ping -> 0 pong");
+    assert_eq!(out[16], "get-manifest ping -> 0 pong");
+    assert!(!dir.path().join("escaped").exists());
+    assert!(!std::path::Path::new("/tmp/kvwasm-escaped").exists());
 }
 
 #[test]

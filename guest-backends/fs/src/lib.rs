@@ -199,25 +199,13 @@ impl FsStore {
         let seq = self.tmp_seq.get();
         self.tmp_seq.set(seq + 1);
         let tmp = format!("{TMP_PREFIX}{:016x}-{seq}", self.tmp_seed);
-        let written = (|| {
-            let file = dir
-                .fd
-                .open_at(
-                    PathFlags::empty(),
-                    &tmp,
-                    OpenFlags::CREATE | OpenFlags::EXCLUSIVE,
-                    DescriptorFlags::WRITE,
-                )
-                .fs_context("create temp file")?;
-            payload_io::write_at(&file, data, 0).fs_context("write temp file")?;
-            if durable {
-                file.sync_data().fs_context("sync temp file")?;
-            }
-            drop(file);
-            dir.fd
-                .rename_at(&tmp, &dir.fd, name)
-                .fs_context("rename temp file")
-        })();
+        let written = payload_io::write_file(&dir.fd, &tmp, data, durable)
+            .fs_context("write temp file")
+            .and_then(|()| {
+                dir.fd
+                    .rename_at(&tmp, &dir.fd, name)
+                    .fs_context("rename temp file")
+            });
         if written.is_err() {
             let _ = dir.fd.unlink_file_at(&tmp);
         }

@@ -24,14 +24,21 @@ pub fn write_svg(r: &Results, path: &Path) -> Result<(), String> {
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let panels = root.split_evenly((1, r.media.len()));
     for (panel, medium) in panels.iter().zip(&r.media) {
-        let rows: Vec<_> = r.throughput.iter().filter(|x| x.medium == medium.label).collect();
+        let rows: Vec<_> = r
+            .throughput
+            .iter()
+            .filter(|x| x.medium == medium.label)
+            .collect();
         let top = rows
             .iter()
             .flat_map(|row| row.per_target.iter().map(|s| s.max))
             .fold(0.0f64, f64::max)
             * 1.15;
         let mut chart = ChartBuilder::on(panel)
-            .caption(format!("put/get throughput, {}", medium.label), ("sans-serif", 18))
+            .caption(
+                format!("put/get throughput, {}", medium.label),
+                ("sans-serif", 18),
+            )
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(48)
@@ -42,7 +49,10 @@ pub fn write_svg(r: &Results, path: &Path) -> Result<(), String> {
             .x_labels(CHUNK_SIZES.len())
             .x_label_formatter(&|x| {
                 let i = x.round() as usize;
-                CHUNK_SIZES.get(i).map(|s| size_label(*s)).unwrap_or_default()
+                CHUNK_SIZES
+                    .get(i)
+                    .map(|s| size_label(*s))
+                    .unwrap_or_default()
             })
             .x_desc("chunk size")
             .y_desc("GB/s (median)")
@@ -63,12 +73,17 @@ pub fn write_svg(r: &Results, path: &Path) -> Result<(), String> {
                 let style = PALETTE[color % PALETTE.len()];
                 color += 1;
                 let dashed = op == "get";
-                let line = LineSeries::new(points.clone(), style.stroke_width(if dashed { 1 } else { 2 }));
+                let line = LineSeries::new(
+                    points.clone(),
+                    style.stroke_width(if dashed { 1 } else { 2 }),
+                );
                 chart
                     .draw_series(line)
                     .map_err(|e| e.to_string())?
                     .label(format!("{target} {op}"))
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style.stroke_width(2)));
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 16, y)], style.stroke_width(2))
+                    });
                 chart
                     .draw_series(points.iter().map(|p| Circle::new(*p, 3, style.filled())))
                     .map_err(|e| e.to_string())?;

@@ -21,17 +21,33 @@ pub fn markdown(r: &Results) -> String {
         r.targets[0],
         media.join(", "),
         r.reps,
-        if r.quick { " QUICK run: tiny sizes, not for quoting." } else { "" }
+        if r.quick {
+            " QUICK run: tiny sizes, not for quoting."
+        } else {
+            ""
+        }
     );
     if r.targets.len() > 1 {
         section(&mut out, "Targets", &goals(r));
     }
     for medium in &r.media {
-        let rows: Vec<&Row> = r.throughput.iter().filter(|x| x.medium == medium.label).collect();
-        section(&mut out, &format!("Throughput, {}", medium.label), &table(r, &rows));
+        let rows: Vec<&Row> = r
+            .throughput
+            .iter()
+            .filter(|x| x.medium == medium.label)
+            .collect();
+        section(
+            &mut out,
+            &format!("Throughput, {}", medium.label),
+            &table(r, &rows),
+        );
     }
     for medium in &r.media {
-        let rows: Vec<&Row> = r.save_restore.iter().filter(|x| x.medium == medium.label).collect();
+        let rows: Vec<&Row> = r
+            .save_restore
+            .iter()
+            .filter(|x| x.medium == medium.label)
+            .collect();
         section(
             &mut out,
             &format!("Save and restore, 96 × 1 MiB, {}", medium.label),
@@ -42,7 +58,11 @@ pub fn markdown(r: &Results) -> String {
     rest.extend(&r.threads);
     rest.extend(&r.open);
     rest.push(&r.memory_per_handle);
-    section(&mut out, &format!("Calls, threads, open and memory ({})", r.media[0].label), &table(r, &rest));
+    section(
+        &mut out,
+        &format!("Calls, threads, open and memory ({})", r.media[0].label),
+        &table(r, &rest),
+    );
     out
 }
 
@@ -99,10 +119,18 @@ fn goals(r: &Results) -> String {
     let t = 1;
     let mut out = String::from("| goal | measured | met |\n|---|---|---|\n");
     let mut line = |goal: &str, measured: String, met: bool| {
-        let _ = writeln!(out, "| {goal} | {measured} | {} |", if met { "yes" } else { "**no**" });
+        let _ = writeln!(
+            out,
+            "| {goal} | {measured} | {} |",
+            if met { "yes" } else { "**no**" }
+        );
     };
     let ratio = |row: &Row| row.per_target[t].median / row.per_target[0].median;
-    let find = |rows: &[Row], medium: &str, case: &str| rows.iter().find(|x| x.medium == medium && x.case == case).cloned();
+    let find = |rows: &[Row], medium: &str, case: &str| {
+        rows.iter()
+            .find(|x| x.medium == medium && x.case == case)
+            .cloned()
+    };
     for medium in &r.media {
         let m = &medium.label;
         for (sizes, floor) in [(&["1 MiB", "16 MiB"][..], 0.9), (&["4 KiB"][..], 0.6)] {
@@ -110,7 +138,11 @@ fn goals(r: &Results) -> String {
                 for size in sizes {
                     if let Some(row) = find(&r.throughput, m, &format!("{op} {size}")) {
                         let x = ratio(&row);
-                        line(&format!("{op} {size} ≥ {floor}× native ({m})"), format!("{x:.2}×"), x >= floor);
+                        line(
+                            &format!("{op} {size} ≥ {floor}× native ({m})"),
+                            format!("{x:.2}×"),
+                            x >= floor,
+                        );
                     }
                 }
             }
@@ -118,24 +150,46 @@ fn goals(r: &Results) -> String {
         for case in ["cold save", "restore with prefetch"] {
             if let Some(row) = find(&r.save_restore, m, case) {
                 let x = ratio(&row);
-                line(&format!("{case}, 96 × 1 MiB, within 1.15× native ({m})"), format!("{x:.2}× time"), x <= 1.15);
+                line(
+                    &format!("{case}, 96 × 1 MiB, within 1.15× native ({m})"),
+                    format!("{x:.2}× time"),
+                    x <= 1.15,
+                );
             }
         }
         if m == &r.media[0].label {
             if let Some(row) = find(&r.save_restore, m, "warm save (all chunks present)") {
                 let ms = row.per_target[t].median;
-                line(&format!("warm save ≤ 2 ms ({m})"), format!("{ms:.2} ms"), ms <= 2.0);
+                line(
+                    &format!("warm save ≤ 2 ms ({m})"),
+                    format!("{ms:.2} ms"),
+                    ms <= 2.0,
+                );
             }
         }
     }
     let small = ratio(&r.small_call);
-    line("small call ≤ 3× native", format!("{small:.2}× time"), small <= 3.0);
+    line(
+        "small call ≤ 3× native",
+        format!("{small:.2}× time"),
+        small <= 3.0,
+    );
     for op in ["put", "get"] {
-        let one = r.threads.iter().find(|x| x.case == format!("{op} 1 MiB, 1 thread"));
-        let four = r.threads.iter().find(|x| x.case == format!("{op} 1 MiB, 4 threads"));
+        let one = r
+            .threads
+            .iter()
+            .find(|x| x.case == format!("{op} 1 MiB, 1 thread"));
+        let four = r
+            .threads
+            .iter()
+            .find(|x| x.case == format!("{op} 1 MiB, 4 threads"));
         if let (Some(one), Some(four)) = (one, four) {
             let x = four.per_target[t].median / one.per_target[t].median;
-            line(&format!("{op}: 4 threads ≥ 1.5× one thread"), format!("{x:.2}×"), x >= 1.5);
+            line(
+                &format!("{op}: 4 threads ≥ 1.5× one thread"),
+                format!("{x:.2}×"),
+                x >= 1.5,
+            );
         }
     }
     for (case, limit) in [
@@ -144,11 +198,23 @@ fn goals(r: &Results) -> String {
     ] {
         if let Some(row) = r.open.iter().find(|x| x.case == case) {
             let ms = row.per_target[t].median;
-            line(&format!("{case} ≤ {limit} ms"), format!("{ms:.2} ms"), ms <= limit);
+            line(
+                &format!("{case} ≤ {limit} ms"),
+                format!("{ms:.2} ms"),
+                ms <= limit,
+            );
         }
     }
-    if let Some(row) = r.open.iter().find(|x| x.case.contains("empty artifact cache")) {
-        line("first open, empty cache (report only)", format!("{:.0} ms", row.per_target[t].median), true);
+    if let Some(row) = r
+        .open
+        .iter()
+        .find(|x| x.case.contains("empty artifact cache"))
+    {
+        line(
+            "first open, empty cache (report only)",
+            format!("{:.0} ms", row.per_target[t].median),
+            true,
+        );
     }
     line(
         "resident memory per handle (report only)",

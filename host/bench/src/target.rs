@@ -44,7 +44,8 @@ impl Target {
 
     /// The URI for a run in `dir`.
     pub fn uri(&self, dir: &Path) -> String {
-        self.uri_template.replace("{dir}", &dir.display().to_string())
+        self.uri_template
+            .replace("{dir}", &dir.display().to_string())
     }
 }
 
@@ -68,7 +69,9 @@ impl Medium {
                 label: label.to_owned(),
                 path: PathBuf::from(path),
             }),
-            _ => Err(format!("directory {spec:?}: expected LABEL=PATH, e.g. tmpfs=/dev/shm")),
+            _ => Err(format!(
+                "directory {spec:?}: expected LABEL=PATH, e.g. tmpfs=/dev/shm"
+            )),
         }
     }
 }

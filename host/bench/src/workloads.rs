@@ -38,7 +38,11 @@ pub(crate) struct Workloads<'a> {
 
 impl<'a> Workloads<'a> {
     pub fn new(plan: &'a Plan, targets: &'a [Loaded]) -> Workloads<'a> {
-        let (t, m, r) = (targets.len() as u64, plan.media.len() as u64, plan.reps as u64);
+        let (t, m, r) = (
+            targets.len() as u64,
+            plan.media.len() as u64,
+            plan.reps as u64,
+        );
         let steps = t * r * (m * (CHUNK_SIZES.len() as u64 + 1) + 1 + 4 + 3 + 1);
         let bar = ProgressBar::with_draw_target(
             Some(steps),
@@ -78,7 +82,11 @@ impl<'a> Workloads<'a> {
     }
 
     /// A fresh, empty directory on `medium` and a handle opened on it.
-    fn fresh<'t>(&mut self, target: &'t Loaded, medium: &Medium) -> Result<(Handle<'t>, PathBuf), String> {
+    fn fresh<'t>(
+        &mut self,
+        target: &'t Loaded,
+        medium: &Medium,
+    ) -> Result<(Handle<'t>, PathBuf), String> {
         self.runs += 1;
         let dir = scratch_root(medium).join(format!("{}-{}", target.target.label, self.runs));
         let _ = std::fs::remove_dir_all(&dir);
@@ -110,7 +118,10 @@ impl<'a> Workloads<'a> {
         for rep in 0..self.plan.reps {
             for t in self.order(rep) {
                 let target = &self.targets[t];
-                self.step(format!("{what} · {} · {}", medium.label, target.target.label));
+                self.step(format!(
+                    "{what} · {} · {}",
+                    medium.label, target.target.label
+                ));
                 let values = measure(self, target, medium)?;
                 for (case, v) in values.into_iter().enumerate() {
                     samples[case][t].push(v);
@@ -135,7 +146,10 @@ impl<'a> Workloads<'a> {
         for medium in self.plan.media.clone() {
             for size in CHUNK_SIZES {
                 let count = chunk_count(size, self.plan.quick);
-                let (put, get) = (format!("put {}", size_label(size)), format!("get {}", size_label(size)));
+                let (put, get) = (
+                    format!("put {}", size_label(size)),
+                    format!("get {}", size_label(size)),
+                );
                 let cases = [(put.as_str(), Unit::GBps), (get.as_str(), Unit::GBps)];
                 rows.extend(self.sample(&medium, &cases, &put, |w, target, medium| {
                     let (h, dir) = w.fresh(target, medium)?;
@@ -163,27 +177,36 @@ impl<'a> Workloads<'a> {
         ];
         let mut rows = Vec::new();
         for medium in self.plan.media.clone() {
-            rows.extend(self.sample(&medium, &cases, "save/restore", |w, target, medium| {
-                let (h, dir) = w.fresh(target, medium)?;
-                let cold = time(|| w.put_chunks(&h, MIB, 0..chunks, Expect::New))?;
-                let warm = time(|| w.put_chunks(&h, MIB, 0..chunks, Expect::Present))?;
-                let hashes: Vec<[u8; 8]> = (0..chunks).map(key).collect();
-                let restore = |prefetch: bool| {
-                    time(|| {
-                        h.get_manifest("bench").map_err(|rc| format!("get_manifest: {rc}"))?;
-                        if prefetch {
-                            let list: Vec<&[u8]> = hashes.iter().map(|k| k.as_slice()).collect();
-                            let _ = h.prefetch_chunks(&list);
-                        }
-                        w.get_chunks(&h, MIB, 0..chunks)
-                    })
-                };
-                let without = restore(false)?;
-                let with = restore(true)?;
-                drop(h);
-                cleanup(&dir);
-                Ok(vec![millis(cold), millis(warm), millis(with), millis(without)])
-            })?);
+            rows.extend(
+                self.sample(&medium, &cases, "save/restore", |w, target, medium| {
+                    let (h, dir) = w.fresh(target, medium)?;
+                    let cold = time(|| w.put_chunks(&h, MIB, 0..chunks, Expect::New))?;
+                    let warm = time(|| w.put_chunks(&h, MIB, 0..chunks, Expect::Present))?;
+                    let hashes: Vec<[u8; 8]> = (0..chunks).map(key).collect();
+                    let restore = |prefetch: bool| {
+                        time(|| {
+                            h.get_manifest("bench")
+                                .map_err(|rc| format!("get_manifest: {rc}"))?;
+                            if prefetch {
+                                let list: Vec<&[u8]> =
+                                    hashes.iter().map(|k| k.as_slice()).collect();
+                                let _ = h.prefetch_chunks(&list);
+                            }
+                            w.get_chunks(&h, MIB, 0..chunks)
+                        })
+                    };
+                    let without = restore(false)?;
+                    let with = restore(true)?;
+                    drop(h);
+                    cleanup(&dir);
+                    Ok(vec![
+                        millis(cold),
+                        millis(warm),
+                        millis(with),
+                        millis(without),
+                    ])
+                })?,
+            );
         }
         Ok(rows)
     }
@@ -192,22 +215,27 @@ impl<'a> Workloads<'a> {
     pub fn small_call(&mut self) -> Result<Row, String> {
         let calls = if self.plan.quick { 2_000 } else { 20_000 };
         let medium = self.plan.media[0].clone();
-        let rows = self.sample(&medium, &[("get_manifest, missing name", Unit::Nanos)], "small calls", |w, target, medium| {
-            let (h, dir) = w.fresh(target, medium)?;
-            let missing = |n: usize| -> Result<(), String> {
-                for _ in 0..n {
-                    if h.get_manifest("never-written").is_ok() {
-                        return Err("get_manifest of a missing name succeeded".into());
+        let rows = self.sample(
+            &medium,
+            &[("get_manifest, missing name", Unit::Nanos)],
+            "small calls",
+            |w, target, medium| {
+                let (h, dir) = w.fresh(target, medium)?;
+                let missing = |n: usize| -> Result<(), String> {
+                    for _ in 0..n {
+                        if h.get_manifest("never-written").is_ok() {
+                            return Err("get_manifest of a missing name succeeded".into());
+                        }
                     }
-                }
-                Ok(())
-            };
-            missing(calls / 10)?;
-            let elapsed = time(|| missing(calls))?;
-            drop(h);
-            cleanup(&dir);
-            Ok(vec![elapsed.as_nanos() as f64 / calls as f64])
-        })?;
+                    Ok(())
+                };
+                missing(calls / 10)?;
+                let elapsed = time(|| missing(calls))?;
+                drop(h);
+                cleanup(&dir);
+                Ok(vec![elapsed.as_nanos() as f64 / calls as f64])
+            },
+        )?;
         Ok(rows.into_iter().next().expect("one case"))
     }
 
@@ -228,16 +256,23 @@ impl<'a> Workloads<'a> {
             for threads in [1, THREADS] {
                 let (h, dir) = w.fresh(target, medium)?;
                 let w = &*w;
-                let parts: Vec<_> = (0..threads).map(|t| (t * count / threads)..((t + 1) * count / threads)).collect();
+                let parts: Vec<_> = (0..threads)
+                    .map(|t| (t * count / threads)..((t + 1) * count / threads))
+                    .collect();
                 let put = time(|| {
                     std::thread::scope(|s| {
                         let jobs: Vec<_> = parts
                             .iter()
-                            .map(|range| s.spawn(|| w.put_chunks_only(&h, MIB, range.clone(), Expect::New)))
+                            .map(|range| {
+                                s.spawn(|| w.put_chunks_only(&h, MIB, range.clone(), Expect::New))
+                            })
                             .collect();
-                        jobs.into_iter().try_for_each(|j| j.join().unwrap_or_else(|_| Err("thread panicked".into())))
+                        jobs.into_iter().try_for_each(|j| {
+                            j.join().unwrap_or_else(|_| Err("thread panicked".into()))
+                        })
                     })?;
-                    h.put_manifest("bench", b"threads").map_err(|rc| format!("put_manifest: {rc}"))
+                    h.put_manifest("bench", b"threads")
+                        .map_err(|rc| format!("put_manifest: {rc}"))
                 })?;
                 let get = time(|| {
                     std::thread::scope(|s| {
@@ -245,7 +280,9 @@ impl<'a> Workloads<'a> {
                             .iter()
                             .map(|range| s.spawn(|| w.get_chunks(&h, MIB, range.clone())))
                             .collect();
-                        jobs.into_iter().try_for_each(|j| j.join().unwrap_or_else(|_| Err("thread panicked".into())))
+                        jobs.into_iter().try_for_each(|j| {
+                            j.join().unwrap_or_else(|_| Err("thread panicked".into()))
+                        })
                     })
                 })?;
                 drop(h);
@@ -263,86 +300,124 @@ impl<'a> Workloads<'a> {
     /// cache warm and empty.
     pub fn open_latency(&mut self) -> Result<Vec<Row>, String> {
         let medium = self.plan.media[0].clone();
-        let mut rows = self.sample(&medium, &[("another open in the same process", Unit::Millis)], "open", |w, target, medium| {
-            let (first, dir) = w.fresh(target, medium)?;
-            let uri = target.target.uri(&dir);
-            let mut best = Vec::new();
-            for _ in 0..10 {
-                let start = Instant::now();
-                let h = target.lib.open_store(&uri).ok_or("open returned NULL")?;
-                best.push(millis(start.elapsed()));
-                drop(h);
-            }
-            drop(first);
-            cleanup(&dir);
-            Ok(vec![Stat::new(best).median])
-        })?;
+        let mut rows = self.sample(
+            &medium,
+            &[("another open in the same process", Unit::Millis)],
+            "open",
+            |w, target, medium| {
+                let (first, dir) = w.fresh(target, medium)?;
+                let uri = target.target.uri(&dir);
+                let mut best = Vec::new();
+                for _ in 0..10 {
+                    let start = Instant::now();
+                    let h = target.lib.open_store(&uri).ok_or("open returned NULL")?;
+                    best.push(millis(start.elapsed()));
+                    drop(h);
+                }
+                drop(first);
+                cleanup(&dir);
+                Ok(vec![Stat::new(best).median])
+            },
+        )?;
         let Some((exe, args)) = self.plan.open_probe.clone() else {
             return Ok(rows);
         };
         let cases = [
             ("dlopen of the library (once per process)", Unit::Millis),
             ("first open in a process, warm artifact cache", Unit::Millis),
-            ("first open in a process, empty artifact cache", Unit::Millis),
+            (
+                "first open in a process, empty artifact cache",
+                Unit::Millis,
+            ),
         ];
-        rows.extend(self.sample(&medium, &cases, "open (fresh process)", |w, target, medium| {
-            let (h, dir) = w.fresh(target, medium)?;
-            drop(h);
-            let uri = target.target.uri(&dir);
-            let probe = |cache: Option<&Path>| -> Result<(f64, f64), String> {
-                let mut cmd = Command::new(&exe);
-                cmd.args(&args).arg("--lib").arg(&target.target.lib).arg("--uri").arg(&uri);
-                if let Some(cache) = cache {
-                    cmd.env("KVWASM_CACHE_DIR", cache);
-                }
-                let out = cmd.output().map_err(|e| format!("open probe: {e}"))?;
-                let text = String::from_utf8_lossy(&out.stdout);
-                parse_probe(&text).ok_or_else(|| {
-                    format!("open probe printed {text:?}: {}", String::from_utf8_lossy(&out.stderr))
-                })
-            };
-            let (dlopen, warm) = probe(None)?;
-            let empty = dir.join("empty-cache");
-            let (_, cold) = probe(Some(&empty))?;
-            cleanup(&dir);
-            Ok(vec![dlopen, warm, cold])
-        })?);
+        rows.extend(self.sample(
+            &medium,
+            &cases,
+            "open (fresh process)",
+            |w, target, medium| {
+                let (h, dir) = w.fresh(target, medium)?;
+                drop(h);
+                let uri = target.target.uri(&dir);
+                let probe = |cache: Option<&Path>| -> Result<(f64, f64), String> {
+                    let mut cmd = Command::new(&exe);
+                    cmd.args(&args)
+                        .arg("--lib")
+                        .arg(&target.target.lib)
+                        .arg("--uri")
+                        .arg(&uri);
+                    if let Some(cache) = cache {
+                        cmd.env("KVWASM_CACHE_DIR", cache);
+                    }
+                    let out = cmd.output().map_err(|e| format!("open probe: {e}"))?;
+                    let text = String::from_utf8_lossy(&out.stdout);
+                    parse_probe(&text).ok_or_else(|| {
+                        format!(
+                            "open probe printed {text:?}: {}",
+                            String::from_utf8_lossy(&out.stderr)
+                        )
+                    })
+                };
+                let (dlopen, warm) = probe(None)?;
+                let empty = dir.join("empty-cache");
+                let (_, cold) = probe(Some(&empty))?;
+                cleanup(&dir);
+                Ok(vec![dlopen, warm, cold])
+            },
+        )?);
         Ok(rows)
     }
 
     /// Resident memory an open handle adds (each handle used once).
     pub fn memory_per_handle(&mut self) -> Result<Row, String> {
         let medium = self.plan.media[0].clone();
-        let rows = self.sample(&medium, &[("resident memory per open handle", Unit::KiB)], "memory", |w, target, medium| {
-            // One handle stays open so one-time costs are not counted.
-            let (keep, dir) = w.fresh(target, medium)?;
-            w.put_chunks(&keep, 4096, 0..1, Expect::New)?;
-            let before = resident_kib();
-            let uri = target.target.uri(&dir);
-            let mut handles = Vec::new();
-            for i in 0..HANDLES_FOR_MEMORY {
-                let h = target.lib.open_store(&uri).ok_or("open returned NULL")?;
-                w.put_chunks_only(&h, 4096, 1 + i..2 + i, Expect::New)?;
-                w.get_chunks(&h, 4096, 1 + i..2 + i)?;
-                handles.push(h);
-            }
-            let after = resident_kib();
-            drop(handles);
-            drop(keep);
-            cleanup(&dir);
-            Ok(vec![(after - before) / HANDLES_FOR_MEMORY as f64])
-        })?;
+        let rows = self.sample(
+            &medium,
+            &[("resident memory per open handle", Unit::KiB)],
+            "memory",
+            |w, target, medium| {
+                // One handle stays open so one-time costs are not counted.
+                let (keep, dir) = w.fresh(target, medium)?;
+                w.put_chunks(&keep, 4096, 0..1, Expect::New)?;
+                let before = resident_kib();
+                let uri = target.target.uri(&dir);
+                let mut handles = Vec::new();
+                for i in 0..HANDLES_FOR_MEMORY {
+                    let h = target.lib.open_store(&uri).ok_or("open returned NULL")?;
+                    w.put_chunks_only(&h, 4096, 1 + i..2 + i, Expect::New)?;
+                    w.get_chunks(&h, 4096, 1 + i..2 + i)?;
+                    handles.push(h);
+                }
+                let after = resident_kib();
+                drop(handles);
+                drop(keep);
+                cleanup(&dir);
+                Ok(vec![(after - before) / HANDLES_FOR_MEMORY as f64])
+            },
+        )?;
         Ok(rows.into_iter().next().expect("one case"))
     }
 
     /// Put chunks `range`, then the manifest (a save).
-    fn put_chunks(&self, h: &Handle<'_>, size: usize, range: Range<usize>, expect: Expect) -> Result<(), String> {
+    fn put_chunks(
+        &self,
+        h: &Handle<'_>,
+        size: usize,
+        range: Range<usize>,
+        expect: Expect,
+    ) -> Result<(), String> {
         self.put_chunks_only(h, size, range, expect)?;
-        h.put_manifest("bench", &[0; 64]).map_err(|rc| format!("put_manifest: {rc}"))
+        h.put_manifest("bench", &[0; 64])
+            .map_err(|rc| format!("put_manifest: {rc}"))
     }
 
     /// Put chunks `range`: chunk `i` is the shared random bytes stamped with `i`.
-    fn put_chunks_only(&self, h: &Handle<'_>, size: usize, range: Range<usize>, expect: Expect) -> Result<(), String> {
+    fn put_chunks_only(
+        &self,
+        h: &Handle<'_>,
+        size: usize,
+        range: Range<usize>,
+        expect: Expect,
+    ) -> Result<(), String> {
         let mut buf = self.data[..size].to_vec();
         for i in range {
             stamp(&mut buf, i);
@@ -350,7 +425,9 @@ impl<'a> Workloads<'a> {
                 .put_chunk(&key(i), &buf)
                 .map_err(|rc| format!("put_chunk {i} ({size} bytes): {rc}"))?;
             if expect == Expect::New && present || expect == Expect::Present && !present {
-                return Err(format!("put_chunk {i}: expected {expect:?}, got present={present}"));
+                return Err(format!(
+                    "put_chunk {i}: expected {expect:?}, got present={present}"
+                ));
             }
         }
         Ok(())
@@ -359,9 +436,14 @@ impl<'a> Workloads<'a> {
     /// Get chunks `range` and check their size and stamp.
     fn get_chunks(&self, h: &Handle<'_>, size: usize, range: Range<usize>) -> Result<(), String> {
         for i in range {
-            let got = h.get_chunk(&key(i)).map_err(|rc| format!("get_chunk {i}: {rc}"))?;
+            let got = h
+                .get_chunk(&key(i))
+                .map_err(|rc| format!("get_chunk {i}: {rc}"))?;
             if got.len() != size || got[..8] != (i as u64).to_le_bytes() {
-                return Err(format!("get_chunk {i}: wrong bytes ({} of {size})", got.len()));
+                return Err(format!(
+                    "get_chunk {i}: wrong bytes ({} of {size})",
+                    got.len()
+                ));
             }
         }
         Ok(())
@@ -378,17 +460,25 @@ pub fn open_probe(lib: &Path, uri: &str) -> Result<String, String> {
     let handle = library.open_store(uri).ok_or("open returned NULL")?;
     let open = start.elapsed();
     drop(handle);
-    Ok(format!("dlopen_ms={} open_ms={}", millis(dlopen), millis(open)))
+    Ok(format!(
+        "dlopen_ms={} open_ms={}",
+        millis(dlopen),
+        millis(open)
+    ))
 }
 
 fn parse_probe(text: &str) -> Option<(f64, f64)> {
     let line = text.lines().find(|l| l.starts_with("dlopen_ms="))?;
-    let mut values = line.split_whitespace().filter_map(|kv| kv.split_once('=')?.1.parse().ok());
+    let mut values = line
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('=')?.1.parse().ok());
     Some((values.next()?, values.next()?))
 }
 
 fn scratch_root(medium: &Medium) -> PathBuf {
-    medium.path.join(format!("kvwasm-bench-{}", std::process::id()))
+    medium
+        .path
+        .join(format!("kvwasm-bench-{}", std::process::id()))
 }
 
 fn cleanup(dir: &Path) {

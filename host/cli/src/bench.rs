@@ -60,7 +60,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let (Some(lib), Some(uri)) = (&args.lib, &args.uri) else {
             bail!("--open-probe needs --lib and --uri");
         };
-        println!("{}", kvwasm_bench::open_probe(lib, uri).map_err(anyhow::Error::msg)?);
+        println!(
+            "{}",
+            kvwasm_bench::open_probe(lib, uri).map_err(anyhow::Error::msg)?
+        );
         return Ok(());
     }
     let targets = if args.targets.is_empty() {
@@ -82,7 +85,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)?
     };
     for medium in &media {
-        anyhow::ensure!(medium.path.is_dir(), "{} is not a directory", medium.path.display());
+        anyhow::ensure!(
+            medium.path.is_dir(),
+            "{} is not a directory",
+            medium.path.display()
+        );
     }
     let plan = Plan {
         targets,
@@ -121,7 +128,9 @@ fn default_targets(args: &BenchArgs) -> anyhow::Result<Vec<Target>> {
         .shim
         .clone()
         .or_else(|| crate::consumer::locate_library("wasm"))
-        .context("libkv_store_wasm.so not found: pass --shim or build it (cargo build --release)")?;
+        .context(
+            "libkv_store_wasm.so not found: pass --shim or build it (cargo build --release)",
+        )?;
     Ok(vec![
         Target {
             label: "native".into(),

@@ -16,7 +16,10 @@ fn a_quick_bench_measures_both_targets_and_writes_a_plot() {
         .status()
         .expect("run make");
     assert!(status.success());
-    let (plot, json) = (scratch.path().join("plot.svg"), scratch.path().join("samples.json"));
+    let (plot, json) = (
+        scratch.path().join("plot.svg"),
+        scratch.path().join("samples.json"),
+    );
     let data = scratch.path().join("data");
     std::fs::create_dir(&data).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_kvwasm"))
@@ -34,7 +37,11 @@ fn a_quick_bench_measures_both_targets_and_writes_a_plot() {
         .output()
         .unwrap();
     let report = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{report}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for section in [
         "### Targets",
         "### Throughput, scratch",
@@ -49,8 +56,12 @@ fn a_quick_bench_measures_both_targets_and_writes_a_plot() {
     }
     assert!(report.contains("| case | native | kvwasm | kvwasm ÷ native |"));
     let svg = std::fs::read_to_string(&plot).unwrap();
-    assert!(svg.contains("<svg") && svg.contains("kvwasm put"), "{svg:.200}");
-    let samples: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(
+        svg.contains("<svg") && svg.contains("kvwasm put"),
+        "{svg:.200}"
+    );
+    let samples: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(samples["targets"], serde_json::json!(["native", "kvwasm"]));
     // The scratch directory is left empty.
     assert_eq!(std::fs::read_dir(&data).unwrap().count(), 0);

@@ -290,9 +290,47 @@ impl payload_io::Host for HostState {
         };
         self.read_payload(&file, 0, len, true)
     }
+
+    fn write_file(
+        &mut self,
+        dir: Resource<Descriptor>,
+        path: String,
+        data: Resource<Payload>,
+        sync: bool,
+    ) -> wasmtime::Result<Result<(), ErrorCode>> {
+        self.create_and_write(&dir, &path, &data, sync)
+    }
 }
 
 impl HostState {
+    /// `write-file`'s body; `Err` is the guest-visible error code.
+    fn create_and_write(
+        &mut self,
+        dir: &Resource<Descriptor>,
+        path: &str,
+        data: &Resource<Payload>,
+        sync: bool,
+    ) -> wasmtime::Result<Result<(), ErrorCode>> {
+        use std::io::Write;
+        let dir = match self.table.get(dir)? {
+            // The check wasi:filesystem's `open-at` makes before creating.
+            Descriptor::Dir(d) if d.perms.write_not_permitted() => {
+                return Ok(Err(ErrorCode::NotPermitted));
+            }
+            Descriptor::Dir(d) => d.dir.clone(),
+            Descriptor::File(_) => return Ok(Err(ErrorCode::NotDirectory)),
+        };
+        let mut options = cap_primitives::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        let bytes = self.table.get(data)?.as_slice();
+        let written = cap_primitives::fs::open(&dir, std::path::Path::new(path), &options)
+            .and_then(|mut file| {
+                file.write_all(bytes)?;
+                if sync { file.sync_data() } else { Ok(()) }
+            });
+        Ok(written.map_err(io_error_code))
+    }
+
     /// `pread` `len` bytes of `file` at `offset` into a new payload, within
     /// the payload limits. `exact`: fewer bytes (the file shrank) is `io`.
     fn read_payload(
@@ -340,6 +378,7 @@ fn io_error_code(e: std::io::Error) -> ErrorCode {
         Some(libc::ENOENT) => ErrorCode::NoEntry,
         Some(libc::ENOTDIR) => ErrorCode::NotDirectory,
         Some(libc::ELOOP) => ErrorCode::Loop,
+        Some(libc::EEXIST) => ErrorCode::Exist,
         Some(libc::EXDEV) => ErrorCode::NotPermitted,
         _ if e.kind() == std::io::ErrorKind::OutOfMemory => ErrorCode::InsufficientMemory,
         _ => ErrorCode::Io,

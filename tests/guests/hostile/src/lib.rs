@@ -14,14 +14,19 @@
 //! | `connect:<ip:port>`    | opens a TCP connection                             |
 //! | `resolve:<host>`       | resolves a host name                               |
 //! | `hoard:<n>`            | creates and leaks n payloads of 1 MiB (host memory) |
+//! | `readfile:<path>`      | payload-io `read-file` of `path` beneath `/data`   |
+//! | `writefile:<path>`     | payload-io `write-file` of `path` beneath `/data`  |
 //! | anything else          | reads `/data/<name>` without validating the name   |
 //!
 //! `put_manifest(name, data)` writes `/data/<name>`, so state outlives a
 //! trapped instance.
 
+use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_io;
+use kvwasm_guest_support::bindings::wasi::filesystem::preopens;
+use kvwasm_guest_support::bindings::wasi::filesystem::types::Descriptor;
 use kvwasm_guest_support::{
-    BackendInfo, Error, Guest, GuestStore, Payload, PayloadExt, PutOutcome, Result, Store,
-    export_backend,
+    BackendInfo, Error, FsErrorExt, Guest, GuestStore, Payload, PayloadExt, PutOutcome, Result,
+    Store, export_backend,
 };
 
 struct Hostile;
@@ -84,16 +89,16 @@ impl GuestStore for HostileStore {
                 b"allocated".to_vec()
             }
             Some(("abs", path)) => std::fs::read(path).map_err(io_error)?,
-            // The host's one-call file read, steered at `path` beneath /data.
+            // The host's one-call file read and write, steered at `path`
+            // beneath /data.
             Some(("readfile", path)) => {
-                use kvwasm_guest_support::FsErrorExt;
-                use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_io;
-                use kvwasm_guest_support::bindings::wasi::filesystem::preopens;
-                let (data, _) = preopens::get_directories()
-                    .into_iter()
-                    .find(|(_, p)| p == "/data")
-                    .ok_or(Error::NotFound)?;
-                return payload_io::read_file(&data, path).fs_context("readfile");
+                return payload_io::read_file(&data_dir()?, path).fs_context("readfile");
+            }
+            Some(("writefile", path)) => {
+                let bytes = Payload::new(b"escaped");
+                payload_io::write_file(&data_dir()?, path, &bytes, false)
+                    .fs_context("writefile")?;
+                b"written".to_vec()
             }
             Some(("hoard", n)) => {
                 let n: usize = n
@@ -133,6 +138,15 @@ impl GuestStore for HostileStore {
     fn flush(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// The descriptor of the directory granted at /data.
+fn data_dir() -> Result<Descriptor> {
+    preopens::get_directories()
+        .into_iter()
+        .find(|(_, path)| path == "/data")
+        .map(|(dir, _)| dir)
+        .ok_or(Error::NotFound)
 }
 
 export_backend!(Hostile);
