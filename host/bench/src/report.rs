@@ -16,7 +16,8 @@ pub fn markdown(r: &Results) -> String {
         .collect();
     let _ = writeln!(
         out,
-        "Targets: {} (baseline: {}). Directories: {}. {} repetition(s); median [min–max].{}\n",
+        "Targets: {} (baseline: {}). Directories: {}. {} repetition(s); median [min–max]; \
+         ratios are medians of per-repetition ratios (runs taken back to back).{}\n",
         r.targets.join(", "),
         r.targets[0],
         media.join(", "),
@@ -89,7 +90,7 @@ fn table(r: &Results, rows: &[&Row]) -> String {
             let _ = write!(out, " {} |", cell(s));
         }
         for s in &row.per_target[1..] {
-            let _ = write!(out, " {:.2}× |", s.median / row.per_target[0].median);
+            let _ = write!(out, " {:.2}× |", s.paired_ratio(&row.per_target[0]));
         }
         out.push('\n');
     }
@@ -125,7 +126,7 @@ fn goals(r: &Results) -> String {
             if met { "yes" } else { "**no**" }
         );
     };
-    let ratio = |row: &Row| row.per_target[t].median / row.per_target[0].median;
+    let ratio = |row: &Row| row.per_target[t].paired_ratio(&row.per_target[0]);
     let find = |rows: &[Row], medium: &str, case: &str| {
         rows.iter()
             .find(|x| x.medium == medium && x.case == case)
@@ -157,15 +158,15 @@ fn goals(r: &Results) -> String {
                 );
             }
         }
-        if m == &r.media[0].label {
-            if let Some(row) = find(&r.save_restore, m, "warm save (all chunks present)") {
-                let ms = row.per_target[t].median;
-                line(
-                    &format!("warm save ≤ 2 ms ({m})"),
-                    format!("{ms:.2} ms"),
-                    ms <= 2.0,
-                );
-            }
+        if m == &r.media[0].label
+            && let Some(row) = find(&r.save_restore, m, "warm save (all chunks present)")
+        {
+            let ms = row.per_target[t].median;
+            line(
+                &format!("warm save ≤ 2 ms ({m})"),
+                format!("{ms:.2} ms"),
+                ms <= 2.0,
+            );
         }
     }
     let small = ratio(&r.small_call);
@@ -184,7 +185,7 @@ fn goals(r: &Results) -> String {
             .iter()
             .find(|x| x.case == format!("{op} 1 MiB, 4 threads"));
         if let (Some(one), Some(four)) = (one, four) {
-            let x = four.per_target[t].median / one.per_target[t].median;
+            let x = four.per_target[t].paired_ratio(&one.per_target[t]);
             line(
                 &format!("{op}: 4 threads ≥ 1.5× one thread"),
                 format!("{x:.2}×"),

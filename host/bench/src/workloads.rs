@@ -489,8 +489,8 @@ fn cleanup(dir: &Path) {
 fn chunk_count(size: usize, quick: bool) -> usize {
     let total = match (quick, size) {
         (true, _) => 4 * MIB,
-        (false, s) if s <= 4 << 10 => 16 * MIB,
-        (false, s) if s <= 64 << 10 => 64 * MIB,
+        (false, s) if s <= 4 << 10 => 48 * MIB,
+        (false, s) if s <= 64 << 10 => 128 * MIB,
         (false, s) if s <= MIB => 192 * MIB,
         _ => 256 * MIB,
     };

@@ -32,7 +32,7 @@ pub struct BenchArgs {
     #[arg(long = "dir", value_name = "LABEL=PATH")]
     dirs: Vec<String>,
     /// Repetitions of every measurement.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 7)]
     reps: usize,
     /// Seconds, not minutes: tiny sizes and one repetition (a smoke run).
     #[arg(long)]
