@@ -121,3 +121,48 @@ pub fn write_config(dir: &Path, text: &str) -> PathBuf {
     std::fs::write(&path, text).expect("write config");
     path
 }
+
+/// A config with the hostile test guest (backend `hostile`) granted
+/// `dir/data` at `/data`, 64 MiB and 300 ms per call, plus `extra` lines.
+pub fn hostile_config(dir: &Path, extra: &str) -> PathBuf {
+    std::fs::create_dir_all(dir.join("data")).expect("create data dir");
+    write_config(
+        dir,
+        &format!(
+            "[backends.hostile]\ncomponent = {:?}\ndir = \"data\"\n\
+             memory_limit_mib = 64\ncall_timeout_ms = 300\n{extra}",
+            kvwasm_guest_artifacts::HOSTILE_PATH
+        ),
+    )
+}
+
+/// A loopback HTTP server answering every request with `200 <body>`;
+/// returns its address and a counter of requests served.
+pub fn http_server(
+    body: &'static str,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = served.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut reader = BufReader::new(&stream);
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let _ = write!(
+                &stream,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (addr, served)
+}

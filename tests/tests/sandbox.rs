@@ -1,22 +1,9 @@
 //! A guest is confined to what it was granted, and a guest that traps or
 //! loops costs one call, not the process.
 
-use kvwasm_tests::{Probe, open_fs, write_config};
+use kvwasm_tests::{Probe, hostile_config, open_fs};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
-
-/// A config with the hostile test guest granted `dir/data` only.
-fn hostile_config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
-    std::fs::create_dir_all(dir.join("data")).unwrap();
-    write_config(
-        dir,
-        &format!(
-            "[backends.hostile]\ncomponent = {:?}\ndir = \"data\"\n\
-             memory_limit_mib = 64\ncall_timeout_ms = 300\n{extra}",
-            kvwasm_guest_artifacts::HOSTILE_PATH
-        ),
-    )
-}
 
 #[test]
 fn a_trap_fails_one_call_and_the_next_call_works_with_files_intact() {
@@ -178,9 +165,11 @@ fn a_guest_cannot_hoard_host_memory_through_payloads() {
     // they have their own cap: max_payload_mib held at once per instance.
     let dir = tempfile::tempdir().unwrap();
     let config = hostile_config(dir.path(), "max_payload_mib = 8\n");
+    std::fs::write(dir.path().join("data/big"), vec![1u8; 9 << 20]).unwrap();
     let (out, err) = Probe::new(PROBE, "wasm://hostile/t").config(&config).run(&[
         "get-manifest:hoard:4",
         "get-manifest:hoard:100",
+        "get-manifest:readfile:big",
         "get-manifest:ping",
     ]);
     assert_eq!(
@@ -189,9 +178,12 @@ fn a_guest_cannot_hoard_host_memory_through_payloads() {
             "open ok",
             "get-manifest hoard:4 -> 0 hoarded",
             "get-manifest hoard:100 -> -7",
+            // One payload over the cap: refused before a byte is read.
+            "get-manifest readfile:big -> -5",
             "get-manifest ping -> 0 pong"
         ],
         "{err}"
     );
     assert!(err.contains("payload limit"), "{err}");
+    assert!(err.contains("file-too-large"), "{err}");
 }

@@ -2,9 +2,12 @@
 
 mod bench;
 mod check;
+mod check_config;
 mod compile;
 mod consumer;
 mod demo;
+mod inspect;
+mod metrics;
 
 use clap::{Parser, Subcommand};
 
@@ -26,6 +29,7 @@ Environment:
                           then /etc/kvwasm/config.toml)
   KVWASM_CACHE_DIR        precompiled-component cache (default: $XDG_CACHE_HOME/kvwasm); `off` disables
   KVWASM_LOG              log filter, e.g. `debug` (default: warn)
+  KVWASM_METRICS_ADDR     serve per-backend counters at http://ADDR/metrics (Prometheus text)
   KV_STORE_LIBRARY_PATH   where consumers look for libkv_store_wasm.so first";
 
 #[derive(Subcommand)]
@@ -33,6 +37,9 @@ enum Command {
     Demo(demo::DemoArgs),
     Check(check::CheckArgs),
     Bench(bench::BenchArgs),
+    Inspect(inspect::InspectArgs),
+    CheckConfig(check_config::CheckConfigArgs),
+    Metrics(metrics::MetricsArgs),
     Compile(compile::CompileArgs),
 }
 
@@ -48,6 +55,9 @@ fn main() -> std::process::ExitCode {
         Command::Demo(args) => demo::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Check(args) => check::run(args),
         Command::Bench(args) => bench::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Inspect(args) => inspect::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::CheckConfig(args) => check_config::run(args),
+        Command::Metrics(args) => metrics::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Compile(args) => compile::run(args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {

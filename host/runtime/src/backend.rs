@@ -1,10 +1,14 @@
 //! A backend: a component plus the operator's policy for running it.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::capabilities::Grants;
 use crate::component::{ComponentSource, LoadedComponent};
+use crate::error::KvError;
 use crate::limits::Limits;
+use crate::metrics::BackendMetrics;
 
 /// Everything needed to open stores on one backend.
 pub struct Backend {
@@ -18,9 +22,16 @@ pub struct Backend {
     pub grants: Grants,
     /// Per-instance limits.
     pub limits: Limits,
+    /// Limits for particular tenants (the first namespace component).
+    pub tenant_limits: BTreeMap<String, Limits>,
     /// Most instances serving one handle at once (only for backends that
     /// declare shared state; others get one).
     pub max_instances: usize,
+    /// Most calls in flight on this backend at once, over all handles.
+    pub max_concurrent_calls: Option<usize>,
+    pub(crate) calls_in_flight: CallGate,
+    /// Counters (shared by every backend entry of this name).
+    pub metrics: Arc<BackendMetrics>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -30,8 +41,87 @@ impl std::fmt::Debug for Backend {
             .field("source", &self.source)
             .field("grants", &self.grants)
             .field("limits", &self.limits)
+            .field("tenant_limits", &self.tenant_limits)
             .field("max_instances", &self.max_instances)
+            .field("max_concurrent_calls", &self.max_concurrent_calls)
             .finish()
+    }
+}
+
+impl Backend {
+    /// A backend with default limits and no tenants or call cap.
+    pub fn new(
+        name: &str,
+        source: ComponentSource,
+        component: Arc<LoadedComponent>,
+        grants: Grants,
+    ) -> Backend {
+        Backend {
+            name: name.to_owned(),
+            source,
+            component,
+            grants,
+            limits: Limits::default(),
+            tenant_limits: BTreeMap::new(),
+            max_instances: default_max_instances(),
+            max_concurrent_calls: None,
+            calls_in_flight: CallGate::default(),
+            metrics: crate::metrics::for_backend(name),
+        }
+    }
+
+    /// The limits for `namespace`: its tenant's (first component), if the
+    /// config sets any, else the backend's.
+    pub fn limits_for(&self, namespace: &str) -> &Limits {
+        let tenant = namespace.split('/').next().unwrap_or("");
+        self.tenant_limits.get(tenant).unwrap_or(&self.limits)
+    }
+
+    /// Wait (at most `patience`) for a slot under `max_concurrent_calls`.
+    pub(crate) fn enter_call(&self, patience: Duration) -> Result<CallSlot<'_>, KvError> {
+        let Some(max) = self.max_concurrent_calls else {
+            return Ok(CallSlot { gate: None });
+        };
+        let gate = &self.calls_in_flight;
+        let deadline = Instant::now() + patience;
+        let mut in_flight = gate.count.lock().unwrap_or_else(|p| p.into_inner());
+        while *in_flight >= max {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(KvError::Limit(format!(
+                    "backend {:?} already runs its maximum of {max} concurrent calls",
+                    self.name
+                )));
+            }
+            in_flight = gate
+                .freed
+                .wait_timeout(in_flight, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        *in_flight += 1;
+        Ok(CallSlot { gate: Some(gate) })
+    }
+}
+
+/// Calls in flight on one backend.
+#[derive(Debug, Default)]
+pub(crate) struct CallGate {
+    count: Mutex<usize>,
+    freed: Condvar,
+}
+
+/// One call's place under `max_concurrent_calls`, given back on drop.
+pub(crate) struct CallSlot<'a> {
+    gate: Option<&'a CallGate>,
+}
+
+impl Drop for CallSlot<'_> {
+    fn drop(&mut self) {
+        if let Some(gate) = self.gate {
+            *gate.count.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+            gate.freed.notify_one();
+        }
     }
 }
 

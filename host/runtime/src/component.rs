@@ -85,6 +85,8 @@ impl std::fmt::Display for ComponentSource {
 pub struct LoadedComponent {
     /// BLAKE3 of the component bytes.
     pub hash: blake3::Hash,
+    /// Hex SHA-256 of the component bytes (what a config's `sha256` pins).
+    pub sha256: String,
     /// Size of the component in bytes.
     pub size: usize,
     /// How the compiled code was obtained.
@@ -97,14 +99,7 @@ pub struct LoadedComponent {
 impl LoadedComponent {
     /// Load (or reuse, within this process) the component from `source`.
     pub fn load(source: &ComponentSource) -> wasmtime::Result<Arc<LoadedComponent>> {
-        let bytes: std::borrow::Cow<'static, [u8]> = match source {
-            ComponentSource::Builtin(b) => b.bytes().into(),
-            ComponentSource::File(path) => std::fs::read(path)
-                .map_err(|e| {
-                    wasmtime::format_err!("cannot read component {}: {e}", path.display())
-                })?
-                .into(),
-        };
+        let bytes = read(source)?;
         let hash = match source {
             ComponentSource::Builtin(b) => b.hash(),
             ComponentSource::File(_) => blake3::hash(&bytes),
@@ -126,8 +121,10 @@ impl LoadedComponent {
             )
         })?;
         tracing::debug!(%source, ?origin, size = bytes.len(), "component loaded");
+        let sha256 = sha256_hex(&bytes);
         let component = Arc::new(LoadedComponent {
             hash,
+            sha256,
             size: bytes.len(),
             origin,
             pre,
@@ -142,8 +139,66 @@ impl LoadedComponent {
     }
 }
 
-/// Everything a backend may import: WASI 0.2 (each capability inert unless
-/// granted in its context) and the kv-store host interfaces. Built once.
+/// What an operator reads before granting anything (`kvwasm inspect`).
+#[derive(Clone, Debug)]
+pub struct Description {
+    pub size: usize,
+    pub sha256: String,
+    /// Interfaces the component imports: what it could ask for.
+    pub imports: Vec<String>,
+    /// Interfaces (and functions) it exports.
+    pub exports: Vec<String>,
+}
+
+impl Description {
+    /// Whether it exports the kv-store `store` interface.
+    pub fn is_kv_store_backend(&self) -> bool {
+        self.exports
+            .iter()
+            .any(|e| e.starts_with("kvwasm:kv-store/store@"))
+    }
+}
+
+/// Describe the component at `source` without linking or running it.
+pub fn describe(source: &ComponentSource) -> wasmtime::Result<Description> {
+    let bytes = read(source)?;
+    let (component, _) = artifact_cache::load(&bytes, &blake3::hash(&bytes))?;
+    let ty = component.component_type();
+    let names = |items: &mut dyn Iterator<Item = &str>| {
+        let mut v: Vec<String> = items.map(str::to_owned).collect();
+        v.sort();
+        v
+    };
+    let engine = engine();
+    Ok(Description {
+        size: bytes.len(),
+        sha256: sha256_hex(&bytes),
+        imports: names(&mut ty.imports(engine).map(|(name, _)| name)),
+        exports: names(&mut ty.exports(engine).map(|(name, _)| name)),
+    })
+}
+
+fn read(source: &ComponentSource) -> wasmtime::Result<std::borrow::Cow<'static, [u8]>> {
+    Ok(match source {
+        ComponentSource::Builtin(b) => b.bytes().into(),
+        ComponentSource::File(path) => std::fs::read(path)
+            .map_err(|e| wasmtime::format_err!("cannot read component {}: {e}", path.display()))?
+            .into(),
+    })
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex_string(&sha2::Sha256::digest(bytes))
+}
+
+fn hex_string(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Everything a backend may import: WASI 0.2 and wasi:http (each capability
+/// inert unless granted in its context) and the kv-store host interfaces.
+/// Built once.
 fn linker() -> wasmtime::Result<&'static Linker<HostState>> {
     static LINKER: OnceLock<Linker<HostState>> = OnceLock::new();
     if let Some(linker) = LINKER.get() {
@@ -151,6 +206,7 @@ fn linker() -> wasmtime::Result<&'static Linker<HostState>> {
     }
     let mut linker = Linker::new(engine());
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker)?;
     types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     payload_io::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     Ok(LINKER.get_or_init(|| linker))

@@ -1,14 +1,24 @@
 //! The operator's configuration file (TOML).
 //!
 //! ```toml
-//! [backends.fast]
-//! component = "builtin:fs"        # or a path to a .wasm component
-//! dir = "/srv/kv"                 # granted to the guest at /data
-//! read_only = false
-//! max_instances = 4
+//! [backends.acme]
+//! component = "acme.wasm"           # or builtin:fs / builtin:memory
+//! sha256 = "9f86d0…"                # optional: refuse any other component bytes
+//! dir = "/srv/kv"                   # shorthand for one read-write dir at /data
+//! dirs = [{ host = "/srv/models", guest = "/models", read_only = true }]
+//! net = ["redis.internal:6379"]     # TCP peers, resolved by the host at load
+//! dns = false                       # guest name lookups (default: denied)
+//! http = ["http://127.0.0.1:9000"]  # wasi:http origins
+//! env = ["ACME_TOKEN"]              # variables passed through, by name
+//! max_instances = 4                 # instances serving one handle
+//! max_concurrent_calls = 64         # calls in flight on this backend
 //! memory_limit_mib = 256
 //! call_timeout_ms = 30000
 //! max_payload_mib = 1024
+//!
+//! [backends.acme.tenants.alice]     # limits for wasm://acme/alice/...
+//! memory_limit_mib = 64
+//! call_timeout_ms = 2000
 //! ```
 //!
 //! Relative paths are relative to the config file's directory, or to the
@@ -24,7 +34,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use crate::backend::{Backend, default_max_instances};
-use crate::capabilities::{DirGrant, Grants};
+use crate::capabilities::http::Origin;
+use crate::capabilities::{DATA_DIR, DirGrant, EnvGrant, Grants, HttpGrant, NetGrant};
 use crate::component::{ComponentSource, LoadedComponent};
 use crate::limits::Limits;
 
@@ -53,19 +64,80 @@ pub struct Config {
 pub struct BackendConfig {
     /// `builtin:fs`, `builtin:memory`, or a `.wasm` component path.
     pub component: String,
-    /// Host directory granted to the guest at `/data` (created if missing).
+    /// Hex SHA-256 the component's bytes must have.
+    pub sha256: Option<String>,
+    /// Host directory granted read-write (or `read_only`) at `/data`.
     pub dir: Option<PathBuf>,
     /// Grant `dir` read-only.
     #[serde(default)]
     pub read_only: bool,
+    /// More directory grants.
+    #[serde(default)]
+    pub dirs: Vec<DirConfig>,
+    /// TCP peers, `host:port`.
+    #[serde(default)]
+    pub net: Vec<String>,
+    /// Allow the guest to resolve names itself.
+    #[serde(default)]
+    pub dns: bool,
+    /// `wasi:http` origins, `scheme://host[:port]`.
+    #[serde(default)]
+    pub http: Vec<String>,
+    /// Environment variables passed through, by name.
+    #[serde(default)]
+    pub env: Vec<String>,
     /// Instances serving one handle at once (default: cores, at most 4).
     pub max_instances: Option<usize>,
+    /// Calls in flight on this backend at once, over all handles.
+    pub max_concurrent_calls: Option<usize>,
     /// Linear memory cap per instance, MiB.
     pub memory_limit_mib: Option<u64>,
     /// Deadline for one call, ms.
     pub call_timeout_ms: Option<u64>,
     /// Largest payload a guest may return, MiB.
     pub max_payload_mib: Option<u64>,
+    /// Limits for tenants (the first component of the namespace).
+    #[serde(default)]
+    pub tenants: BTreeMap<String, LimitsConfig>,
+}
+
+/// One entry of `dirs`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DirConfig {
+    pub host: PathBuf,
+    /// Guest path (default `/data`).
+    #[serde(default = "default_guest_dir")]
+    pub guest: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+fn default_guest_dir() -> String {
+    DATA_DIR.to_owned()
+}
+
+/// Limits a backend or tenant may set; unset values fall back.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Linear memory cap per instance, MiB.
+    pub memory_limit_mib: Option<u64>,
+    /// Deadline for one call, ms.
+    pub call_timeout_ms: Option<u64>,
+    /// Largest payload a guest may return, MiB.
+    pub max_payload_mib: Option<u64>,
+}
+
+impl LimitsConfig {
+    /// These settings over `base`.
+    fn over(&self, base: &Limits) -> Limits {
+        Limits {
+            memory_limit_mib: self.memory_limit_mib.unwrap_or(base.memory_limit_mib),
+            call_timeout_ms: self.call_timeout_ms.unwrap_or(base.call_timeout_ms),
+            max_payload_mib: self.max_payload_mib.unwrap_or(base.max_payload_mib),
+        }
+    }
 }
 
 impl Config {
@@ -78,15 +150,8 @@ impl Config {
         };
         for (name, backend) in &config.backends {
             backend
-                .limits()
                 .validate()
-                .and_then(|()| backend.source().map(drop))
                 .map_err(|e| format!("[backends.{name}]: {e}"))?;
-            if backend.max_instances == Some(0) {
-                return Err(format!(
-                    "[backends.{name}]: max_instances must be at least 1"
-                ));
-            }
         }
         Ok(config)
     }
@@ -99,37 +164,72 @@ impl Config {
         Config::parse(&text, base).map_err(|e| format!("config file {}: {e}", path.display()))
     }
 
-    /// Build the backend called `name`: load its component, resolve paths.
+    /// Build the backend called `name`: load its component (checking its
+    /// pin), resolve paths and peers.
     pub fn backend(&self, name: &str) -> Result<Backend, String> {
         let spec = self.backends.get(name).ok_or_else(|| {
             let known: Vec<_> = self.backends.keys().map(String::as_str).collect();
             format!("no backend {name:?} in the config (configured: {known:?})")
         })?;
+        let fail = |e: String| format!("backend {name:?}: {e}");
         let source = self.component_source(spec)?;
         let component = LoadedComponent::load(&source)
-            .map_err(|e| format!("backend {name:?}: cannot load {source}: {e:#}"))?;
-        let data_dir = match &spec.dir {
-            Some(dir) => {
-                let host = self.base_dir.join(dir);
-                if !spec.read_only {
-                    std::fs::create_dir_all(&host).map_err(|e| {
-                        format!("backend {name:?}: cannot create {}: {e}", host.display())
-                    })?;
-                }
-                Some(DirGrant {
-                    host,
-                    read_only: spec.read_only,
-                })
-            }
-            None => None,
-        };
-        Ok(Backend {
-            name: name.to_owned(),
-            source,
-            component,
-            grants: Grants { data_dir },
-            limits: spec.limits(),
-            max_instances: spec.max_instances.unwrap_or_else(default_max_instances),
+            .map_err(|e| fail(format!("cannot load {source}: {e:#}")))?;
+        if let Some(pin) = &spec.sha256
+            && !pin.eq_ignore_ascii_case(&component.sha256)
+        {
+            return Err(fail(format!(
+                "{source} has sha256 {}, but the config pins {pin}: refusing to load it",
+                component.sha256
+            )));
+        }
+        let grants = self.grants(spec).map_err(fail)?;
+        for dir in grants.dirs.iter().filter(|d| !d.read_only) {
+            std::fs::create_dir_all(&dir.host)
+                .map_err(|e| fail(format!("cannot create {}: {e}", dir.host.display())))?;
+        }
+        let limits = spec.limits();
+        let mut backend = Backend::new(name, source, component, grants);
+        backend.tenant_limits = spec
+            .tenants
+            .iter()
+            .map(|(tenant, l)| (tenant.clone(), l.over(&limits)))
+            .collect();
+        backend.limits = limits;
+        backend.max_instances = spec.max_instances.unwrap_or_else(default_max_instances);
+        backend.max_concurrent_calls = spec.max_concurrent_calls;
+        Ok(backend)
+    }
+
+    /// The grants of `spec`: directories, peers resolved now, origins and
+    /// variable names. Nothing is created ([`Config::backend`] creates
+    /// missing writable directories).
+    pub fn grants(&self, spec: &BackendConfig) -> Result<Grants, String> {
+        let shorthand = spec.dir.iter().map(|host| DirConfig {
+            host: host.clone(),
+            guest: DATA_DIR.to_owned(),
+            read_only: spec.read_only,
+        });
+        let mut dirs = Vec::new();
+        for d in shorthand.chain(spec.dirs.iter().cloned()) {
+            dirs.push(DirGrant {
+                host: self.base_dir.join(&d.host),
+                guest: d.guest,
+                read_only: d.read_only,
+            });
+        }
+        let origins = spec
+            .http
+            .iter()
+            .map(|o| Origin::parse(o))
+            .collect::<Result<_, _>>()?;
+        Ok(Grants {
+            dirs,
+            net: NetGrant::resolve(&spec.net, spec.dns)?,
+            http: HttpGrant { origins },
+            env: EnvGrant {
+                names: spec.env.clone(),
+            },
         })
     }
 
@@ -143,26 +243,27 @@ impl Config {
     }
 
     /// The backend for `wasm:///dir`: the builtin fs guest, `dir` granted
-    /// read-write (created if missing), default limits.
+    /// read-write at `/data` (created if missing), default limits.
     pub fn embedded_fs(dir: &Path) -> Result<Backend, String> {
         std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let source = ComponentSource::Builtin(crate::component::Builtin::Fs);
         let component = LoadedComponent::load(&source)
             .map_err(|e| format!("cannot load the embedded fs backend: {e:#}"))?;
-        Ok(Backend {
-            name: source.to_string(),
-            source,
+        let grants = Grants {
+            dirs: vec![DirGrant {
+                host: dir.to_owned(),
+                guest: DATA_DIR.to_owned(),
+                read_only: false,
+            }],
+            ..Grants::default()
+        };
+        Ok(Backend::new(
+            &source.to_string(),
+            source.clone(),
             component,
-            grants: Grants {
-                data_dir: Some(DirGrant {
-                    host: dir.to_owned(),
-                    read_only: false,
-                }),
-            },
-            limits: Limits::default(),
-            max_instances: default_max_instances(),
-        })
+            grants,
+        ))
     }
 }
 
@@ -171,13 +272,54 @@ impl BackendConfig {
         self.component.parse()
     }
 
-    fn limits(&self) -> Limits {
-        let d = Limits::default();
-        Limits {
-            memory_limit_mib: self.memory_limit_mib.unwrap_or(d.memory_limit_mib),
-            call_timeout_ms: self.call_timeout_ms.unwrap_or(d.call_timeout_ms),
-            max_payload_mib: self.max_payload_mib.unwrap_or(d.max_payload_mib),
+    /// The backend's limits (defaults for what it does not set).
+    pub fn limits(&self) -> Limits {
+        LimitsConfig {
+            memory_limit_mib: self.memory_limit_mib,
+            call_timeout_ms: self.call_timeout_ms,
+            max_payload_mib: self.max_payload_mib,
         }
+        .over(&Limits::default())
+    }
+
+    /// Everything that can be checked without touching the system.
+    fn validate(&self) -> Result<(), String> {
+        self.source()?;
+        let limits = self.limits();
+        limits.validate()?;
+        for (tenant, l) in &self.tenants {
+            l.over(&limits)
+                .validate()
+                .map_err(|e| format!("tenants.{tenant}: {e}"))?;
+        }
+        if self.max_instances == Some(0) {
+            return Err("max_instances must be at least 1".into());
+        }
+        if self.max_concurrent_calls == Some(0) {
+            return Err("max_concurrent_calls must be at least 1".into());
+        }
+        if let Some(pin) = &self.sha256
+            && (pin.len() != 64 || !pin.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(format!("sha256 {pin:?} must be 64 hex digits"));
+        }
+        let mut guests = std::collections::BTreeSet::new();
+        if self.dir.is_some() {
+            guests.insert(DATA_DIR.to_owned());
+        }
+        for d in &self.dirs {
+            crate::capabilities::dirs::validate_guest_path(&d.guest)?;
+            if !guests.insert(d.guest.clone()) {
+                return Err(format!("two directories are granted at {}", d.guest));
+            }
+        }
+        for o in &self.http {
+            Origin::parse(o)?;
+        }
+        for name in &self.env {
+            crate::capabilities::env::validate_name(name)?;
+        }
+        Ok(())
     }
 }
 
@@ -244,44 +386,80 @@ mod tests {
             r#"
             [backends.fast]
             component = "guests/x.wasm"
+            sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
             dir = "data"
             read_only = true
+            dirs = [{ host = "models", guest = "/models", read_only = true }]
+            net = ["127.0.0.1:6379"]
+            http = ["http://127.0.0.1:9000"]
+            env = ["ACME_TOKEN"]
             max_instances = 2
+            max_concurrent_calls = 8
             memory_limit_mib = 64
             call_timeout_ms = 500
             max_payload_mib = 8
+
+            [backends.fast.tenants.alice]
+            call_timeout_ms = 100
             "#,
             Path::new("/etc/kvwasm"),
         )
         .unwrap();
         let fast = &config.backends["fast"];
-        assert_eq!(fast.limits().memory_limit_mib, 64);
-        assert_eq!(fast.limits().call_timeout_ms, 500);
+        let limits = fast.limits();
+        assert_eq!(limits.memory_limit_mib, 64);
+        assert_eq!(limits.call_timeout_ms, 500);
+        let alice = fast.tenants["alice"].over(&limits);
+        assert_eq!((alice.call_timeout_ms, alice.memory_limit_mib), (100, 64));
         assert_eq!(fast.max_instances, Some(2));
         assert!(fast.read_only);
+        assert_eq!(fast.dirs[0].guest, "/models");
+        let grants = config.grants(fast).unwrap();
+        assert_eq!(grants.dirs.len(), 2);
+        assert_eq!(grants.dirs[1].host, Path::new("/etc/kvwasm/models"));
+        assert_eq!(grants.net.addrs.len(), 1);
+        assert_eq!(grants.http.origins[0].to_string(), "http://127.0.0.1:9000");
     }
 
     #[test]
     fn rejects_bad_configs() {
         let base = Path::new("/");
+        let fs = "[backends.a]\ncomponent = \"builtin:fs\"\n";
         for (text, why) in [
             (
-                "[backends.a]\ncomponent = \"builtin:nope\"",
+                "[backends.a]\ncomponent = \"builtin:nope\"".to_owned(),
                 "unknown builtin",
             ),
+            (format!("{fs}typo = 1"), "unknown field"),
+            (format!("{fs}call_timeout_ms = 0"), "at least 1"),
+            ("[backends.a]\ndir = \"/x\"".to_owned(), "missing field"),
+            ("backends = 3".to_owned(), "invalid type"),
+            (format!("{fs}sha256 = \"abc\""), "64 hex digits"),
             (
-                "[backends.a]\ncomponent = \"builtin:fs\"\ntypo = 1",
-                "unknown field",
+                format!("{fs}dirs = [{{ host = \"/x\", guest = \"../up\" }}]"),
+                "must be absolute",
             ),
             (
-                "[backends.a]\ncomponent = \"builtin:fs\"\ncall_timeout_ms = 0",
-                "at least 1",
+                format!("{fs}dir = \"/x\"\ndirs = [{{ host = \"/y\" }}]"),
+                "two directories",
             ),
-            ("[backends.a]\ndir = \"/x\"", "missing field"),
-            ("backends = 3", "invalid type"),
+            (format!("{fs}http = [\"ftp://x\"]"), "http or https"),
+            (format!("{fs}http = [\"http://x/path\"]"), "no path"),
+            (
+                format!("{fs}env = [\"A=B\"]"),
+                "not an environment variable",
+            ),
+            (format!("{fs}max_concurrent_calls = 0"), "at least 1"),
+            (
+                format!("{fs}[backends.a.tenants.t]\nmemory_limit_mib = 0"),
+                "tenants.t",
+            ),
         ] {
-            let err = Config::parse(text, base).unwrap_err();
+            let err = Config::parse(&text, base).unwrap_err();
             assert!(err.contains(why), "{text:?}: {err}");
         }
+        let config = Config::parse(&format!("{fs}net = [\"no-port\"]"), base).unwrap();
+        let err = config.grants(&config.backends["a"]).unwrap_err();
+        assert!(err.contains("host:port"), "{err}");
     }
 }

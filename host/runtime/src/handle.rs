@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
 use crate::bindings::PutOutcome;
@@ -43,7 +44,18 @@ struct Pool {
     unflushed: HashMap<u64, u64>,
     /// An instance with unflushed puts trapped since the last manifest.
     lost_unflushed: bool,
+    /// Calls in a row whose instance was lost (trap or deadline).
+    lost_streak: u32,
+    /// While set and in the future, calls are refused instead of starting
+    /// yet another instance that will trap: repeated traps back off.
+    retry_at: Option<Instant>,
 }
+
+/// Losses in a row before calls back off.
+const BACKOFF_AFTER: u32 = 3;
+/// First back-off; it doubles with every further loss, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Open handles on backends whose state lives inside their one instance,
 /// by (backend, namespace).
@@ -109,18 +121,36 @@ impl StoreHandle {
 
     /// `put_chunk`: `Ok(true)` when the hash was already present.
     pub fn put_chunk(&self, hash: &[u8], data: &[u8]) -> Result<bool, KvError> {
-        self.check_payload(data)?;
-        self.with_instance(true, |i| i.put_chunk(hash, data))
-            .map(|outcome| outcome == PutOutcome::AlreadyPresent)
+        self.observe(
+            "put_chunk",
+            data.len(),
+            |_| 0,
+            || {
+                self.check_payload(data)?;
+                self.with_instance(true, |i| i.put_chunk(hash, data))
+                    .map(|outcome| outcome == PutOutcome::AlreadyPresent)
+            },
+        )
     }
 
     /// `get_chunk`.
     pub fn get_chunk(&self, hash: &[u8]) -> Result<MallocBuffer, KvError> {
-        self.with_instance(false, |i| i.get_chunk(hash))
+        self.observe("get_chunk", 0, MallocBuffer::len, || {
+            self.with_instance(false, |i| i.get_chunk(hash))
+        })
     }
 
     /// `put_manifest`: flush every instance that accepted chunks, then publish.
     pub fn put_manifest(&self, name: &str, data: &[u8]) -> Result<(), KvError> {
+        self.observe(
+            "put_manifest",
+            data.len(),
+            |_| 0,
+            || self.publish_manifest(name, data),
+        )
+    }
+
+    fn publish_manifest(&self, name: &str, data: &[u8]) -> Result<(), KvError> {
         self.check_payload(data)?;
         let _serial = lock(&self.manifest_lock);
         let cutoff = {
@@ -147,30 +177,100 @@ impl StoreHandle {
 
     /// `get_manifest`.
     pub fn get_manifest(&self, name: &str) -> Result<MallocBuffer, KvError> {
-        self.with_instance(false, |i| i.get_manifest(name))
+        self.observe("get_manifest", 0, MallocBuffer::len, || {
+            self.with_instance(false, |i| i.get_manifest(name))
+        })
     }
 
     /// `delete_manifest` (a missing name is success).
     pub fn delete_manifest(&self, name: &str) -> Result<(), KvError> {
-        match self.with_instance(false, |i| i.delete_manifest(name)) {
-            Err(KvError::NotFound) => Ok(()),
-            other => other,
-        }
+        self.observe(
+            "delete_manifest",
+            0,
+            |_| 0,
+            || match self.with_instance(false, |i| i.delete_manifest(name)) {
+                Err(KvError::NotFound) => Ok(()),
+                other => other,
+            },
+        )
     }
 
     /// `prefetch_chunks`.
     pub fn prefetch_chunks(&self, hashes: &[Vec<u8>]) -> Result<(), KvError> {
-        self.with_instance(false, |i| i.prefetch_chunks(hashes))
+        self.observe(
+            "prefetch_chunks",
+            0,
+            |_| 0,
+            || self.with_instance(false, |i| i.prefetch_chunks(hashes)),
+        )
+    }
+
+    /// The tenant this handle serves: the first namespace component.
+    pub fn tenant(&self) -> &str {
+        self.namespace.split('/').next().unwrap_or("")
+    }
+
+    /// Run one operation: a `guest_call` span with its backend, tenant,
+    /// operation, bytes and result; the per-backend counters; the back-off
+    /// after repeated traps; and the backend's cap on concurrent calls.
+    fn observe<T>(
+        &self,
+        op: &'static str,
+        bytes_in: usize,
+        bytes_out: impl FnOnce(&T) -> usize,
+        call: impl FnOnce() -> Result<T, KvError>,
+    ) -> Result<T, KvError> {
+        let span = tracing::debug_span!(
+            "guest_call",
+            backend = %self.backend.name,
+            tenant = self.tenant(),
+            op,
+            bytes_in,
+            bytes_out = tracing::field::Empty,
+            result = tracing::field::Empty,
+        );
+        let _entered = span.enter();
+        let result = self.backing_off().and_then(|()| {
+            let patience = Duration::from_millis(self.limits().call_timeout_ms);
+            let _slot = self.backend.enter_call(patience)?;
+            call()
+        });
+        let out = result.as_ref().map_or(0, bytes_out);
+        span.record("bytes_out", out);
+        span.record("result", result.as_ref().map_or_else(KvError::code, |_| 0));
+        self.backend
+            .metrics
+            .record(bytes_in, out, result.as_ref().err());
+        result
+    }
+
+    fn limits(&self) -> &crate::limits::Limits {
+        self.backend.limits_for(&self.namespace)
+    }
+
+    /// `Err` while this handle backs off after repeated lost instances.
+    fn backing_off(&self) -> Result<(), KvError> {
+        let pool = lock(&self.pool);
+        match pool.retry_at {
+            Some(at) if at > Instant::now() => Err(KvError::Unavailable(format!(
+                "backend {:?} lost {} instances in a row (traps or deadlines); \
+                 calls are refused for another {} ms",
+                self.backend.name,
+                pool.lost_streak,
+                at.saturating_duration_since(Instant::now()).as_millis()
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Inputs obey the same size limit as outputs.
     fn check_payload(&self, data: &[u8]) -> Result<(), KvError> {
-        let max = self.backend.limits.max_payload_bytes();
-        if data.len() as u64 > max {
+        let limits = self.limits();
+        if data.len() as u64 > limits.max_payload_bytes() {
             return Err(KvError::Limit(format!(
                 "payload of {} bytes exceeds the backend's limit of {} MiB",
                 data.len(),
-                self.backend.limits.max_payload_mib
+                limits.max_payload_mib
             )));
         }
         Ok(())
@@ -210,6 +310,8 @@ impl StoreHandle {
     /// Give a healthy instance back, recording an accepted put.
     fn checkin(&self, instance: Instance, accepted_put: bool) {
         let mut pool = lock(&self.pool);
+        pool.lost_streak = 0;
+        pool.retry_at = None;
         if accepted_put {
             pool.puts += 1;
             let seq = pool.puts;
@@ -219,10 +321,26 @@ impl StoreHandle {
         self.returned.notify_all();
     }
 
-    /// Forget an instance that is gone (trapped, or dropped by a panic).
+    /// Forget an instance that is gone (trapped, or dropped by a panic), and
+    /// back off if that keeps happening.
     fn retire(&self, id: u64) {
         let mut pool = lock(&self.pool);
         pool.live -= 1;
+        pool.lost_streak += 1;
+        if pool.lost_streak >= BACKOFF_AFTER {
+            let doublings = (pool.lost_streak - BACKOFF_AFTER).min(16);
+            let wait = FIRST_BACKOFF
+                .saturating_mul(1 << doublings)
+                .min(MAX_BACKOFF);
+            pool.retry_at = Some(Instant::now() + wait);
+            tracing::warn!(
+                backend = %self.backend.name,
+                namespace = %self.namespace,
+                lost = pool.lost_streak,
+                "backing off for {} ms after repeated traps",
+                wait.as_millis()
+            );
+        }
         pool.lost_unflushed |= pool.unflushed.remove(&id).is_some();
         self.returned.notify_all();
     }

@@ -5,6 +5,7 @@
 //! wasmtime refuses to enter it again, so [`Outcome::Lost`] tells the pool to
 //! drop it and start a fresh one for the next call.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use wasmtime::component::ResourceAny;
@@ -13,6 +14,7 @@ use wasmtime::{Store, Trap};
 use crate::backend::Backend;
 use crate::bindings::exports::kvwasm::kv_store::store::{Error as GuestError, GuestStore};
 use crate::bindings::{FilesystemBackend, PutOutcome};
+use crate::capabilities::http::HttpPolicy;
 use crate::error::KvError;
 use crate::guest_log::GuestStderr;
 use crate::payload::{self, MallocBuffer};
@@ -45,21 +47,27 @@ impl Instance {
     /// [`BackendInfo`](crate::BackendInfo).
     pub(crate) fn open(backend: &Backend, namespace: &str) -> Result<Instance, KvError> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let limits = backend.limits_for(namespace);
         let stderr = GuestStderr::new(&backend.name);
         let wasi = backend
             .grants
-            .wasi_ctx(stderr.clone())
+            .wasi_ctx(stderr.clone(), &backend.metrics)
             .map_err(|e| KvError::host("cannot apply the backend's grants", e))?;
         let state = HostState {
             wasi,
+            http: wasmtime_wasi_http::WasiHttpCtx::new(),
+            http_policy: HttpPolicy {
+                grant: Arc::new(backend.grants.http.clone()),
+                metrics: backend.metrics.clone(),
+            },
             table: Default::default(),
-            limits: backend.limits.instance_limits(),
+            limits: limits.instance_limits(),
             stderr,
         };
         let mut store = Store::new(crate::engine::engine(), state);
         store.limiter(|s| &mut s.limits);
-        let deadline_ticks = backend.limits.deadline_ticks();
-        let timeout_ms = backend.limits.call_timeout_ms;
+        let deadline_ticks = limits.deadline_ticks();
+        let timeout_ms = limits.call_timeout_ms;
         store.set_epoch_deadline(deadline_ticks);
         let bindings = backend
             .component

@@ -8,6 +8,7 @@
 //! * [`artifact_cache`] — precompiled components on disk;
 //! * [`component`] — compiled, pre-linked components shared in the process;
 //! * [`capabilities`] and [`limits`] — what a guest may reach and use;
+//! * [`metrics`] — per-backend counters, served as Prometheus text;
 //! * `payload` — host-owned buffers that carry bytes without copying;
 //! * `instance` — one guest instance and typed, deadline-bound calls;
 //! * [`handle`] — an open store: a pool of instances, safe from many threads;
@@ -25,6 +26,7 @@ mod guest_log;
 pub mod handle;
 mod instance;
 pub mod limits;
+pub mod metrics;
 mod payload;
 mod state;
 pub mod uri;
@@ -40,6 +42,7 @@ pub use payload::MallocBuffer;
 /// Open the store a `wasm://` URI names (see [`uri`] and
 /// [`handle::open_shared`]).
 pub fn open(uri: &str) -> Result<Arc<StoreHandle>, KvError> {
+    metrics::serve_from_env();
     match uri::parse(uri).map_err(KvError::BadInput)? {
         uri::Target::EmbeddedFs(dir) => {
             let backend = config::Config::embedded_fs(&dir).map_err(KvError::Host)?;

@@ -2,14 +2,19 @@
 
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use crate::capabilities::http::HttpPolicy;
 use crate::guest_log::GuestStderr;
 use crate::limits::InstanceLimits;
 
-/// Per-instance host state: the WASI context built from the grants, the
+/// Per-instance host state: the WASI contexts built from the grants, the
 /// resource table (WASI handles and payloads), the limits, and stderr.
 pub struct HostState {
     pub(crate) wasi: WasiCtx,
+    pub(crate) http: WasiHttpCtx,
+    /// Checks every outgoing HTTP request against the grant.
+    pub(crate) http_policy: HttpPolicy,
     pub(crate) table: ResourceTable,
     pub(crate) limits: InstanceLimits,
     /// The guest's stderr, kept for trap reports.
@@ -21,6 +26,16 @@ impl WasiView for HostState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for HostState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_policy,
         }
     }
 }

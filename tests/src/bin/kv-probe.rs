@@ -4,7 +4,7 @@
 //!
 //! Lines: `open ok` / `open NULL`; `<op> <arg> -> <rc> [<utf8 output>]`.
 //! OPs: `get-manifest:NAME`, `put-manifest:NAME=TEXT`, `delete-manifest:NAME`,
-//! `put-chunk:HEX=TEXT`, `get-chunk:HEX`.
+//! `put-chunk:HEX=TEXT`, `get-chunk:HEX`, `sleep:MS` (keeps the process alive).
 
 use kv_store_abi::Library;
 
@@ -38,6 +38,11 @@ fn main() {
                 }
             }
             "get-chunk" => show(store.get_chunk(&unhex(arg))),
+            "sleep" => {
+                let ms = arg.parse().expect("sleep:MILLISECONDS");
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                "0".into()
+            }
             other => panic!("unknown op {other}"),
         };
         println!("{verb} {arg} -> {line}");

@@ -16,6 +16,7 @@
 //! | `hoard:<n>`            | creates and leaks n payloads of 1 MiB (host memory) |
 //! | `readfile:<path>`      | payload-io `read-file` of `path` beneath `/data`   |
 //! | `writefile:<path>`     | payload-io `write-file` of `path` beneath `/data`  |
+//! | `http:<url>`           | sends a wasi:http GET, returns the status and body |
 //! | anything else          | reads `/data/<name>` without validating the name   |
 //!
 //! `put_manifest(name, data)` writes `/data/<name>`, so state outlives a
@@ -119,6 +120,7 @@ impl GuestStore for HostileStore {
                 let found = (host, 80).to_socket_addrs().map_err(io_error)?;
                 format!("{:?}", found.collect::<Vec<_>>()).into_bytes()
             }
+            Some(("http", url)) => http_get(url)?,
             Some(("env", var)) => std::env::var(var)
                 .map_err(|_| Error::NotFound)?
                 .into_bytes(),
@@ -138,6 +140,45 @@ impl GuestStore for HostileStore {
     fn flush(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// GET `url` (`http://host:port/path`) over wasi:http: `<status> <body>`.
+fn http_get(url: &str) -> Result<Vec<u8>> {
+    use wasip2::http::outgoing_handler;
+    use wasip2::http::types::{Fields, OutgoingRequest, Scheme};
+    let bad = || Error::InvalidArgument(format!("bad url {url:?}"));
+    let rest = url.strip_prefix("http://").ok_or_else(bad)?;
+    let (authority, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_owned()), |(a, p)| (a, format!("/{p}")));
+    let request = OutgoingRequest::new(Fields::new());
+    request
+        .set_scheme(Some(&Scheme::Http))
+        .map_err(|()| bad())?;
+    request.set_authority(Some(authority)).map_err(|()| bad())?;
+    request
+        .set_path_with_query(Some(&path))
+        .map_err(|()| bad())?;
+    let denied = |e: &dyn std::fmt::Debug| Error::Denied(format!("http request failed: {e:?}"));
+    let future = outgoing_handler::handle(request, None).map_err(|e| denied(&e))?;
+    future.subscribe().block();
+    let response = future
+        .get()
+        .ok_or_else(|| Error::Io("no response".into()))?
+        .map_err(|()| Error::Io("response taken twice".into()))?
+        .map_err(|e| denied(&e))?;
+    let status = response.status();
+    let body = response
+        .consume()
+        .map_err(|()| Error::Io("no body".into()))?;
+    let stream = body
+        .stream()
+        .map_err(|()| Error::Io("no body stream".into()))?;
+    let mut bytes = format!("{status} ").into_bytes();
+    while let Ok(chunk) = stream.blocking_read(64 * 1024) {
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
 }
 
 /// The descriptor of the directory granted at /data.

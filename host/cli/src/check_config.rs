@@ -1,0 +1,105 @@
+//! `kvwasm check-config`: validate a config and show the effective grants.
+
+use std::path::PathBuf;
+
+use kvwasm_host::config::{self, Config};
+use kvwasm_host::limits::Limits;
+
+/// Validate a config file and print the effective grants and limits of
+/// every backend: components loaded and their pins checked, peers resolved.
+/// Environment variables are shown by name and whether they are set, never
+/// by value. Exit status 1 if any backend is broken.
+#[derive(clap::Args)]
+#[command(verbatim_doc_comment, visible_alias = "run-check-config")]
+pub struct CheckConfigArgs {
+    /// The config file (default: $KVWASM_CONFIG, then the XDG and /etc locations).
+    file: Option<PathBuf>,
+}
+
+pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
+    let path = match args.file {
+        Some(path) => path,
+        None => config::locate().map_err(anyhow::Error::msg)?,
+    };
+    let config = Config::load(&path).map_err(anyhow::Error::msg)?;
+    println!(
+        "config {}: {} backend(s)",
+        path.display(),
+        config.backends.len()
+    );
+    let mut broken = 0;
+    for (name, spec) in &config.backends {
+        println!("\n[backends.{name}]");
+        let backend = match config.backend(name) {
+            Ok(b) => b,
+            Err(e) => {
+                broken += 1;
+                println!("  ERROR      {e}");
+                continue;
+            }
+        };
+        let c = &backend.component;
+        let pin = match &spec.sha256 {
+            Some(_) => "pinned, matches",
+            None => "not pinned",
+        };
+        println!(
+            "  component  {} ({} bytes, sha256 {}, {pin})",
+            backend.source, c.size, c.sha256
+        );
+        let g = &backend.grants;
+        let none = || println!("             (none)");
+        println!("  dirs");
+        g.dirs
+            .iter()
+            .for_each(|d| println!("             {}", d.describe()));
+        if g.dirs.is_empty() {
+            none();
+        }
+        println!("  net");
+        g.net
+            .describe()
+            .iter()
+            .for_each(|l| println!("             {l}"));
+        println!("  http");
+        g.http
+            .origins
+            .iter()
+            .for_each(|o| println!("             {o}"));
+        if g.http.origins.is_empty() {
+            none();
+        }
+        println!("  env");
+        g.env
+            .describe()
+            .iter()
+            .for_each(|l| println!("             {l}"));
+        if g.env.names.is_empty() {
+            none();
+        }
+        println!("  limits     {}", limits(&backend.limits));
+        println!(
+            "             max instances per handle {}, max concurrent calls {}",
+            backend.max_instances,
+            backend
+                .max_concurrent_calls
+                .map_or("unlimited".to_string(), |n| n.to_string())
+        );
+        for (tenant, l) in &backend.tenant_limits {
+            println!("  tenant     {tenant}: {}", limits(l));
+        }
+    }
+    Ok(if broken == 0 {
+        std::process::ExitCode::SUCCESS
+    } else {
+        eprintln!("kvwasm: {broken} backend(s) cannot be loaded");
+        std::process::ExitCode::FAILURE
+    })
+}
+
+fn limits(l: &Limits) -> String {
+    format!(
+        "memory {} MiB, call deadline {} ms, max payload {} MiB",
+        l.memory_limit_mib, l.call_timeout_ms, l.max_payload_mib
+    )
+}

@@ -1,0 +1,65 @@
+//! `kvwasm inspect`: what a component could ask for, before granting anything.
+
+use kvwasm_host::component::{ComponentSource, describe};
+
+/// Show a component's imports (what it could ask for), exports, size and
+/// sha256, without running it.
+///
+/// Every import is inert unless the config grants the capability; the
+/// right-hand column names the grant that would enable it.
+#[derive(clap::Args)]
+#[command(verbatim_doc_comment)]
+pub struct InspectArgs {
+    /// A .wasm component, or builtin:fs / builtin:memory.
+    file: String,
+}
+
+pub fn run(args: InspectArgs) -> anyhow::Result<()> {
+    let source: ComponentSource = args.file.parse().map_err(anyhow::Error::msg)?;
+    let d = describe(&source).map_err(|e| anyhow::anyhow!("inspecting {source}: {e:#}"))?;
+    println!("component  {source}");
+    println!("size       {} bytes", d.size);
+    println!(
+        "sha256     {}   (pin it: sha256 = \"{}\")",
+        d.sha256, d.sha256
+    );
+    let kind = if !d.is_kv_store_backend() {
+        "not a kv-store backend (no kvwasm:kv-store/store export)"
+    } else if d
+        .imports
+        .iter()
+        .any(|i| i.starts_with("kvwasm:kv-store/payload-io@"))
+    {
+        "kv-store backend, world kvwasm:kv-store/filesystem-backend"
+    } else {
+        "kv-store backend, world kvwasm:kv-store/backend"
+    };
+    println!("kind       {kind}");
+    println!("\nimports (what it could ask for)        granted by");
+    for import in &d.imports {
+        println!("  {import:<38} {}", grant_for(import));
+    }
+    println!("\nexports");
+    for export in &d.exports {
+        println!("  {export}");
+    }
+    Ok(())
+}
+
+/// The config key that makes an import do anything.
+fn grant_for(interface: &str) -> &'static str {
+    let name = interface.split('@').next().unwrap_or(interface);
+    match name {
+        "wasi:filesystem/types" | "wasi:filesystem/preopens" => "dir / dirs",
+        "kvwasm:kv-store/payload-io" => "dir / dirs (host-side file I/O)",
+        "wasi:sockets/ip-name-lookup" => "dns = true",
+        n if n.starts_with("wasi:sockets/") => "net (tcp peers)",
+        n if n.starts_with("wasi:http/") => "http (origins)",
+        "wasi:cli/environment" => "env (variable names)",
+        n if n.starts_with("wasi:random/") || n.starts_with("wasi:clocks/") => "always (harmless)",
+        "wasi:cli/stderr" => "always (goes to the host log)",
+        n if n.starts_with("wasi:cli/") || n.starts_with("wasi:io/") => "always (inert)",
+        "kvwasm:kv-store/types" => "always (payloads)",
+        _ => "unknown to kvwasm: instantiation will fail",
+    }
+}

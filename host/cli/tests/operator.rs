@@ -1,0 +1,137 @@
+//! The operator's tools: `kvwasm inspect`, `kvwasm check-config` and
+//! `kvwasm metrics`.
+
+use std::process::{Command, Output};
+
+const KVWASM: &str = env!("CARGO_BIN_EXE_kvwasm");
+
+fn kvwasm(args: &[&str]) -> (Output, String) {
+    let out = Command::new(KVWASM)
+        .args(args)
+        .env_remove("KVWASM_CONFIG")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out, text)
+}
+
+#[test]
+fn inspect_lists_what_a_component_could_ask_for() {
+    let (out, text) = kvwasm(&["inspect", kvwasm_guest_artifacts::HOSTILE_PATH]);
+    assert!(out.status.success(), "{text}");
+    for expected in [
+        "sha256     ",
+        "kind       kv-store backend, world kvwasm:kv-store/filesystem-backend",
+        "wasi:sockets/tcp@0.2.12",
+        "net (tcp peers)",
+        "wasi:http/outgoing-handler@0.2.12",
+        "http (origins)",
+        "wasi:sockets/ip-name-lookup@0.2.12     dns = true",
+        "wasi:cli/environment@0.2.12            env (variable names)",
+        "exports\n  kvwasm:kv-store/store@0.1.0",
+    ] {
+        assert!(text.contains(expected), "{expected:?} missing:\n{text}");
+    }
+    let (out, text) = kvwasm(&["inspect", "/no/such.wasm"]);
+    assert!(
+        !out.status.success() && text.contains("cannot read component"),
+        "{text}"
+    );
+}
+
+#[test]
+fn check_config_prints_effective_grants_without_secret_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("kvwasm.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[backends.acme]\ncomponent = {:?}\ndir = \"data\"\n\
+             dirs = [{{ host = \"models\", guest = \"/models\", read_only = true }}]\n\
+             net = [\"127.0.0.1:6379\"]\nhttp = [\"http://127.0.0.1:9000\"]\n\
+             env = [\"KVWASM_TEST_SECRET\", \"KVWASM_TEST_UNSET\"]\nmax_concurrent_calls = 8\n\
+             [backends.acme.tenants.alice]\ncall_timeout_ms = 100\n\
+             [backends.pinned]\ncomponent = \"builtin:memory\"\nsha256 = \"{}\"\n",
+            kvwasm_guest_artifacts::HOSTILE_PATH,
+            "0".repeat(64)
+        ),
+    )
+    .unwrap();
+    let out = Command::new(KVWASM)
+        .args(["check-config", config.to_str().unwrap()])
+        .env("KVWASM_TEST_SECRET", "hunter2")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the pinned backend is broken: {text}"
+    );
+    for expected in [
+        "[backends.acme]",
+        &format!("{} → /data (read-write)", dir.path().join("data").display()),
+        &format!(
+            "{} → /models (read-only)",
+            dir.path().join("models").display()
+        ),
+        "tcp 127.0.0.1:6379",
+        "guest name lookups: denied",
+        "http://127.0.0.1:9000",
+        "KVWASM_TEST_SECRET (set)",
+        "KVWASM_TEST_UNSET (not set)",
+        "max concurrent calls 8",
+        "tenant     alice: memory 256 MiB, call deadline 100 ms",
+        "[backends.pinned]",
+        "but the config pins",
+        "1 backend(s) cannot be loaded",
+    ] {
+        assert!(text.contains(expected), "{expected:?} missing:\n{text}");
+    }
+    assert!(
+        !text.contains("hunter2"),
+        "a secret value was printed:\n{text}"
+    );
+    // The alias the issue names works too.
+    let (out, _) = kvwasm(&["run-check-config", "--help"]);
+    assert!(out.status.success());
+}
+
+#[test]
+fn metrics_reads_a_running_process() {
+    use std::io::{BufRead, BufReader, Write};
+    // Stands in for a process serving KVWASM_METRICS_ADDR (the server side
+    // is tested in tests/tests/capabilities.rs).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut line = String::new();
+            let mut reader = BufReader::new(&stream);
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let body = "# TYPE kvwasm_calls_total counter\n\
+                        kvwasm_calls_total{backend=\"acme\"} 42\n\
+                        kvwasm_traps_total{backend=\"acme\"} 2\n";
+            let _ = write!(
+                &stream,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let (out, text) = kvwasm(&["metrics", "--addr", &addr]);
+    assert!(out.status.success(), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("acme"))
+        .expect("a row for acme");
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cells,
+        ["acme", "42", "0", "2", "0", "0", "0", "0"],
+        "{text}"
+    );
+}

@@ -1,0 +1,127 @@
+//! HTTP grants: outbound `wasi:http` requests, only to listed origins.
+//!
+//! The check runs in the host's outgoing-request hook, on the request the
+//! guest built, before any connection is made. A request to any other
+//! origin fails with `HTTP-request-denied`, which the guest sees as the
+//! error of its request.
+
+use std::sync::Arc;
+
+use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+
+use crate::metrics::BackendMetrics;
+
+/// The origins (`scheme://host:port`) a guest may send requests to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HttpGrant {
+    pub origins: Vec<Origin>,
+}
+
+/// `scheme://host:port`, normalised (lowercase, explicit port).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub scheme: String,
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}://{}:{}", self.scheme, self.host, self.port)
+    }
+}
+
+impl Origin {
+    /// Parse `http://host[:port]` or `https://host[:port]` (no path).
+    pub fn parse(text: &str) -> Result<Origin, String> {
+        let bad = |why: &str| format!("http origin {text:?}: {why}");
+        let uri: http::Uri = text.parse().map_err(|e| bad(&format!("{e}")))?;
+        let scheme = uri
+            .scheme_str()
+            .ok_or_else(|| bad("no scheme"))?
+            .to_ascii_lowercase();
+        let default_port = match scheme.as_str() {
+            "http" => 80,
+            "https" => 443,
+            _ => return Err(bad("scheme must be http or https")),
+        };
+        if uri
+            .path_and_query()
+            .is_some_and(|p| p.as_str() != "/" && !p.as_str().is_empty())
+        {
+            return Err(bad("an origin has no path"));
+        }
+        let host = uri
+            .host()
+            .ok_or_else(|| bad("no host"))?
+            .to_ascii_lowercase();
+        Ok(Origin {
+            scheme,
+            host,
+            port: uri.port_u16().unwrap_or(default_port),
+        })
+    }
+
+    /// The origin of a request URI, if it has one.
+    fn of(uri: &http::Uri) -> Option<Origin> {
+        let scheme = uri.scheme_str()?.to_ascii_lowercase();
+        let default_port = match scheme.as_str() {
+            "http" => 80,
+            "https" => 443,
+            _ => return None,
+        };
+        Some(Origin {
+            host: uri.host()?.to_ascii_lowercase(),
+            port: uri.port_u16().unwrap_or(default_port),
+            scheme,
+        })
+    }
+}
+
+impl HttpGrant {
+    pub fn allows(&self, uri: &http::Uri) -> bool {
+        Origin::of(uri).is_some_and(|o| self.origins.contains(&o))
+    }
+}
+
+/// The hooks of one instance: the grant, checked on every request.
+pub(crate) struct HttpPolicy {
+    pub grant: Arc<HttpGrant>,
+    pub metrics: Arc<BackendMetrics>,
+}
+
+type ResponseFuture = Box<
+    dyn Future<
+            Output = Result<
+                (
+                    http::Response<WasiBody>,
+                    Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+                ),
+                HttpError,
+            >,
+        > + Send,
+>;
+
+impl WasiHttpHooks for HttpPolicy {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+    ) -> ResponseFuture {
+        _ = fut;
+        if !self.grant.allows(request.uri()) {
+            self.metrics.denial();
+            tracing::warn!(uri = %request.uri(), "HTTP request denied: origin not granted");
+            return Box::new(std::future::ready(Err(HttpError::HttpRequestDenied)));
+        }
+        Box::new(async move {
+            use http_body_util::BodyExt;
+            let (response, io) = wasmtime_wasi_http::default_send_request(request, options).await?;
+            Ok((
+                response.map(BodyExt::boxed_unsync),
+                Box::new(io) as Box<dyn Future<Output = _> + Send>,
+            ))
+        })
+    }
+}

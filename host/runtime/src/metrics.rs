@@ -1,0 +1,212 @@
+//! Per-backend counters, exported as Prometheus text.
+//!
+//! Every process that opens stores keeps counters for each backend: calls,
+//! errors, traps, timeouts, denials (capabilities the host refused, and
+//! calls that returned `denied`) and payload bytes in and out. With
+//! `KVWASM_METRICS_ADDR=host:port` set, the process (an inference engine
+//! using the shim, or `kvwasm demo`) serves them at
+//! `http://host:port/metrics`; `kvwasm metrics --addr host:port` reads them.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::error::KvError;
+
+/// Environment variable naming the address to serve `/metrics` on.
+pub const METRICS_ADDR_ENV: &str = "KVWASM_METRICS_ADDR";
+
+/// The counters of one backend.
+#[derive(Debug, Default)]
+pub struct BackendMetrics {
+    calls: AtomicU64,
+    errors: AtomicU64,
+    traps: AtomicU64,
+    timeouts: AtomicU64,
+    denials: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+}
+
+/// A copy of the counters at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub calls: u64,
+    pub errors: u64,
+    pub traps: u64,
+    pub timeouts: u64,
+    pub denials: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+impl BackendMetrics {
+    /// A capability the host refused.
+    pub fn denial(&self) {
+        self.denials.fetch_add(1, Relaxed);
+    }
+
+    /// One finished call: `bytes_in` from the consumer, `bytes_out` to it.
+    pub(crate) fn record(&self, bytes_in: usize, bytes_out: usize, error: Option<&KvError>) {
+        self.calls.fetch_add(1, Relaxed);
+        self.bytes_in.fetch_add(bytes_in as u64, Relaxed);
+        self.bytes_out.fetch_add(bytes_out as u64, Relaxed);
+        let Some(error) = error else { return };
+        // A miss is an answer, not a failure.
+        if error.is_miss() {
+            return;
+        }
+        self.errors.fetch_add(1, Relaxed);
+        match error {
+            KvError::Trapped(_) => self.traps.fetch_add(1, Relaxed),
+            KvError::Timeout(_) => self.timeouts.fetch_add(1, Relaxed),
+            KvError::Denied(_) => self.denials.fetch_add(1, Relaxed),
+            _ => 0,
+        };
+    }
+
+    pub fn snapshot(&self) -> Counters {
+        Counters {
+            calls: self.calls.load(Relaxed),
+            errors: self.errors.load(Relaxed),
+            traps: self.traps.load(Relaxed),
+            timeouts: self.timeouts.load(Relaxed),
+            denials: self.denials.load(Relaxed),
+            bytes_in: self.bytes_in.load(Relaxed),
+            bytes_out: self.bytes_out.load(Relaxed),
+        }
+    }
+}
+
+fn registry() -> &'static Mutex<BTreeMap<String, Arc<BackendMetrics>>> {
+    static REGISTRY: OnceLock<Mutex<BTreeMap<String, Arc<BackendMetrics>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// The counters of backend `name` (created on first use).
+pub fn for_backend(name: &str) -> Arc<BackendMetrics> {
+    let mut registry = registry().lock().unwrap_or_else(|p| p.into_inner());
+    registry.entry(name.to_owned()).or_default().clone()
+}
+
+/// Every backend's counters, by name.
+pub fn snapshot() -> BTreeMap<String, Counters> {
+    let registry = registry().lock().unwrap_or_else(|p| p.into_inner());
+    registry
+        .iter()
+        .map(|(k, v)| (k.clone(), v.snapshot()))
+        .collect()
+}
+
+/// The Prometheus text exposition of every counter.
+pub fn prometheus_text() -> String {
+    let all = snapshot();
+    type Family = (&'static str, &'static str, fn(&Counters) -> u64);
+    let families: [Family; 7] = [
+        ("calls", "Calls into backend guests.", |c| c.calls),
+        ("errors", "Calls that failed (misses excluded).", |c| {
+            c.errors
+        }),
+        ("traps", "Calls whose guest instance trapped.", |c| c.traps),
+        ("timeouts", "Calls interrupted at their deadline.", |c| {
+            c.timeouts
+        }),
+        (
+            "denials",
+            "Capabilities refused by the host, and calls that returned denied.",
+            |c| c.denials,
+        ),
+        ("bytes_in", "Payload bytes passed to backends.", |c| {
+            c.bytes_in
+        }),
+        ("bytes_out", "Payload bytes returned by backends.", |c| {
+            c.bytes_out
+        }),
+    ];
+    let mut out = String::new();
+    for (name, help, value) in families {
+        let _ = writeln!(out, "# HELP kvwasm_{name}_total {help}");
+        let _ = writeln!(out, "# TYPE kvwasm_{name}_total counter");
+        for (backend, counters) in &all {
+            let _ = writeln!(
+                out,
+                "kvwasm_{name}_total{{backend=\"{}\"}} {}",
+                escape_label(backend),
+                value(counters)
+            );
+        }
+    }
+    out
+}
+
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Serve `/metrics` on `$KVWASM_METRICS_ADDR`, once per process, if set.
+pub fn serve_from_env() {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        let Some(addr) = std::env::var_os(METRICS_ADDR_ENV).and_then(|a| a.into_string().ok())
+        else {
+            return;
+        };
+        match tiny_http::Server::http(&addr) {
+            Ok(server) => {
+                tracing::info!(%addr, "serving kvwasm metrics at /metrics");
+                let spawned = std::thread::Builder::new()
+                    .name("kvwasm-metrics".into())
+                    .spawn(move || serve(server));
+                if let Err(e) = spawned {
+                    tracing::warn!("cannot start the metrics thread: {e}");
+                }
+            }
+            Err(e) => tracing::warn!(%addr, "cannot serve metrics on {METRICS_ADDR_ENV}: {e}"),
+        }
+    });
+}
+
+fn serve(server: tiny_http::Server) {
+    for request in server.incoming_requests() {
+        let response = if request.url() == "/metrics" {
+            let header = tiny_http::Header::from_bytes(
+                "Content-Type",
+                "text/plain; version=0.0.4; charset=utf-8",
+            )
+            .expect("static header");
+            tiny_http::Response::from_string(prometheus_text()).with_header(header)
+        } else {
+            tiny_http::Response::from_string("kvwasm: try /metrics\n").with_status_code(404)
+        };
+        let _ = request.respond(response);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_calls_and_failure_kinds() {
+        let m = for_backend("metrics-test");
+        m.record(10, 0, None);
+        m.record(0, 5, Some(&KvError::NotFound));
+        m.record(0, 0, Some(&KvError::Trapped("x".into())));
+        m.record(0, 0, Some(&KvError::Timeout(5)));
+        m.record(0, 0, Some(&KvError::Denied("no".into())));
+        m.denial();
+        let c = m.snapshot();
+        assert_eq!((c.calls, c.errors, c.traps, c.timeouts), (5, 3, 1, 1));
+        assert_eq!((c.denials, c.bytes_in, c.bytes_out), (2, 10, 5));
+        let text = prometheus_text();
+        assert!(
+            text.contains("kvwasm_calls_total{backend=\"metrics-test\"} 5"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE kvwasm_denials_total counter"));
+    }
+}

@@ -1,0 +1,162 @@
+//! Tenants of one backend are isolated: one tenant's traps, deadlines and
+//! memory blow-ups cost its own calls only; other tenants keep working with
+//! their data intact. Repeated traps back off instead of spinning, and a
+//! backend's cap on concurrent calls queues callers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvwasm_host::config::Config;
+use kvwasm_host::handle::open_shared;
+use kvwasm_host::{Backend, KvError, StoreHandle};
+
+fn hostile(dir: &std::path::Path, extra: &str) -> Arc<Backend> {
+    let text = format!(
+        "[backends.hostile]\ncomponent = {:?}\ndir = \"data\"\nmemory_limit_mib = 64\n\
+         call_timeout_ms = 5000\n{extra}",
+        kvwasm_guest_artifacts::HOSTILE_PATH
+    );
+    Arc::new(
+        Config::parse(&text, dir)
+            .unwrap()
+            .backend("hostile")
+            .unwrap(),
+    )
+}
+
+fn text(store: &StoreHandle, name: &str) -> Result<String, KvError> {
+    store
+        .get_manifest(name)
+        .map(|b| String::from_utf8_lossy(b.as_slice()).into_owned())
+}
+
+#[test]
+fn a_tenant_killed_by_its_deadline_leaves_other_tenants_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = hostile(
+        dir.path(),
+        "[backends.hostile.tenants.doomed]\ncall_timeout_ms = 150\n",
+    );
+    let doomed = open_shared(backend.clone(), "doomed").unwrap();
+    let healthy = open_shared(backend.clone(), "healthy").unwrap();
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        // One tenant loops forever, call after call.
+        let killer = s.spawn(|| {
+            let mut failures = 0;
+            while started.elapsed() < Duration::from_secs(2) {
+                match doomed.get_manifest("loop") {
+                    Err(KvError::Timeout(150) | KvError::Unavailable(_)) => failures += 1,
+                    other => panic!("a loop must not return: {other:?}"),
+                }
+            }
+            failures
+        });
+        // Six threads hammer the other tenant meanwhile.
+        let hammers: Vec<_> = (0..6)
+            .map(|t| {
+                let healthy = &healthy;
+                s.spawn(move || {
+                    let mut calls = 0;
+                    while started.elapsed() < Duration::from_secs(2) {
+                        let (name, value) = (format!("t{t}"), format!("v{calls}"));
+                        healthy.put_manifest(&name, value.as_bytes()).unwrap();
+                        assert_eq!(text(healthy, &name).unwrap(), value);
+                        assert_eq!(text(healthy, "ping").unwrap(), "pong");
+                        calls += 1;
+                    }
+                    calls
+                })
+            })
+            .collect();
+        let failures = killer.join().unwrap();
+        assert!(
+            failures >= 3,
+            "the doomed tenant kept being cut off: {failures}"
+        );
+        for h in hammers {
+            assert!(
+                h.join().unwrap() > 10,
+                "the healthy tenant kept being served"
+            );
+        }
+    });
+    for t in 0..6 {
+        assert!(text(&healthy, &format!("t{t}")).unwrap().starts_with('v'));
+    }
+    assert_eq!(text(&healthy, "ping").unwrap(), "pong");
+}
+
+#[test]
+fn repeated_traps_back_off_then_recover() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_shared(hostile(dir.path(), ""), "t").unwrap();
+    for _ in 0..3 {
+        assert!(matches!(
+            store.get_manifest("panic"),
+            Err(KvError::Trapped(_))
+        ));
+    }
+    // Backing off: refused at once, without starting another instance.
+    let at = Instant::now();
+    match store.get_manifest("ping") {
+        Err(KvError::Unavailable(why)) => assert!(why.contains("3 instances in a row"), "{why}"),
+        other => panic!("expected a back-off refusal, got {other:?}"),
+    }
+    assert!(at.elapsed() < Duration::from_millis(40));
+    std::thread::sleep(Duration::from_millis(80));
+    assert_eq!(
+        text(&store, "ping").unwrap(),
+        "pong",
+        "recovered after the back-off"
+    );
+    // A success resets the count: one more trap is just a trap.
+    assert!(matches!(
+        store.get_manifest("panic"),
+        Err(KvError::Trapped(_))
+    ));
+    assert_eq!(text(&store, "ping").unwrap(), "pong");
+}
+
+#[test]
+fn tenant_memory_limits_are_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = hostile(
+        dir.path(),
+        "[backends.hostile.tenants.small]\nmemory_limit_mib = 16\n",
+    );
+    let small = open_shared(backend.clone(), "small").unwrap();
+    let large = open_shared(backend, "large/sub").unwrap();
+    match small.get_manifest("alloc:32") {
+        Err(KvError::Trapped(why)) => assert!(why.contains("out of memory"), "{why}"),
+        other => panic!("expected out of memory, got {other:?}"),
+    }
+    assert_eq!(text(&large, "alloc:32").unwrap(), "allocated");
+    assert_eq!(text(&small, "ping").unwrap(), "pong");
+}
+
+#[test]
+fn max_concurrent_calls_queues_callers() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = hostile(
+        dir.path(),
+        "max_concurrent_calls = 1\n[backends.hostile.tenants.slow]\ncall_timeout_ms = 400\n",
+    );
+    let slow = open_shared(backend.clone(), "slow").unwrap();
+    let other = open_shared(backend, "other").unwrap();
+    std::thread::scope(|s| {
+        let looping = s.spawn(|| slow.get_manifest("loop").err());
+        std::thread::sleep(Duration::from_millis(100));
+        let at = Instant::now();
+        assert_eq!(text(&other, "ping").unwrap(), "pong");
+        assert!(
+            at.elapsed() >= Duration::from_millis(200),
+            "the second call waited for the only slot: {:?}",
+            at.elapsed()
+        );
+        assert!(matches!(
+            looping.join().unwrap(),
+            Some(KvError::Timeout(400))
+        ));
+    });
+}
