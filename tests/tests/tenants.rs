@@ -160,3 +160,26 @@ fn max_concurrent_calls_queues_callers() {
         ));
     });
 }
+
+#[test]
+fn a_fuel_budget_stops_a_call_before_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = hostile(
+        dir.path(),
+        "[backends.hostile.tenants.metered]\nfuel = 20000000\n",
+    );
+    let metered = open_shared(backend.clone(), "metered").unwrap();
+    let at = Instant::now();
+    match metered.get_manifest("loop") {
+        Err(KvError::Limit(why)) => assert!(why.contains("fuel"), "{why}"),
+        other => panic!("expected the fuel limit, got {other:?}"),
+    }
+    assert!(
+        at.elapsed() < Duration::from_secs(3),
+        "well before the 5 s deadline"
+    );
+    assert_eq!(text(&metered, "ping").unwrap(), "pong");
+    // Another tenant of the same (metered) backend has no budget: only its deadline.
+    let free = open_shared(backend, "free").unwrap();
+    assert_eq!(text(&free, "alloc:8").unwrap(), "allocated");
+}

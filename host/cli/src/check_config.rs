@@ -98,8 +98,11 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
 }
 
 fn limits(l: &Limits) -> String {
+    let fuel = l
+        .fuel
+        .map_or(String::new(), |f| format!(", fuel {f} per call"));
     format!(
-        "memory {} MiB, call deadline {} ms, max payload {} MiB",
+        "memory {} MiB, call deadline {} ms, max payload {} MiB{fuel}",
         l.memory_limit_mib, l.call_timeout_ms, l.max_payload_mib
     )
 }

@@ -15,9 +15,8 @@ use std::hash::Hash;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use wasmtime::Engine;
 use wasmtime::component::Component;
-
-use crate::engine::engine;
 
 /// The cache directory, or `None` when disabled or no home is known.
 pub fn cache_dir() -> Option<PathBuf> {
@@ -33,9 +32,9 @@ pub fn cache_dir() -> Option<PathBuf> {
 }
 
 /// Where the artifact for `component_hash` lives under `dir`.
-fn artifact_path(dir: &Path, component_hash: &blake3::Hash) -> PathBuf {
+fn artifact_path(engine: &Engine, dir: &Path, component_hash: &blake3::Hash) -> PathBuf {
     let mut hasher = Blake3Hasher(blake3::Hasher::new());
-    engine().precompile_compatibility_hash().hash(&mut hasher);
+    engine.precompile_compatibility_hash().hash(&mut hasher);
     let engine_hash = hasher.0.finalize().to_hex();
     dir.join(format!(
         "{}-{}.cwasm",
@@ -55,30 +54,34 @@ pub enum Origin {
     CompiledUncached,
 }
 
-/// Load `bytes` as a component, from the cache when possible.
-pub fn load(bytes: &[u8], component_hash: &blake3::Hash) -> wasmtime::Result<(Component, Origin)> {
+/// Load `bytes` as a component for `engine`, from the cache when possible.
+pub fn load(
+    engine: &Engine,
+    bytes: &[u8],
+    component_hash: &blake3::Hash,
+) -> wasmtime::Result<(Component, Origin)> {
     let Some(dir) = cache_dir() else {
-        return Ok((Component::new(engine(), bytes)?, Origin::CompiledUncached));
+        return Ok((Component::new(engine, bytes)?, Origin::CompiledUncached));
     };
-    let path = artifact_path(&dir, component_hash);
+    let path = artifact_path(engine, &dir, component_hash);
     if path.is_file() {
         // SAFETY: artifacts in the cache were produced by `store` below with
         // this engine configuration (the file name pins both), in a directory
         // only this user can write. wasmtime still checks the header.
-        match unsafe { Component::deserialize_file(engine(), &path) } {
+        match unsafe { Component::deserialize_file(engine, &path) } {
             Ok(component) => return Ok((component, Origin::Cached)),
             Err(e) => {
                 tracing::warn!(path = %path.display(), "ignoring unusable cached artifact: {e}")
             }
         }
     }
-    let artifact = engine().precompile_component(bytes)?;
+    let artifact = engine.precompile_component(bytes)?;
     if let Err(e) = store(&dir, &path, &artifact) {
         tracing::warn!(dir = %dir.display(), "cannot write the artifact cache: {e}");
-        return Ok((Component::new(engine(), bytes)?, Origin::CompiledUncached));
+        return Ok((Component::new(engine, bytes)?, Origin::CompiledUncached));
     }
     // SAFETY: just produced by this engine from `bytes`.
-    let component = unsafe { Component::deserialize(engine(), &artifact)? };
+    let component = unsafe { Component::deserialize(engine, &artifact)? };
     Ok((component, Origin::Compiled))
 }
 

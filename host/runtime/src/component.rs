@@ -9,7 +9,7 @@ use wasmtime::component::{HasSelf, Linker};
 use crate::artifact_cache::{self, Origin};
 use crate::bindings::kvwasm::kv_store::{payload_io, types};
 use crate::bindings::{BackendInfo, FilesystemBackendPre};
-use crate::engine::engine;
+use crate::engine::{Metering, engine, engine_for};
 use crate::state::HostState;
 
 /// Where a component's bytes come from.
@@ -94,11 +94,24 @@ pub struct LoadedComponent {
     pub(crate) pre: FilesystemBackendPre<HostState>,
     /// What the guest says about itself; asked once, on first instantiation.
     pub(crate) info: OnceLock<BackendInfo>,
+    /// The engine the code was compiled for.
+    pub(crate) engine: &'static wasmtime::Engine,
+    /// Whether that engine meters fuel (then every store needs a budget).
+    pub(crate) metering: Metering,
 }
 
 impl LoadedComponent {
-    /// Load (or reuse, within this process) the component from `source`.
+    /// Load (or reuse, within this process) the component from `source`,
+    /// compiled for the ordinary (unmetered) engine.
     pub fn load(source: &ComponentSource) -> wasmtime::Result<Arc<LoadedComponent>> {
+        LoadedComponent::load_for(source, Metering::Off)
+    }
+
+    /// As [`LoadedComponent::load`], compiled for `metering`'s engine.
+    pub fn load_for(
+        source: &ComponentSource,
+        metering: Metering,
+    ) -> wasmtime::Result<Arc<LoadedComponent>> {
         let bytes = read(source)?;
         let hash = match source {
             ComponentSource::Builtin(b) => b.hash(),
@@ -107,14 +120,15 @@ impl LoadedComponent {
 
         // Components are shared by content, so two config entries naming the
         // same file (or a builtin) compile and link once per process.
-        static LOADED: OnceLock<Mutex<HashMap<blake3::Hash, Arc<LoadedComponent>>>> =
-            OnceLock::new();
+        type Loaded = HashMap<(blake3::Hash, Metering), Arc<LoadedComponent>>;
+        static LOADED: OnceLock<Mutex<Loaded>> = OnceLock::new();
         let loaded = LOADED.get_or_init(Default::default);
-        if let Some(found) = loaded.lock().unwrap().get(&hash) {
+        if let Some(found) = loaded.lock().unwrap().get(&(hash, metering)) {
             return Ok(found.clone());
         }
-        let (component, origin) = artifact_cache::load(&bytes, &hash)?;
-        let pre = linker()?.instantiate_pre(&component)?;
+        let engine = engine_for(metering);
+        let (component, origin) = artifact_cache::load(engine, &bytes, &hash)?;
+        let pre = linker(metering)?.instantiate_pre(&component)?;
         let pre = FilesystemBackendPre::new(pre).map_err(|e| {
             wasmtime::format_err!(
                 "{source} is not a kv-store backend (it must export kvwasm:kv-store/store): {e}"
@@ -129,11 +143,13 @@ impl LoadedComponent {
             origin,
             pre,
             info: OnceLock::new(),
+            engine,
+            metering,
         });
         Ok(loaded
             .lock()
             .unwrap()
-            .entry(hash)
+            .entry((hash, metering))
             .or_insert(component)
             .clone())
     }
@@ -162,7 +178,7 @@ impl Description {
 /// Describe the component at `source` without linking or running it.
 pub fn describe(source: &ComponentSource) -> wasmtime::Result<Description> {
     let bytes = read(source)?;
-    let (component, _) = artifact_cache::load(&bytes, &blake3::hash(&bytes))?;
+    let (component, _) = artifact_cache::load(engine(), &bytes, &blake3::hash(&bytes))?;
     let ty = component.component_type();
     let names = |items: &mut dyn Iterator<Item = &str>| {
         let mut v: Vec<String> = items.map(str::to_owned).collect();
@@ -199,15 +215,16 @@ fn hex_string(bytes: &[u8]) -> String {
 /// Everything a backend may import: WASI 0.2 and wasi:http (each capability
 /// inert unless granted in its context) and the kv-store host interfaces.
 /// Built once.
-fn linker() -> wasmtime::Result<&'static Linker<HostState>> {
-    static LINKER: OnceLock<Linker<HostState>> = OnceLock::new();
-    if let Some(linker) = LINKER.get() {
+fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
+    static LINKERS: [OnceLock<Linker<HostState>>; 2] = [OnceLock::new(), OnceLock::new()];
+    let slot = &LINKERS[metering as usize];
+    if let Some(linker) = slot.get() {
         return Ok(linker);
     }
-    let mut linker = Linker::new(engine());
+    let mut linker = Linker::new(engine_for(metering));
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker)?;
     types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     payload_io::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-    Ok(LINKER.get_or_init(|| linker))
+    Ok(slot.get_or_init(|| linker))
 }

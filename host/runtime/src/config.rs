@@ -15,6 +15,7 @@
 //! memory_limit_mib = 256
 //! call_timeout_ms = 30000
 //! max_payload_mib = 1024
+//! fuel = 50000000                   # optional: instructions per call (metered engine)
 //!
 //! [backends.acme.tenants.alice]     # limits for wasm://acme/alice/...
 //! memory_limit_mib = 64
@@ -37,6 +38,7 @@ use crate::backend::{Backend, default_max_instances};
 use crate::capabilities::http::Origin;
 use crate::capabilities::{DATA_DIR, DirGrant, EnvGrant, Grants, HttpGrant, NetGrant};
 use crate::component::{ComponentSource, LoadedComponent};
+use crate::engine::Metering;
 use crate::limits::Limits;
 
 /// Environment variable naming the config file.
@@ -96,6 +98,8 @@ pub struct BackendConfig {
     pub call_timeout_ms: Option<u64>,
     /// Largest payload a guest may return, MiB.
     pub max_payload_mib: Option<u64>,
+    /// Fuel per call (enables metering for this backend).
+    pub fuel: Option<u64>,
     /// Limits for tenants (the first component of the namespace).
     #[serde(default)]
     pub tenants: BTreeMap<String, LimitsConfig>,
@@ -127,6 +131,8 @@ pub struct LimitsConfig {
     pub call_timeout_ms: Option<u64>,
     /// Largest payload a guest may return, MiB.
     pub max_payload_mib: Option<u64>,
+    /// Fuel per call.
+    pub fuel: Option<u64>,
 }
 
 impl LimitsConfig {
@@ -136,6 +142,7 @@ impl LimitsConfig {
             memory_limit_mib: self.memory_limit_mib.unwrap_or(base.memory_limit_mib),
             call_timeout_ms: self.call_timeout_ms.unwrap_or(base.call_timeout_ms),
             max_payload_mib: self.max_payload_mib.unwrap_or(base.max_payload_mib),
+            fuel: self.fuel.or(base.fuel),
         }
     }
 }
@@ -173,7 +180,13 @@ impl Config {
         })?;
         let fail = |e: String| format!("backend {name:?}: {e}");
         let source = self.component_source(spec)?;
-        let component = LoadedComponent::load(&source)
+        let metered = spec.fuel.is_some() || spec.tenants.values().any(|t| t.fuel.is_some());
+        let metering = if metered {
+            Metering::Fuel
+        } else {
+            Metering::Off
+        };
+        let component = LoadedComponent::load_for(&source, metering)
             .map_err(|e| fail(format!("cannot load {source}: {e:#}")))?;
         if let Some(pin) = &spec.sha256
             && !pin.eq_ignore_ascii_case(&component.sha256)
@@ -278,6 +291,7 @@ impl BackendConfig {
             memory_limit_mib: self.memory_limit_mib,
             call_timeout_ms: self.call_timeout_ms,
             max_payload_mib: self.max_payload_mib,
+            fuel: self.fuel,
         }
         .over(&Limits::default())
     }

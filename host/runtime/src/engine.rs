@@ -1,8 +1,11 @@
-//! The process-wide wasmtime [`Engine`] and its epoch ticker.
+//! The process-wide wasmtime [`Engine`]s and their epoch ticker.
 //!
-//! One engine per process: compiled code, the type registry and the artifact
-//! cache key all depend on it. The ticker thread that drives call deadlines
-//! starts with the engine and lives as long as the process.
+//! One engine per process for ordinary backends, and a second one, created
+//! only if a backend sets `fuel`, whose code counts fuel: metering changes
+//! the generated code, so the two never share compiled artifacts (the
+//! artifact cache key includes the engine's compatibility hash). The ticker
+//! thread that drives call deadlines starts with each engine and lives as
+//! long as the process.
 
 use std::sync::OnceLock;
 
@@ -10,11 +13,26 @@ use wasmtime::{Config, Engine, OptLevel};
 
 use crate::limits::EPOCH_TICK;
 
-/// The shared engine, created on first use.
+/// Whether compiled code meters fuel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Metering {
+    /// Deadlines only (epoch interruption): no per-instruction cost.
+    Off,
+    /// Deadlines, and a fuel budget per call.
+    Fuel,
+}
+
+/// The shared engine for ordinary backends, created on first use.
 pub fn engine() -> &'static Engine {
-    static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE.get_or_init(|| {
-        let engine = Engine::new(&config()).expect("the kvwasm engine configuration is valid");
+    engine_for(Metering::Off)
+}
+
+/// The shared engine for `metering`, created on first use.
+pub fn engine_for(metering: Metering) -> &'static Engine {
+    static ENGINES: [OnceLock<Engine>; 2] = [OnceLock::new(), OnceLock::new()];
+    ENGINES[metering as usize].get_or_init(|| {
+        let engine =
+            Engine::new(&config(metering)).expect("the kvwasm engine configuration is valid");
         start_epoch_ticker(engine.clone());
         engine
     })
@@ -23,10 +41,11 @@ pub fn engine() -> &'static Engine {
 /// The engine configuration. Anything that changes generated code must be
 /// set here: [`Engine::precompile_compatibility_hash`] covers it, so cached
 /// artifacts from another configuration are never loaded.
-fn config() -> Config {
+fn config(metering: Metering) -> Config {
     let mut config = Config::new();
     config.wasm_component_model(true);
     config.epoch_interruption(true);
+    config.consume_fuel(metering == Metering::Fuel);
     config.cranelift_opt_level(OptLevel::Speed);
     config
 }

@@ -15,6 +15,7 @@ use crate::backend::Backend;
 use crate::bindings::exports::kvwasm::kv_store::store::{Error as GuestError, GuestStore};
 use crate::bindings::{FilesystemBackend, PutOutcome};
 use crate::capabilities::http::HttpPolicy;
+use crate::engine::Metering;
 use crate::error::KvError;
 use crate::guest_log::GuestStderr;
 use crate::payload::{self, MallocBuffer};
@@ -37,6 +38,8 @@ pub(crate) struct Instance {
     handle: ResourceAny,
     deadline_ticks: u64,
     timeout_ms: u64,
+    /// Fuel per call, on a metered backend.
+    fuel: Option<u64>,
 }
 
 type CallResult<T> = wasmtime::Result<Result<T, GuestError>>;
@@ -64,11 +67,18 @@ impl Instance {
             limits: limits.instance_limits(),
             stderr,
         };
-        let mut store = Store::new(crate::engine::engine(), state);
+        let mut store = Store::new(backend.component.engine, state);
         store.limiter(|s| &mut s.limits);
         let deadline_ticks = limits.deadline_ticks();
         let timeout_ms = limits.call_timeout_ms;
         store.set_epoch_deadline(deadline_ticks);
+        // On a metered engine every call needs a budget; tenants that set
+        // none get an unlimited one.
+        let fuel = match backend.component.metering {
+            Metering::Fuel => Some(limits.fuel.unwrap_or(u64::MAX)),
+            Metering::Off => None,
+        };
+        refuel(&mut store, fuel);
         let bindings = backend
             .component
             .pre
@@ -81,6 +91,7 @@ impl Instance {
                 .map_err(|e| lost(&store, e, timeout_ms))?;
             let _ = backend.component.info.set(info);
             store.set_epoch_deadline(deadline_ticks);
+            refuel(&mut store, fuel);
         }
         let handle = guest
             .store()
@@ -93,6 +104,7 @@ impl Instance {
             handle,
             deadline_ticks,
             timeout_ms,
+            fuel,
         };
         Ok(instance)
     }
@@ -103,6 +115,7 @@ impl Instance {
         f: impl FnOnce(&GuestStore, &mut Store<HostState>, ResourceAny) -> CallResult<T>,
     ) -> Outcome<T> {
         self.store.set_epoch_deadline(self.deadline_ticks);
+        refuel(&mut self.store, self.fuel);
         let guest = self.bindings.kvwasm_kv_store_store().store();
         match f(&guest, &mut self.store, self.handle) {
             Ok(result) => Outcome::Returned(result.map_err(KvError::from)),
@@ -166,12 +179,24 @@ impl Instance {
     }
 }
 
+/// A fresh fuel budget for the next call, on a metered backend.
+fn refuel(store: &mut Store<HostState>, fuel: Option<u64>) {
+    if let Some(fuel) = fuel {
+        store
+            .set_fuel(fuel)
+            .expect("fuel is set only on a metered backend's engine");
+    }
+}
+
 /// Describe a trap (or other fatal error) that ended an instance, in one
 /// line: the trap code, not the wasm backtrace.
 fn lost(store: &Store<HostState>, err: wasmtime::Error, timeout_ms: u64) -> KvError {
     let trap = err.downcast_ref::<Trap>();
     if trap == Some(&Trap::Interrupt) {
         return KvError::Timeout(timeout_ms);
+    }
+    if trap == Some(&Trap::OutOfFuel) {
+        return KvError::Limit("the call used up its fuel budget".into());
     }
     let mut what = trap.map_or_else(|| format!("{err:#}"), Trap::to_string);
     if let Some(words) = store.data().stderr.last_words() {

@@ -21,6 +21,9 @@ pub struct Limits {
     pub call_timeout_ms: u64,
     /// Largest payload a guest may create or read into the host, in MiB.
     pub max_payload_mib: u64,
+    /// Fuel (roughly, wasm instructions) one call may use; `None` for no
+    /// metering. Backends that set it run on a metered engine.
+    pub fuel: Option<u64>,
 }
 
 impl Default for Limits {
@@ -29,6 +32,7 @@ impl Default for Limits {
             memory_limit_mib: 256,
             call_timeout_ms: 30_000,
             max_payload_mib: 1024,
+            fuel: None,
         }
     }
 }
@@ -66,6 +70,9 @@ impl Limits {
         }
         if self.max_payload_mib == 0 {
             return Err("max_payload_mib must be at least 1".into());
+        }
+        if self.fuel == Some(0) {
+            return Err("fuel must be at least 1".into());
         }
         Ok(())
     }
