@@ -88,7 +88,7 @@ pub struct BackendConfig {
     /// Environment variables passed through, by name.
     #[serde(default)]
     pub env: Vec<String>,
-    /// Instances serving one handle at once (default: cores, at most 4).
+    /// Instances serving one handle at once (default 4).
     pub max_instances: Option<usize>,
     /// Calls in flight on this backend at once, over all handles.
     pub max_concurrent_calls: Option<usize>,
