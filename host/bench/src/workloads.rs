@@ -43,7 +43,10 @@ impl<'a> Workloads<'a> {
             plan.media.len() as u64,
             plan.reps as u64,
         );
-        let steps = t * r * (m * (CHUNK_SIZES.len() as u64 + 1) + 1 + 4 + 3 + 1);
+        // One step per target and repetition of each sampled phase: the
+        // throughput sizes and save/restore per medium, then small calls,
+        // threads, open (same and fresh process) and memory.
+        let steps = t * r * (m * (CHUNK_SIZES.len() as u64 + 1) + 5);
         let bar = ProgressBar::with_draw_target(
             Some(steps),
             if plan.progress {

@@ -5,9 +5,11 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use kvwasm_bench::{Medium, Plan, Target};
 
-/// Measure kv_store_v1 backends side by side: put/get throughput at 4 KiB to
-/// 16 MiB chunks on each directory, 96 × 1 MiB saves and restores, small-call
-/// cost, thread scaling, open latency and memory per handle.
+/// Measure kv_store_v1 backends side by side through the C ABI.
+///
+/// Put/get throughput at 4 KiB to 16 MiB chunks on each directory, 96 × 1 MiB
+/// saves and restores, small-call cost, thread scaling, open latency and
+/// memory per handle; medians, spread, ratios to the first target, a plot.
 ///
 /// By default it compares the native C backend (libkv_store_cfs.so, the
 /// baseline) with libkv_store_wasm.so running the fs guest, on tmpfs

@@ -18,7 +18,7 @@ use kvwasm_conformance::{CHECKS, Runner, Target, report};
 /// Every check runs in its own child process under glibc's malloc checker,
 /// so a backend that crashes or hangs fails that check, not the run. Exit
 /// status: 0 when every MUST holds (SHOULD failures are warnings unless
-/// --strict), 1 otherwise, 2 on usage errors.
+/// --strict), 1 otherwise, 2 on command-line errors.
 #[derive(clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct CheckArgs {

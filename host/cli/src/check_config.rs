@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use kvwasm_host::config::{self, Config};
 use kvwasm_host::limits::Limits;
 
-/// Validate a config file and print the effective grants and limits of
-/// every backend: components loaded and their pins checked, peers resolved.
+/// Validate a config file and print every backend's effective grants.
+///
+/// Components are loaded and their pins checked, peers resolved, limits and
+/// tenant limits shown.
 /// Environment variables are shown by name and whether they are set, never
 /// by value. Exit status 1 if any backend is broken.
 #[derive(clap::Args)]

@@ -2,8 +2,9 @@
 
 use kvwasm_host::component::{ComponentSource, describe};
 
-/// Show a component's imports (what it could ask for), exports, size and
-/// sha256, without running it.
+/// Show what a component could ask for: imports, exports, size, sha256.
+///
+/// The component is compiled (or loaded from the cache) but never run.
 ///
 /// Every import is inert unless the config grants the capability; the
 /// right-hand column names the grant that would enable it.

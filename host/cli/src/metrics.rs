@@ -1,8 +1,9 @@
 //! `kvwasm metrics`: read the counters of a running process.
 
-/// Read the per-backend counters a running process serves at
-/// http://ADDR/metrics (any process using kvwasm, such as an inference
-/// engine with the shim, started with KVWASM_METRICS_ADDR=ADDR).
+/// Read the counters a running process serves (KVWASM_METRICS_ADDR).
+///
+/// Any process using kvwasm, such as an inference engine with the shim,
+/// started with KVWASM_METRICS_ADDR=ADDR serves them at http://ADDR/metrics.
 #[derive(clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct MetricsArgs {
