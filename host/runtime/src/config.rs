@@ -239,7 +239,7 @@ impl Config {
         Ok(Grants {
             dirs,
             net: NetGrant::resolve(&spec.net, spec.dns)?,
-            http: HttpGrant { origins },
+            http: Arc::new(HttpGrant { origins }),
             env: EnvGrant {
                 names: spec.env.clone(),
             },

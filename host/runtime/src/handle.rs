@@ -77,15 +77,22 @@ pub fn open_shared(backend: Arc<Backend>, namespace: &str) -> Result<Arc<StoreHa
     // The Arc keeps the backend alive, so its address names it while the
     // entry can still be upgraded.
     let key = (Arc::as_ptr(&backend) as usize, namespace.to_owned());
-    let mut stores = lock(&PRIVATE_STATE);
-    if let Some(open) = stores.get(&key).and_then(Weak::upgrade) {
+    if let Some(open) = lock(&PRIVATE_STATE).get(&key).and_then(Weak::upgrade) {
         return Ok(open);
     }
+    // Opened without the registry lock: opening runs guest code, and one
+    // slow guest must not hold up every other open in the process.
     let handle = Arc::new(StoreHandle::open(backend.clone(), namespace)?);
-    if shared_state(&backend) == Some(false) {
-        stores.retain(|_, store| store.strong_count() > 0);
-        stores.insert(key, Arc::downgrade(&handle));
+    if shared_state(&backend) == Some(true) {
+        return Ok(handle);
     }
+    let mut stores = lock(&PRIVATE_STATE);
+    if let Some(raced) = stores.get(&key).and_then(Weak::upgrade) {
+        // Another thread opened the same store meanwhile: share theirs.
+        return Ok(raced);
+    }
+    stores.retain(|_, store| store.strong_count() > 0);
+    stores.insert(key, Arc::downgrade(&handle));
     Ok(handle)
 }
 

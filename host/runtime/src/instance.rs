@@ -5,7 +5,6 @@
 //! wasmtime refuses to enter it again, so [`Outcome::Lost`] tells the pool to
 //! drop it and start a fresh one for the next call.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use wasmtime::component::ResourceAny;
@@ -60,7 +59,7 @@ impl Instance {
             wasi,
             http: wasmtime_wasi_http::WasiHttpCtx::new(),
             http_policy: HttpPolicy {
-                grant: Arc::new(backend.grants.http.clone()),
+                grant: backend.grants.http.clone(),
                 metrics: backend.metrics.clone(),
             },
             table: Default::default(),

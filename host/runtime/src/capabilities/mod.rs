@@ -34,7 +34,8 @@ use crate::metrics::BackendMetrics;
 pub struct Grants {
     pub dirs: Vec<DirGrant>,
     pub net: NetGrant,
-    pub http: HttpGrant,
+    /// Shared with every instance's request hook.
+    pub http: Arc<HttpGrant>,
     pub env: EnvGrant,
 }
 
