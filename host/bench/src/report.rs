@@ -31,29 +31,19 @@ pub fn markdown(r: &Results) -> String {
     if r.targets.len() > 1 {
         section(&mut out, "Targets", &goals(r));
     }
-    for medium in &r.media {
-        let rows: Vec<&Row> = r
-            .throughput
-            .iter()
-            .filter(|x| x.medium == medium.label)
-            .collect();
-        section(
-            &mut out,
-            &format!("Throughput, {}", medium.label),
-            &table(r, &rows),
-        );
-    }
-    for medium in &r.media {
-        let rows: Vec<&Row> = r
-            .save_restore
-            .iter()
-            .filter(|x| x.medium == medium.label)
-            .collect();
-        section(
-            &mut out,
-            &format!("Save and restore, 96 × 1 MiB, {}", medium.label),
-            &table(r, &rows),
-        );
+    let per_medium = [
+        (&r.throughput, "Throughput"),
+        (&r.save_restore, "Save and restore, 96 × 1 MiB"),
+    ];
+    for (all, title) in per_medium {
+        for medium in &r.media {
+            let rows: Vec<&Row> = all.iter().filter(|x| x.medium == medium.label).collect();
+            section(
+                &mut out,
+                &format!("{title}, {}", medium.label),
+                &table(r, &rows),
+            );
+        }
     }
     let mut rest: Vec<&Row> = vec![&r.small_call];
     rest.extend(&r.threads);

@@ -143,6 +143,20 @@ impl<'a> Workloads<'a> {
             .collect())
     }
 
+    /// One case measured on the first medium, one value per run.
+    fn sample_one(
+        &mut self,
+        case: (&str, Unit),
+        what: &str,
+        mut measure: impl FnMut(&mut Self, &'a Loaded, &Medium) -> Result<f64, String>,
+    ) -> Result<Row, String> {
+        let medium = self.plan.media[0].clone();
+        let mut rows = self.sample(&medium, &[case], what, |w, target, medium| {
+            measure(w, target, medium).map(|v| vec![v])
+        })?;
+        Ok(rows.remove(0))
+    }
+
     /// `put_chunk` and `get_chunk` throughput per chunk size.
     pub fn throughput(&mut self) -> Result<Vec<Row>, String> {
         let mut rows = Vec::new();
@@ -217,10 +231,8 @@ impl<'a> Workloads<'a> {
     /// The cost of one call that does nothing: `get_manifest` of a missing name.
     pub fn small_call(&mut self) -> Result<Row, String> {
         let calls = if self.plan.quick { 2_000 } else { 20_000 };
-        let medium = self.plan.media[0].clone();
-        let rows = self.sample(
-            &medium,
-            &[("get_manifest, missing name", Unit::Nanos)],
+        self.sample_one(
+            ("get_manifest, missing name", Unit::Nanos),
             "small calls",
             |w, target, medium| {
                 let (h, dir) = w.fresh(target, medium)?;
@@ -236,10 +248,9 @@ impl<'a> Workloads<'a> {
                 let elapsed = time(|| missing(calls))?;
                 drop(h);
                 cleanup(&dir);
-                Ok(vec![elapsed.as_nanos() as f64 / calls as f64])
+                Ok(elapsed.as_nanos() as f64 / calls as f64)
             },
-        )?;
-        Ok(rows.into_iter().next().expect("one case"))
+        )
     }
 
     /// 1 MiB puts and gets with 1 and with 4 threads on one handle.
@@ -372,10 +383,8 @@ impl<'a> Workloads<'a> {
 
     /// Resident memory an open handle adds (each handle used once).
     pub fn memory_per_handle(&mut self) -> Result<Row, String> {
-        let medium = self.plan.media[0].clone();
-        let rows = self.sample(
-            &medium,
-            &[("resident memory per open handle", Unit::KiB)],
+        self.sample_one(
+            ("resident memory per open handle", Unit::KiB),
             "memory",
             |w, target, medium| {
                 // One handle stays open so one-time costs are not counted.
@@ -394,10 +403,9 @@ impl<'a> Workloads<'a> {
                 drop(handles);
                 drop(keep);
                 cleanup(&dir);
-                Ok(vec![(after - before) / HANDLES_FOR_MEMORY as f64])
+                Ok((after - before) / HANDLES_FOR_MEMORY as f64)
             },
-        )?;
-        Ok(rows.into_iter().next().expect("one case"))
+        )
     }
 
     /// Put chunks `range`, then the manifest (a save).
