@@ -10,7 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// (package, name of the generated constant)
-const BACKENDS: &[(&str, &str)] = &[("kvwasm-guest-fs", "FS"), ("kvwasm-guest-memory", "MEMORY")];
+const BACKENDS: &[(&str, &str)] = &[
+    ("kvwasm-guest-fs", "FS"),
+    ("kvwasm-guest-memory", "MEMORY"),
+    ("kvwasm-guest-redis", "REDIS"),
+    ("kvwasm-guest-s3", "S3"),
+];
 const TEST_GUESTS: &[(&str, &str)] = &[
     ("kvwasm-guest-hostile", "HOSTILE"),
     ("kvwasm-guest-buffered", "BUFFERED"),

@@ -76,6 +76,8 @@ fn init_logging() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
+            // Colours only for a terminal: engine logs are often files.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_target(false)
             .try_init();
     });

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+pub mod servers;
+
 pub use kv_store_abi::{Handle, Library};
 
 /// Directory holding the `libkv_store_wasm.so` these tests were built with:
@@ -104,6 +106,33 @@ impl Probe {
         self
     }
 
+    /// Start the ops and return at once, to read the lines as they come
+    /// and answer `pause` steps.
+    pub fn spawn(mut self, ops: &[&str]) -> RunningProbe {
+        use std::process::Stdio;
+        let mut child = self
+            .cmd
+            .args(ops)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn kv-probe");
+        let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        // Drained as it comes, so a chatty child never blocks on a full pipe.
+        let mut stderr_pipe = child.stderr.take().expect("stderr");
+        let stderr = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr_pipe, &mut text);
+            text
+        });
+        RunningProbe {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
     /// Run the ops; returns (stdout lines, stderr).
     pub fn run(mut self, ops: &[&str]) -> (Vec<String>, String) {
         let out = self.cmd.args(ops).output().expect("run kv-probe");
@@ -112,6 +141,64 @@ impl Probe {
             .map(str::to_owned)
             .collect();
         (stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// A `kv-probe` child that is still running.
+pub struct RunningProbe {
+    child: std::process::Child,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl RunningProbe {
+    /// The next line the probe prints (panics at end of output).
+    pub fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        let n = self.stdout.read_line(&mut line).expect("read kv-probe");
+        if n == 0 {
+            let _ = self.child.wait();
+            panic!("kv-probe ended early");
+        }
+        line.trim_end().to_owned()
+    }
+
+    /// Lines up to the next `pause`, which is consumed.
+    pub fn until_pause(&mut self) -> Vec<String> {
+        let mut lines = Vec::new();
+        loop {
+            match self.line() {
+                l if l == "pause" => return lines,
+                l => lines.push(l),
+            }
+        }
+    }
+
+    /// Let a paused probe go on.
+    pub fn resume(&mut self) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        stdin
+            .write_all(b"\n")
+            .and_then(|()| stdin.flush())
+            .expect("resume kv-probe");
+    }
+
+    /// Wait for the probe to end; returns its remaining lines and stderr.
+    pub fn finish(self) -> (Vec<String>, String) {
+        use std::io::Read;
+        let RunningProbe {
+            mut child,
+            mut stdout,
+            stderr,
+        } = self;
+        drop(child.stdin.take());
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).expect("read kv-probe");
+        child.wait().expect("wait kv-probe");
+        let stderr = stderr.join().expect("stderr reader");
+        (rest.lines().map(str::to_owned).collect(), stderr)
     }
 }
 

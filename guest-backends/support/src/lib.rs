@@ -9,12 +9,12 @@
 //! then exports itself with [`export_backend!`].
 
 pub mod bindings {
-    //! Bindings for the `kvwasm:kv-store/filesystem-backend` world. Guests
-    //! that never touch files simply leave `payload-io` and the preopens
-    //! unused; the component then does not import them.
+    //! Bindings for the `kvwasm:kv-store/any-backend` world. A guest that
+    //! never touches files or settings leaves `payload-io`, the preopens and
+    //! `wasi:config` unused; the component then does not import them.
     wit_bindgen::generate!({
         path: "../../wit",
-        world: "kvwasm:kv-store/filesystem-backend",
+        world: "kvwasm:kv-store/any-backend",
         pub_export_macro: true,
         export_macro_name: "export_backend_bindings",
         generate_all,
@@ -23,6 +23,8 @@ pub mod bindings {
 
 mod errors;
 mod payload;
+pub mod remote;
+pub mod settings;
 pub mod validate;
 
 pub use bindings::exports::kvwasm::kv_store::store::{
@@ -31,9 +33,10 @@ pub use bindings::exports::kvwasm::kv_store::store::{
 pub use bindings::kvwasm::kv_store::types::{Error, Payload};
 pub use errors::FsErrorExt;
 pub use payload::PayloadExt;
+pub use settings::Settings;
 
 /// Result of a backend call.
-pub type Result<T> = std::result::Result<T, Error>;
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Export a backend type that implements [`Guest`] and [`GuestStore`].
 #[macro_export]

@@ -79,6 +79,14 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
         if g.env.names.is_empty() {
             none();
         }
+        println!("  settings");
+        g.settings
+            .describe()
+            .iter()
+            .for_each(|l| println!("             {l}"));
+        if g.settings.values.is_empty() {
+            none();
+        }
         println!("  limits     {}", limits(&backend.limits));
         println!(
             "             max instances per handle {}, max concurrent calls {}",

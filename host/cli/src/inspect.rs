@@ -24,16 +24,19 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         "sha256     {}   (pin it: sha256 = \"{}\")",
         d.sha256, d.sha256
     );
+    let imports = |prefix: &str| d.imports.iter().any(|i| i.starts_with(prefix));
     let kind = if !d.is_kv_store_backend() {
         "not a kv-store backend (no kvwasm:kv-store/store export)"
-    } else if d
-        .imports
-        .iter()
-        .any(|i| i.starts_with("kvwasm:kv-store/payload-io@"))
-    {
-        "kv-store backend, world kvwasm:kv-store/filesystem-backend"
     } else {
-        "kv-store backend, world kvwasm:kv-store/backend"
+        match (
+            imports("kvwasm:kv-store/payload-io@"),
+            imports("wasi:config/store@"),
+        ) {
+            (true, true) => "kv-store backend, world kvwasm:kv-store/any-backend",
+            (true, false) => "kv-store backend, world kvwasm:kv-store/filesystem-backend",
+            (false, true) => "kv-store backend, world kvwasm:kv-store/configured-backend",
+            (false, false) => "kv-store backend, world kvwasm:kv-store/backend",
+        }
     };
     println!("kind       {kind}");
     println!("\nimports (what it could ask for)        granted by");
@@ -57,6 +60,7 @@ fn grant_for(interface: &str) -> &'static str {
         n if n.starts_with("wasi:sockets/") => "net (tcp peers)",
         n if n.starts_with("wasi:http/") => "http (origins)",
         "wasi:cli/environment" => "env (variable names)",
+        "wasi:config/store" => "settings (table)",
         n if n.starts_with("wasi:random/") || n.starts_with("wasi:clocks/") => "always (harmless)",
         "wasi:cli/stderr" => "always (goes to the host log)",
         n if n.starts_with("wasi:cli/") || n.starts_with("wasi:io/") => "always (inert)",

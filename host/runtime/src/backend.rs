@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use wasmtime_wasi_config::WasiConfigVariables;
+
 use crate::capabilities::Grants;
 use crate::component::{ComponentSource, LoadedComponent};
 use crate::error::KvError;
@@ -32,6 +34,8 @@ pub struct Backend {
     pub(crate) calls_in_flight: CallGate,
     /// Counters (shared by every backend entry of this name).
     pub metrics: Arc<BackendMetrics>,
+    /// `grants.settings` as every instance's `wasi:config` store serves it.
+    pub(crate) config_vars: Arc<WasiConfigVariables>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -57,6 +61,7 @@ impl Backend {
         grants: Grants,
     ) -> Backend {
         Backend {
+            config_vars: Arc::new(grants.settings.variables()),
             name: name.to_owned(),
             source,
             component,

@@ -15,7 +15,8 @@ use crate::state::HostState;
 /// Where a component's bytes come from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ComponentSource {
-    /// Embedded in this build (`builtin:fs`, `builtin:memory`).
+    /// Embedded in this build (`builtin:fs`, `builtin:memory`,
+    /// `builtin:redis`, `builtin:s3`).
     Builtin(Builtin),
     /// A `.wasm` file.
     File(std::path::PathBuf),
@@ -28,6 +29,11 @@ pub enum Builtin {
     Fs,
     /// `guest-backends/memory`.
     Memory,
+    /// `guest-backends/redis`: needs `net` and `settings.address`.
+    Redis,
+    /// `guest-backends/s3`: needs `http`, `env` credentials and
+    /// `settings.endpoint` / `settings.bucket`.
+    S3,
 }
 
 impl Builtin {
@@ -36,6 +42,8 @@ impl Builtin {
         match self {
             Builtin::Fs => "fs",
             Builtin::Memory => "memory",
+            Builtin::Redis => "redis",
+            Builtin::S3 => "s3",
         }
     }
 
@@ -43,6 +51,8 @@ impl Builtin {
         match self {
             Builtin::Fs => kvwasm_guest_artifacts::FS,
             Builtin::Memory => kvwasm_guest_artifacts::MEMORY,
+            Builtin::Redis => kvwasm_guest_artifacts::REDIS,
+            Builtin::S3 => kvwasm_guest_artifacts::S3,
         }
     }
 
@@ -55,7 +65,7 @@ impl Builtin {
     }
 
     /// Every builtin.
-    pub const ALL: [Builtin; 2] = [Builtin::Fs, Builtin::Memory];
+    pub const ALL: [Builtin; 4] = [Builtin::Fs, Builtin::Memory, Builtin::Redis, Builtin::S3];
 }
 
 impl std::str::FromStr for ComponentSource {
@@ -66,7 +76,9 @@ impl std::str::FromStr for ComponentSource {
                 .into_iter()
                 .find(|b| b.name() == name)
                 .map(ComponentSource::Builtin)
-                .ok_or_else(|| format!("unknown builtin component {name:?} (known: fs, memory)")),
+                .ok_or_else(|| {
+                    format!("unknown builtin component {name:?} (known: fs, memory, redis, s3)")
+                }),
             None => Ok(ComponentSource::File(s.into())),
         }
     }
@@ -212,8 +224,9 @@ fn hex_string(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Everything a backend may import: WASI 0.2 and wasi:http (each capability
-/// inert unless granted in its context) and the kv-store host interfaces.
+/// Everything a backend may import: WASI 0.2, wasi:http and wasi:config
+/// (each capability inert unless granted in its context) and the kv-store
+/// host interfaces.
 /// Built once.
 fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
     static LINKERS: [OnceLock<Linker<HostState>>; 2] = [OnceLock::new(), OnceLock::new()];
@@ -226,5 +239,8 @@ fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
     wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker)?;
     types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     payload_io::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+    wasmtime_wasi_config::add_to_linker(&mut linker, |s: &mut HostState| {
+        wasmtime_wasi_config::WasiConfig::from(&*s.settings)
+    })?;
     Ok(slot.get_or_init(|| linker))
 }

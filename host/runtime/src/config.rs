@@ -10,6 +10,7 @@
 //! dns = false                       # guest name lookups (default: denied)
 //! http = ["http://127.0.0.1:9000"]  # wasi:http origins
 //! env = ["ACME_TOKEN"]              # variables passed through, by name
+//! settings = { bucket = "kv" }      # read by the guest through wasi:config
 //! max_instances = 4                 # instances serving one handle
 //! max_concurrent_calls = 64         # calls in flight on this backend
 //! memory_limit_mib = 256
@@ -36,7 +37,10 @@ use serde::Deserialize;
 
 use crate::backend::{Backend, default_max_instances};
 use crate::capabilities::http::Origin;
-use crate::capabilities::{DATA_DIR, DirGrant, EnvGrant, Grants, HttpGrant, NetGrant};
+use crate::capabilities::settings::SettingValue;
+use crate::capabilities::{
+    DATA_DIR, DirGrant, EnvGrant, Grants, HttpGrant, NetGrant, SettingsGrant,
+};
 use crate::component::{ComponentSource, LoadedComponent};
 use crate::engine::Metering;
 use crate::limits::Limits;
@@ -88,6 +92,10 @@ pub struct BackendConfig {
     /// Environment variables passed through, by name.
     #[serde(default)]
     pub env: Vec<String>,
+    /// The guest's own settings (server address, bucket...), served through
+    /// `wasi:config/store`. Never secrets: those come through `env`.
+    #[serde(default)]
+    pub settings: BTreeMap<String, SettingValue>,
     /// Instances serving one handle at once (default 4).
     pub max_instances: Option<usize>,
     /// Calls in flight on this backend at once, over all handles.
@@ -243,6 +251,7 @@ impl Config {
             env: EnvGrant {
                 names: spec.env.clone(),
             },
+            settings: Arc::new(SettingsGrant::from_table(&spec.settings)?),
         })
     }
 
@@ -333,6 +342,7 @@ impl BackendConfig {
         for name in &self.env {
             crate::capabilities::env::validate_name(name)?;
         }
+        SettingsGrant::from_table(&self.settings)?;
         Ok(())
     }
 }

@@ -11,7 +11,9 @@
 //! instance that accepted a chunk before the manifest call began is flushed
 //! (waiting for it if another thread is using it). If an instance holding
 //! unflushed chunks is lost to a trap, the next `put_manifest` fails, so a
-//! manifest never publishes chunks that were dropped.
+//! manifest never publishes chunks that were dropped. A handle also reads
+//! its own writes: a `get_chunk` miss while other instances hold earlier
+//! puts flushes them and asks again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak};
@@ -140,10 +142,21 @@ impl StoreHandle {
         )
     }
 
-    /// `get_chunk`.
+    /// `get_chunk`. A handle reads its own writes: on a miss while other
+    /// instances hold chunks put earlier through this handle, those are
+    /// flushed and the get is tried once more.
     pub fn get_chunk(&self, hash: &[u8]) -> Result<MallocBuffer, KvError> {
         self.observe("get_chunk", 0, MallocBuffer::len, || {
-            self.with_instance(false, |i| i.get_chunk(hash))
+            let cutoff = lock(&self.pool).puts;
+            let instance = self.checkout()?;
+            let id = instance.id();
+            match instance.run(false, |i| i.get_chunk(hash)) {
+                Err(KvError::NotFound) if self.unflushed_elsewhere(id, cutoff) => {
+                    self.flush_others(id, cutoff)?;
+                    self.with_instance(false, |i| i.get_chunk(hash))
+                }
+                other => other,
+            }
         })
     }
 
@@ -350,6 +363,15 @@ impl StoreHandle {
         }
         pool.lost_unflushed |= pool.unflushed.remove(&id).is_some();
         self.returned.notify_all();
+    }
+
+    /// Whether an instance other than `own` holds puts made at or before
+    /// `cutoff` that it has not flushed.
+    fn unflushed_elsewhere(&self, own: u64, cutoff: u64) -> bool {
+        let pool = lock(&self.pool);
+        pool.unflushed
+            .iter()
+            .any(|(id, seq)| *id != own && *seq <= cutoff)
     }
 
     /// Flush every instance other than `own` holding puts made at or before

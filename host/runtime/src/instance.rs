@@ -62,6 +62,7 @@ impl Instance {
                 grant: backend.grants.http.clone(),
                 metrics: backend.metrics.clone(),
             },
+            settings: backend.config_vars.clone(),
             table: Default::default(),
             limits: limits.instance_limits(),
             stderr,

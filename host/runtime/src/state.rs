@@ -1,7 +1,10 @@
 //! The data wasmtime keeps per guest instance.
 
+use std::sync::Arc;
+
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_config::WasiConfigVariables;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::capabilities::http::HttpPolicy;
@@ -15,6 +18,8 @@ pub struct HostState {
     pub(crate) http: WasiHttpCtx,
     /// Checks every outgoing HTTP request against the grant.
     pub(crate) http_policy: HttpPolicy,
+    /// The backend's settings, served by `wasi:config/store`.
+    pub(crate) settings: Arc<WasiConfigVariables>,
     pub(crate) table: ResourceTable,
     pub(crate) limits: InstanceLimits,
     /// The guest's stderr, kept for trap reports.

@@ -4,7 +4,8 @@
 //!
 //! Lines: `open ok` / `open NULL`; `<op> <arg> -> <rc> [<utf8 output>]`.
 //! OPs: `get-manifest:NAME`, `put-manifest:NAME=TEXT`, `delete-manifest:NAME`,
-//! `put-chunk:HEX=TEXT`, `get-chunk:HEX`, `sleep:MS` (keeps the process alive).
+//! `put-chunk:HEX=TEXT`, `get-chunk:HEX`, `sleep:MS` (keeps the process alive),
+//! `pause` (waits for a line on stdin, so a test can act between steps).
 
 use kv_store_abi::Library;
 
@@ -42,6 +43,12 @@ fn main() {
                 let ms = arg.parse().expect("sleep:MILLISECONDS");
                 std::thread::sleep(std::time::Duration::from_millis(ms));
                 "0".into()
+            }
+            "pause" => {
+                println!("pause");
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line).expect("stdin");
+                continue;
             }
             other => panic!("unknown op {other}"),
         };

@@ -5,7 +5,8 @@
 //! * [`dirs`] — host directories at guest paths, read-only or read-write;
 //! * [`net`] — TCP peers by `host:port`, and name lookups only if granted;
 //! * [`http`] — outbound `wasi:http` requests to listed origins;
-//! * [`env`] — environment variables passed through by name.
+//! * [`env`] — environment variables passed through by name;
+//! * [`settings`] — the backend's settings table, read through `wasi:config`.
 //!
 //! Everything else is off: no arguments, no stdin, no UDP, no other
 //! variables or paths. The guest's stdout goes nowhere; its stderr goes to
@@ -16,6 +17,7 @@ pub mod dirs;
 pub mod env;
 pub mod http;
 pub mod net;
+pub mod settings;
 
 use std::sync::Arc;
 
@@ -25,6 +27,7 @@ pub use dirs::{DATA_DIR, DirGrant};
 pub use env::EnvGrant;
 pub use http::HttpGrant;
 pub use net::NetGrant;
+pub use settings::SettingsGrant;
 
 use crate::guest_log::GuestStderr;
 use crate::metrics::BackendMetrics;
@@ -37,6 +40,8 @@ pub struct Grants {
     /// Shared with every instance's request hook.
     pub http: Arc<HttpGrant>,
     pub env: EnvGrant,
+    /// Shared with every instance's `wasi:config` store.
+    pub settings: Arc<SettingsGrant>,
 }
 
 impl Grants {

@@ -1,0 +1,151 @@
+//! Redis backend: chunks and manifests as Redis strings, reached over a
+//! `wasi:sockets` TCP connection to the one peer the operator granted.
+//!
+//! The store logic (staging, batched flush, prefetch cache) is the shared
+//! [`RemoteStore`]; this crate supplies [`Remote`] as Redis pipelines: one
+//! round trip per batch of `EXISTS`, `SET`, `GET` or `DEL` commands.
+//!
+//! Settings (`[backends.<name>.settings]`):
+//!
+//! | key | default | meaning |
+//! |---|---|---|
+//! | `address` | required | `host:port` of the server (grant the same in `net`) |
+//! | `db` | `0` | database index (`SELECT`) |
+//! | `user` | none | ACL user for `AUTH` |
+//! | `password_env` | `REDIS_PASSWORD` | environment variable holding the password (grant it in `env`) |
+//! | `timeout_ms` | `5000` | connect and per-round-trip deadline; keep it under the host's `call_timeout_ms` |
+//! | `prefix`, `dedup_check`, `max_pending_mib`, `prefetch_cache_mib` | | see `kvwasm_guest_support::remote` |
+
+mod conn;
+
+use kvwasm_guest_support::remote::{Remote, RemoteStore};
+use kvwasm_guest_support::{BackendInfo, Error, Guest, Result, Settings, export_backend};
+use redis_protocol::resp2::types::OwnedFrame;
+
+use conn::{ConnError, Connection, Endpoint};
+
+struct RedisBackend;
+
+impl Guest for RedisBackend {
+    type Store = RemoteStore<Redis>;
+
+    fn info() -> BackendInfo {
+        BackendInfo {
+            name: "redis".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            // The data lives in the server: any instance sees it.
+            shared_state: true,
+        }
+    }
+}
+
+/// A Redis server, with the connection kept open between calls and
+/// re-established after a failure.
+struct Redis {
+    endpoint: Endpoint,
+    conn: Option<Connection>,
+}
+
+impl Redis {
+    /// Send `commands` as one pipeline and read one reply per command.
+    /// A reused connection that the server dropped (it restarted, or
+    /// closed an idle client) is replaced and the pipeline sent once more:
+    /// every command kvwasm sends is idempotent. A timeout is not retried,
+    /// so a call never waits more than twice `timeout_ms`.
+    fn pipeline(&mut self, commands: &[Vec<&[u8]>]) -> Result<Vec<OwnedFrame>> {
+        let reused = self.conn.is_some();
+        match self.try_pipeline(commands) {
+            Err(e) if reused && e.dropped => {
+                eprintln!("redis: {}; reconnecting", e.message);
+                self.try_pipeline(commands).map_err(Error::from)
+            }
+            other => other.map_err(Error::from),
+        }
+    }
+
+    fn try_pipeline(&mut self, commands: &[Vec<&[u8]>]) -> Result<Vec<OwnedFrame>, ConnError> {
+        let mut conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => Connection::open(&self.endpoint)?,
+        };
+        // On error the connection is dropped here: its state is unknown.
+        let replies = conn.pipeline(commands)?;
+        self.conn = Some(conn);
+        Ok(replies)
+    }
+
+    /// One command per key, each with the same verb.
+    fn per_key(&mut self, verb: &str, keys: &[String]) -> Result<Vec<OwnedFrame>> {
+        let commands: Vec<Vec<&[u8]>> = keys
+            .iter()
+            .map(|k| vec![verb.as_bytes(), k.as_bytes()])
+            .collect();
+        self.pipeline(&commands)
+    }
+}
+
+impl Remote for Redis {
+    fn connect(settings: &Settings) -> Result<Self> {
+        let endpoint = Endpoint::from_settings(settings)?;
+        // Connect now, so a wrong address or password fails the open with
+        // the server's reason instead of the first save.
+        let conn = Connection::open(&endpoint).map_err(Error::from)?;
+        Ok(Redis {
+            endpoint,
+            conn: Some(conn),
+        })
+    }
+
+    fn exists(&mut self, keys: &[String]) -> Result<Vec<bool>> {
+        self.per_key("EXISTS", keys)?
+            .into_iter()
+            .map(|reply| match reply {
+                OwnedFrame::Integer(n) => Ok(n > 0),
+                other => Err(unexpected("EXISTS", other)),
+            })
+            .collect()
+    }
+
+    fn put(&mut self, items: &[(String, &[u8])]) -> Result<()> {
+        let commands: Vec<Vec<&[u8]>> = items
+            .iter()
+            .map(|(key, value)| vec![b"SET".as_slice(), key.as_bytes(), value])
+            .collect();
+        for reply in self.pipeline(&commands)? {
+            match reply {
+                OwnedFrame::SimpleString(s) if s == b"OK" => {}
+                other => return Err(unexpected("SET", other)),
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&mut self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.per_key("GET", keys)?
+            .into_iter()
+            .map(|reply| match reply {
+                OwnedFrame::BulkString(bytes) => Ok(Some(bytes)),
+                OwnedFrame::Null => Ok(None),
+                other => Err(unexpected("GET", other)),
+            })
+            .collect()
+    }
+
+    fn delete(&mut self, key: &str) -> Result<()> {
+        match self.per_key("DEL", &[key.to_owned()])?.pop() {
+            Some(OwnedFrame::Integer(_)) => Ok(()),
+            other => Err(unexpected("DEL", other.unwrap_or(OwnedFrame::Null))),
+        }
+    }
+}
+
+/// A reply of the wrong shape, or the server's error reply, as an error
+/// that carries the server's words.
+fn unexpected(command: &str, reply: OwnedFrame) -> Error {
+    match reply {
+        OwnedFrame::Error(message) => conn::server_error(command, &message),
+        other => Error::Io(format!("redis {command}: unexpected reply {other:?}")),
+    }
+}
+
+export_backend!(RedisBackend);

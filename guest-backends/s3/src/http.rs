@@ -1,0 +1,300 @@
+//! S3 requests over `wasi:http`: signed, sent in concurrent waves, every
+//! wait bounded by the deadline (a stalled service costs `timeout_ms`,
+//! never a hung call).
+
+use std::time::Duration;
+
+use kvwasm_guest_support::{Error, Result, Settings};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use wasip2::clocks::monotonic_clock;
+use wasip2::http::outgoing_handler::{self, FutureIncomingResponse};
+use wasip2::http::types::{
+    ErrorCode, Fields, IncomingResponse, OutgoingBody, OutgoingRequest, RequestOptions, Scheme,
+};
+use wasip2::io::poll::{Pollable, poll};
+use wasip2::io::streams::StreamError;
+
+use crate::sign::Signer;
+
+/// The HTTP methods the backend uses.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Method {
+    Get,
+    Head,
+    Put,
+    Delete,
+}
+
+impl Method {
+    fn as_str(self) -> &'static str {
+        match self {
+            Method::Get => "GET",
+            Method::Head => "HEAD",
+            Method::Put => "PUT",
+            Method::Delete => "DELETE",
+        }
+    }
+
+    fn wasi(self) -> wasip2::http::types::Method {
+        use wasip2::http::types::Method as M;
+        match self {
+            Method::Get => M::Get,
+            Method::Head => M::Head,
+            Method::Put => M::Put,
+            Method::Delete => M::Delete,
+        }
+    }
+}
+
+/// One request: `path` is already percent-encoded.
+pub(crate) struct Request {
+    pub(crate) method: Method,
+    pub(crate) path: String,
+    pub(crate) query: String,
+    pub(crate) body: Vec<u8>,
+}
+
+/// A response with its whole body.
+pub(crate) struct Response {
+    pub(crate) status: u16,
+    pub(crate) body: Vec<u8>,
+}
+
+impl Response {
+    /// The service's explanation: S3's `<Code>` and `<Message>`, or the
+    /// start of the body, or nothing (HEAD responses have no body).
+    pub(crate) fn reason(&self) -> String {
+        let text = String::from_utf8_lossy(&self.body);
+        let tag = |name: &str| {
+            let open = format!("<{name}>");
+            let start = text.find(&open)? + open.len();
+            let len = text[start..].find("</")?;
+            Some(text[start..start + len].to_owned())
+        };
+        match (tag("Code"), tag("Message")) {
+            (Some(code), Some(message)) => format!("{code}: {message}"),
+            (Some(code), None) => code,
+            _ => text.chars().take(200).collect::<String>().trim().to_owned(),
+        }
+    }
+}
+
+/// The characters left as they are in an object key: RFC 3986
+/// unreserved, plus `/` between segments.
+const KEY: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
+/// `key` as a URL path.
+pub(crate) fn encode_key(key: &str) -> String {
+    utf8_percent_encode(key, KEY).to_string()
+}
+
+/// The service's origin, the signer and the limits.
+pub(crate) struct Client {
+    scheme: Scheme,
+    /// `host[:port]`.
+    authority: String,
+    /// `scheme://authority`, for signing.
+    origin: String,
+    signer: Signer,
+    timeout: Duration,
+    max_concurrency: usize,
+}
+
+impl Client {
+    pub(crate) fn from_settings(settings: &Settings) -> Result<Client> {
+        let endpoint = settings.required("endpoint")?.trim_end_matches('/');
+        let bad =
+            |why: &str| Error::InvalidArgument(format!("setting `endpoint` = {endpoint:?}: {why}"));
+        let (scheme, authority) = match endpoint.split_once("://") {
+            Some(("http", rest)) => (Scheme::Http, rest),
+            Some(("https", rest)) => (Scheme::Https, rest),
+            _ => return Err(bad("expected http://host[:port] or https://host[:port]")),
+        };
+        if authority.is_empty() || authority.contains('/') {
+            return Err(bad(
+                "expected an origin, without a path (the bucket is `bucket`)",
+            ));
+        }
+        let max_concurrency = settings.parse_or("max_concurrency", 16usize)?.max(1);
+        Ok(Client {
+            scheme,
+            authority: authority.to_owned(),
+            origin: endpoint.to_owned(),
+            signer: Signer::from_settings(settings)?,
+            timeout: Duration::from_millis(settings.parse_or("timeout_ms", 5000)?),
+            max_concurrency,
+        })
+    }
+
+    /// Send every request, at most `max_concurrency` in flight, and return
+    /// the responses in order. Fails as a whole if any request cannot be
+    /// completed (refused, unreachable, timed out).
+    pub(crate) fn send_all(&self, requests: Vec<Request>) -> Result<Vec<Response>> {
+        let mut responses = Vec::with_capacity(requests.len());
+        let mut requests = requests.into_iter().peekable();
+        while requests.peek().is_some() {
+            let deadline = monotonic_clock::now() + nanos(self.timeout);
+            let wave: Vec<FutureIncomingResponse> = requests
+                .by_ref()
+                .take(self.max_concurrency)
+                .map(|r| self.start(r, deadline))
+                .collect::<Result<_>>()?;
+            for future in wave {
+                responses.push(self.finish(future, deadline)?);
+            }
+        }
+        Ok(responses)
+    }
+
+    /// Sign and send one request, writing its body.
+    fn start(&self, request: Request, deadline: u64) -> Result<FutureIncomingResponse> {
+        let method = request.method.as_str();
+        let path_and_query = if request.query.is_empty() {
+            request.path
+        } else {
+            format!("{}?{}", request.path, request.query)
+        };
+        let length = request.body.len().to_string();
+        let mut headers = vec![];
+        // S3 servers want a length on every request that may carry a body.
+        if matches!(request.method, Method::Put | Method::Delete) {
+            headers.push(("content-length", length.as_str()));
+        }
+        let url = format!("{}{path_and_query}", self.origin);
+        let signed = self.signer.headers(method, &url, &headers)?;
+        let fields = Fields::new();
+        let all = headers
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .chain(signed.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        for (name, value) in all {
+            fields
+                .append(name, value.as_bytes())
+                .map_err(|e| Error::Other(format!("header {name}: {e:?}")))?;
+        }
+        let outgoing = OutgoingRequest::new(fields);
+        let fail = |what: &str| Error::Other(format!("building {method} {path_and_query}: {what}"));
+        outgoing
+            .set_method(&request.method.wasi())
+            .map_err(|()| fail("method"))?;
+        outgoing
+            .set_scheme(Some(&self.scheme))
+            .map_err(|()| fail("scheme"))?;
+        outgoing
+            .set_authority(Some(&self.authority))
+            .map_err(|()| fail("authority"))?;
+        outgoing
+            .set_path_with_query(Some(&path_and_query))
+            .map_err(|()| fail("path"))?;
+        let body = outgoing.body().map_err(|()| fail("body"))?;
+        let options = RequestOptions::new();
+        let per_wait = Some(nanos(self.timeout));
+        // Unsupported options are ignored: the deadline below still holds.
+        let _ = options.set_connect_timeout(per_wait);
+        let _ = options.set_first_byte_timeout(per_wait);
+        let _ = options.set_between_bytes_timeout(per_wait);
+        let future = outgoing_handler::handle(outgoing, Some(options))
+            .map_err(|e| transport_error(method, &self.origin, &e))?;
+        self.write_body(&body, &request.body, deadline)?;
+        OutgoingBody::finish(body, None).map_err(|e| transport_error(method, &self.origin, &e))?;
+        Ok(future)
+    }
+
+    fn write_body(&self, body: &OutgoingBody, mut data: &[u8], deadline: u64) -> Result<()> {
+        let stream = body
+            .write()
+            .map_err(|()| Error::Other("request body stream".into()))?;
+        while !data.is_empty() {
+            let permitted = match stream.check_write() {
+                Ok(n) => usize::try_from(n).unwrap_or(usize::MAX),
+                Err(e) => return Err(self.stream_error("sending a request body", e)),
+            };
+            if permitted == 0 {
+                self.wait(&stream.subscribe(), deadline)?;
+                continue;
+            }
+            let n = permitted.min(data.len());
+            stream
+                .write(&data[..n])
+                .map_err(|e| self.stream_error("sending a request body", e))?;
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Wait for a response and read its whole body.
+    fn finish(&self, future: FutureIncomingResponse, deadline: u64) -> Result<Response> {
+        self.wait(&future.subscribe(), deadline)?;
+        let response: IncomingResponse = match future.get() {
+            Some(Ok(Ok(response))) => response,
+            Some(Ok(Err(code))) => return Err(transport_error("request", &self.origin, &code)),
+            Some(Err(())) | None => {
+                return Err(Error::Other("wasi:http response taken twice".into()));
+            }
+        };
+        let status = response.status();
+        let body = response
+            .consume()
+            .map_err(|()| Error::Other("response body taken twice".into()))?;
+        let stream = body
+            .stream()
+            .map_err(|()| Error::Other("response body stream".into()))?;
+        let mut bytes = Vec::new();
+        loop {
+            match stream.read(1 << 20) {
+                Ok(chunk) if chunk.is_empty() => self.wait(&stream.subscribe(), deadline)?,
+                Ok(chunk) => bytes.extend_from_slice(&chunk),
+                Err(StreamError::Closed) => break,
+                Err(e) => return Err(self.stream_error("reading a response body", e)),
+            }
+        }
+        Ok(Response {
+            status,
+            body: bytes,
+        })
+    }
+
+    /// Block until `pollable` is ready or the deadline passes.
+    fn wait(&self, pollable: &Pollable, deadline: u64) -> Result<()> {
+        let timer = monotonic_clock::subscribe_instant(deadline);
+        let ready = poll(&[pollable, &timer]);
+        if ready.contains(&0) {
+            Ok(())
+        } else {
+            Err(Error::Unavailable(format!(
+                "s3 at {}: no response within {} ms",
+                self.origin,
+                self.timeout.as_millis()
+            )))
+        }
+    }
+
+    fn stream_error(&self, what: &str, e: StreamError) -> Error {
+        let detail = match e {
+            StreamError::Closed => "connection closed".to_owned(),
+            StreamError::LastOperationFailed(e) => e.to_debug_string(),
+        };
+        Error::Unavailable(format!("s3 at {}: {what}: {detail}", self.origin))
+    }
+}
+
+/// A `wasi:http` transport error: refused by the host's grant, or the
+/// service is unreachable.
+fn transport_error(method: &str, origin: &str, code: &ErrorCode) -> Error {
+    let text = format!("s3 {method} to {origin}: {code:?}");
+    match code {
+        ErrorCode::HttpRequestDenied => {
+            Error::Denied(format!("{text} (the origin is not granted in `http`)"))
+        }
+        _ => Error::Unavailable(text),
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}

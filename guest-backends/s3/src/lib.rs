@@ -1,0 +1,145 @@
+//! S3 backend: chunks and manifests as objects in one bucket of any
+//! S3-compatible service (AWS, MinIO, Ceph, s3s), reached over `wasi:http`
+//! at the one origin the operator granted, path-style, SigV4-signed.
+//!
+//! The store logic (staging, batched flush, prefetch cache) is the shared
+//! [`RemoteStore`]; this crate supplies [`Remote`] as waves of concurrent
+//! requests: `HEAD` for existence, `PUT`, `GET`, `DELETE`.
+//!
+//! Settings (`[backends.<name>.settings]`):
+//!
+//! | key | default | meaning |
+//! |---|---|---|
+//! | `endpoint` | required | `http(s)://host[:port]` of the service (grant the same in `http`) |
+//! | `bucket` | required | bucket name (it must exist) |
+//! | `region` | `us-east-1` | signing region |
+//! | `timeout_ms` | `5000` | deadline per wave of requests; keep it under the host's `call_timeout_ms` |
+//! | `max_concurrency` | `16` | requests in flight at once |
+//! | `access_key_id_env`, `secret_access_key_env`, `session_token_env` | `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN` | environment variables holding the credentials (grant them in `env`) |
+//! | `prefix`, `dedup_check`, `max_pending_mib`, `prefetch_cache_mib` | | see `kvwasm_guest_support::remote` |
+
+mod http;
+mod sign;
+
+use kvwasm_guest_support::remote::{Remote, RemoteStore};
+use kvwasm_guest_support::{BackendInfo, Error, Guest, Result, Settings, export_backend};
+
+use http::{Client, Method, Request, Response};
+
+struct S3Backend;
+
+impl Guest for S3Backend {
+    type Store = RemoteStore<S3>;
+
+    fn info() -> BackendInfo {
+        BackendInfo {
+            name: "s3".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            // The data lives in the bucket: any instance sees it.
+            shared_state: true,
+        }
+    }
+}
+
+/// One bucket of an S3-compatible service.
+struct S3 {
+    client: Client,
+    bucket: String,
+}
+
+impl S3 {
+    fn request(&self, method: Method, key: &str, body: &[u8]) -> Request {
+        Request {
+            method,
+            path: format!("/{}/{}", self.bucket, http::encode_key(key)),
+            query: String::new(),
+            body: body.to_vec(),
+        }
+    }
+
+    /// One request per key, all in flight together.
+    fn per_key(&self, method: Method, keys: &[String]) -> Result<Vec<Response>> {
+        let requests = keys.iter().map(|k| self.request(method, k, &[])).collect();
+        self.client.send_all(requests)
+    }
+}
+
+impl Remote for S3 {
+    fn connect(settings: &Settings) -> Result<Self> {
+        let client = Client::from_settings(settings)?;
+        let bucket = settings.required("bucket")?.to_owned();
+        let s3 = S3 { client, bucket };
+        // One signed request now, so a wrong key, secret or bucket fails
+        // the open with the service's reason instead of the first save.
+        let probe = Request {
+            method: Method::Get,
+            path: format!("/{}", s3.bucket),
+            query: "list-type=2&max-keys=1".into(),
+            body: Vec::new(),
+        };
+        let response = s3.client.send_all(vec![probe])?.remove(0);
+        match response.status {
+            200 => Ok(s3),
+            _ => Err(response.error(&format!("checking bucket {:?}", s3.bucket))),
+        }
+    }
+
+    fn exists(&mut self, keys: &[String]) -> Result<Vec<bool>> {
+        self.per_key(Method::Head, keys)?
+            .into_iter()
+            .map(|r| match r.status {
+                200 => Ok(true),
+                404 => Ok(false),
+                _ => Err(r.error("HEAD")),
+            })
+            .collect()
+    }
+
+    fn put(&mut self, items: &[(String, &[u8])]) -> Result<()> {
+        let requests = items
+            .iter()
+            .map(|(key, value)| self.request(Method::Put, key, value))
+            .collect();
+        for r in self.client.send_all(requests)? {
+            if r.status != 200 {
+                return Err(r.error("PUT"));
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&mut self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.per_key(Method::Get, keys)?
+            .into_iter()
+            .map(|r| match r.status {
+                200 => Ok(Some(r.body)),
+                404 => Ok(None),
+                _ => Err(r.error("GET")),
+            })
+            .collect()
+    }
+
+    fn delete(&mut self, key: &str) -> Result<()> {
+        let r = self.per_key(Method::Delete, &[key.to_owned()])?.remove(0);
+        match r.status {
+            200 | 204 | 404 => Ok(()),
+            _ => Err(r.error("DELETE")),
+        }
+    }
+}
+
+/// Errors for a refused or failed request: the service's own words.
+impl Response {
+    fn error(&self, what: &str) -> Error {
+        let reason = self.reason();
+        let text = format!("s3 {what}: HTTP {} {reason}", self.status);
+        match self.status {
+            401 | 403 => Error::Denied(text),
+            404 => Error::InvalidArgument(text),
+            500.. => Error::Unavailable(text),
+            _ => Error::Io(text),
+        }
+    }
+}
+
+export_backend!(S3Backend);

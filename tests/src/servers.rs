@@ -1,0 +1,238 @@
+//! Real servers for the remote backends' tests, started on loopback ports
+//! by the tests themselves and stopped when dropped: `redis-server` (from
+//! Debian's `redis-server` package) and `s3s-fs` (an S3 server that checks
+//! SigV4 signatures; `scripts/setup.sh` installs it into `target/tools`).
+//!
+//! A server that cannot start fails the test with its log: these tests
+//! never skip.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free loopback port (bound, then released for the server to take).
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// Wait until `addr` accepts connections, or panic with `log`'s content.
+fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str, log: &Path) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "{what} exited with {status} before listening on {addr}; log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "{what} did not listen on {addr} within 20 s; log:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+}
+
+/// A `redis-server` on 127.0.0.1 with AOF persistence (`appendfsync
+/// always`) in a temporary directory, requiring `password`.
+pub struct RedisServer {
+    pub addr: SocketAddr,
+    pub password: String,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let password = format!("pw-{:016x}", rand_u64());
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        std::fs::write(
+            dir.path().join("redis.conf"),
+            format!(
+                "bind 127.0.0.1\nport {}\nprotected-mode yes\ndir {}\n\
+                 appendonly yes\nappendfsync always\nsave \"\"\n\
+                 requirepass {password}\nlogfile {}\n",
+                addr.port(),
+                dir.path().display(),
+                dir.path().join("redis.log").display()
+            ),
+        )
+        .expect("write redis.conf");
+        let mut server = RedisServer {
+            addr,
+            password,
+            dir,
+            child: None,
+        };
+        server.restart();
+        server
+    }
+
+    /// Start (again) on the same port and data directory.
+    pub fn restart(&mut self) {
+        let binary = which("redis-server").unwrap_or_else(|| {
+            panic!(
+                "redis-server not found: run `bash scripts/setup.sh` (apt-get install redis-server)"
+            )
+        });
+        let mut child = Command::new(binary)
+            .arg(self.dir.path().join("redis.conf"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        wait_listening(
+            self.addr,
+            &mut child,
+            "redis-server",
+            &self.dir.path().join("redis.log"),
+        );
+        self.child = Some(child);
+    }
+
+    /// SIGKILL the server: no shutdown, no final save.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stop the server process (SIGSTOP): it keeps its socket but answers
+    /// nothing, like a hung or partitioned server.
+    pub fn freeze(&self, frozen: bool) {
+        let child = self.child.as_ref().expect("redis-server is running");
+        let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+        let pid = i32::try_from(child.id()).expect("pid");
+        // SAFETY: sending a signal to our own child process.
+        assert_eq!(
+            unsafe { libc::kill(pid, signal) },
+            0,
+            "kill({pid}, {signal})"
+        );
+    }
+
+    /// `redis-cli` output for `args`, authenticated.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.addr.port().to_string()])
+            .env("REDISCLI_AUTH", &self.password)
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The server's call count for `command` (from `INFO commandstats`).
+    pub fn calls(&self, command: &str) -> u64 {
+        let info = self.cli(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{}:calls=", command.to_ascii_lowercase());
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().expect("calls count"))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = self.freeze(false);
+        }
+        self.kill();
+    }
+}
+
+/// An `s3s-fs` server on 127.0.0.1 storing objects in a temporary
+/// directory, with one bucket and SigV4 checking on.
+pub struct S3Server {
+    pub endpoint: String,
+    pub bucket: String,
+    pub access_key: String,
+    pub secret_key: String,
+    pub root: tempfile::TempDir,
+    child: Child,
+}
+
+impl S3Server {
+    pub fn start() -> S3Server {
+        let root = tempfile::tempdir().expect("temp dir");
+        let bucket = "kv-cache".to_owned();
+        std::fs::create_dir(root.path().join(&bucket)).expect("create the bucket");
+        let access_key = format!("AK{:016X}", rand_u64());
+        let secret_key = format!(
+            "sk-{:032x}",
+            u128::from(rand_u64()) << 64 | u128::from(rand_u64())
+        );
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let log = root.path().join("s3s-fs.log");
+        let mut child = Command::new(s3s_fs_binary())
+            .args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
+            .args(["--access-key", &access_key, "--secret-key", &secret_key])
+            .arg(root.path())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn s3s-fs");
+        wait_listening(addr, &mut child, "s3s-fs", &log);
+        S3Server {
+            endpoint: format!("http://{addr}"),
+            bucket,
+            access_key,
+            secret_key,
+            root,
+            child,
+        }
+    }
+
+    /// The directory holding the bucket's objects.
+    pub fn bucket_dir(&self) -> PathBuf {
+        self.root.path().join(&self.bucket)
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `s3s-fs`: `$KVWASM_S3S_FS`, else `target/tools/bin/s3s-fs` (where
+/// `scripts/setup.sh` installs it), else `PATH`.
+pub fn s3s_fs_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("KVWASM_S3S_FS") {
+        return path.into();
+    }
+    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/bin/s3s-fs");
+    if local.is_file() {
+        return local;
+    }
+    which("s3s-fs").unwrap_or_else(|| {
+        panic!(
+            "s3s-fs not found at {} or on PATH: run `bash scripts/setup.sh` \
+             (cargo install s3s-fs --features binary)",
+            local.display()
+        )
+    })
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Random enough for test credentials.
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(Instant::now())
+}
