@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Every test: formatting, lints (host and guests), unit and end-to-end tests,
-# the C consumer, and a smoke run of the demo. Installs what it needs.
+# the C consumer, the Redis and S3 backends against real servers, and a
+# smoke run of the demo. Installs what it needs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
+bash scripts/test-servers.sh
 
 step() { printf '\n== %s\n' "$*"; }
 

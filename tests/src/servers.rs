@@ -39,25 +39,40 @@ fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str, log: &Path) {
 }
 
 /// A `redis-server` on 127.0.0.1 with AOF persistence (`appendfsync
-/// always`) in a temporary directory, requiring `password`.
+/// always`) in a temporary directory, requiring `password` if set.
 pub struct RedisServer {
     pub addr: SocketAddr,
-    pub password: String,
+    pub password: Option<String>,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
 
 impl RedisServer {
+    /// A server that requires a (random) password.
     pub fn start() -> RedisServer {
+        RedisServer::launch(Some(format!("pw-{:016x}", rand_u64())))
+    }
+
+    /// A server open to any loopback client, for in-process tests (which
+    /// cannot hand a secret to the guest without changing their own
+    /// environment).
+    pub fn without_password() -> RedisServer {
+        RedisServer::launch(None)
+    }
+
+    fn launch(password: Option<String>) -> RedisServer {
         let dir = tempfile::tempdir().expect("temp dir");
-        let password = format!("pw-{:016x}", rand_u64());
+        let auth = password
+            .as_ref()
+            .map(|p| format!("requirepass {p}\n"))
+            .unwrap_or_default();
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
         std::fs::write(
             dir.path().join("redis.conf"),
             format!(
                 "bind 127.0.0.1\nport {}\nprotected-mode yes\ndir {}\n\
                  appendonly yes\nappendfsync always\nsave \"\"\n\
-                 requirepass {password}\nlogfile {}\n",
+                 {auth}logfile {}\n",
                 addr.port(),
                 dir.path().display(),
                 dir.path().join("redis.log").display()
@@ -110,23 +125,31 @@ impl RedisServer {
         let child = self.child.as_ref().expect("redis-server is running");
         let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
         let pid = i32::try_from(child.id()).expect("pid");
-        // SAFETY: sending a signal to our own child process.
-        assert_eq!(
-            unsafe { libc::kill(pid, signal) },
-            0,
-            "kill({pid}, {signal})"
-        );
+        // SAFETY: kill(2) with our own child's pid and a valid signal
+        // number touches no memory of this process.
+        let sent = unsafe { libc::kill(pid, signal) };
+        assert_eq!(sent, 0, "kill({pid}, {signal})");
     }
 
     /// `redis-cli` output for `args`, authenticated.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.addr.port().to_string()])
-            .env("REDISCLI_AUTH", &self.password)
-            .args(args)
-            .output()
-            .expect("run redis-cli");
+        let mut cmd = Command::new("redis-cli");
+        cmd.args(["-h", "127.0.0.1", "-p", &self.addr.port().to_string()]);
+        if let Some(password) = &self.password {
+            cmd.env("REDISCLI_AUTH", password);
+        }
+        let out = cmd.args(args).output().expect("run redis-cli");
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A counter from `INFO stats`.
+    pub fn info_stat(&self, name: &str) -> u64 {
+        let info = self.cli(&["INFO", "stats"]);
+        let prefix = format!("{name}:");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map(|n| n.trim().parse().expect("a counter"))
+            .unwrap_or_else(|| panic!("no {name} in INFO stats"))
     }
 
     /// The server's call count for `command` (from `INFO commandstats`).
@@ -143,7 +166,7 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         if self.child.is_some() {
-            let _ = self.freeze(false);
+            self.freeze(false);
         }
         self.kill();
     }
@@ -195,12 +218,17 @@ impl S3Server {
     pub fn bucket_dir(&self) -> PathBuf {
         self.root.path().join(&self.bucket)
     }
+
+    /// Kill the server: its port refuses connections from now on.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Drop for S3Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 

@@ -92,6 +92,14 @@ impl Connection {
             };
             fail(format!("cannot connect: {e}{hint}"))
         })?;
+        // On wasm32-wasip2, std's `connect_timeout` can return before the
+        // handshake has failed (a refused port); ask the socket.
+        if let Some(e) = stream.take_error().ok().flatten() {
+            return Err(fail(format!("cannot connect: {e}")));
+        }
+        stream
+            .peer_addr()
+            .map_err(|e| fail(format!("cannot connect: {e} (is the server up?)")))?;
         stream
             .set_nodelay(true)
             .map_err(|e| fail(format!("cannot set TCP_NODELAY: {e}")))?;

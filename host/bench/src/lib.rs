@@ -35,6 +35,36 @@ pub struct Plan {
     pub open_probe: Option<(PathBuf, Vec<std::ffi::OsString>)>,
     /// Show a progress bar on stderr.
     pub progress: bool,
+    /// The sections to run (all by default).
+    pub sections: Vec<Section>,
+}
+
+/// A part of the benchmark, for `--only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+pub enum Section {
+    /// put/get throughput per chunk size, per directory.
+    Throughput,
+    /// 96 × 1 MiB saves (cold, warm, warm on a new handle) and restores.
+    SaveRestore,
+    /// The cost of one call that does nothing.
+    SmallCall,
+    /// 1 and 4 threads on one handle.
+    Threads,
+    /// `open` latency.
+    Open,
+    /// Resident memory per open handle.
+    Memory,
+}
+
+impl Section {
+    pub const ALL: [Section; 6] = [
+        Section::Throughput,
+        Section::SaveRestore,
+        Section::SmallCall,
+        Section::Threads,
+        Section::Open,
+        Section::Memory,
+    ];
 }
 
 /// Chunk sizes of the throughput matrix.
@@ -47,18 +77,20 @@ pub struct Results {
     pub media: Vec<Medium>,
     pub reps: usize,
     pub quick: bool,
+    /// The sections that ran; the others are empty.
+    pub sections: Vec<Section>,
     /// GB/s per target, by medium, chunk size and operation.
     pub throughput: Vec<Row>,
     /// Milliseconds per target: 96 × 1 MiB saves and restores, by medium.
     pub save_restore: Vec<Row>,
     /// Nanoseconds per `get_manifest` of a missing name.
-    pub small_call: Row,
+    pub small_call: Option<Row>,
     /// GB/s at 1 MiB with 1 and with 4 threads on one handle.
     pub threads: Vec<Row>,
     /// Milliseconds for `open`.
     pub open: Vec<Row>,
     /// Resident memory per open handle, KiB.
-    pub memory_per_handle: Row,
+    pub memory_per_handle: Option<Row>,
 }
 
 /// One measured case: a statistic per target, in `Results::targets` order.
@@ -101,17 +133,37 @@ pub fn run(plan: &Plan) -> Result<Results, String> {
         .map(Target::load)
         .collect::<Result<Vec<_>, _>>()?;
     let mut w = workloads::Workloads::new(plan, &loaded);
+    let on = |s: Section| plan.sections.contains(&s);
     let results = Results {
         targets: plan.targets.iter().map(|t| t.label.clone()).collect(),
         media: plan.media.clone(),
         reps: plan.reps,
         quick: plan.quick,
-        throughput: w.throughput()?,
-        save_restore: w.save_restore()?,
-        small_call: w.small_call()?,
-        threads: w.threads()?,
-        open: w.open_latency()?,
-        memory_per_handle: w.memory_per_handle()?,
+        sections: plan.sections.clone(),
+        throughput: if on(Section::Throughput) {
+            w.throughput()?
+        } else {
+            Vec::new()
+        },
+        save_restore: if on(Section::SaveRestore) {
+            w.save_restore()?
+        } else {
+            Vec::new()
+        },
+        small_call: on(Section::SmallCall).then(|| w.small_call()).transpose()?,
+        threads: if on(Section::Threads) {
+            w.threads()?
+        } else {
+            Vec::new()
+        },
+        open: if on(Section::Open) {
+            w.open_latency()?
+        } else {
+            Vec::new()
+        },
+        memory_per_handle: on(Section::Memory)
+            .then(|| w.memory_per_handle())
+            .transpose()?,
     };
     w.finish();
     Ok(results)

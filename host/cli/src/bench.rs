@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use kvwasm_bench::{Medium, Plan, Target};
+use kvwasm_bench::{Medium, Plan, Section, Target};
 
 /// Measure kv_store_v1 backends side by side through the C ABI.
 ///
@@ -48,6 +48,9 @@ pub struct BenchArgs {
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
+    /// Run only these sections (comma-separated; default: all).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "SECTIONS")]
+    only: Vec<Section>,
     /// Internal: time dlopen and the first open in this fresh process.
     #[arg(long, hide = true)]
     open_probe: bool,
@@ -103,10 +106,19 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             vec!["bench".into(), "--open-probe".into()],
         )),
         progress: !args.no_progress,
+        sections: if args.only.is_empty() {
+            Section::ALL.to_vec()
+        } else {
+            args.only.clone()
+        },
     };
     let results = kvwasm_bench::run(&plan).map_err(anyhow::Error::msg)?;
     print!("{}", kvwasm_bench::report::markdown(&results));
     if let Some(path) = &args.plot {
+        anyhow::ensure!(
+            !results.throughput.is_empty(),
+            "--plot draws the throughput section, which did not run"
+        );
         kvwasm_bench::plot::write_svg(&results, path).map_err(anyhow::Error::msg)?;
         eprintln!("plot written to {}", path.display());
     }

@@ -1,6 +1,7 @@
 //! `kvwasm check` end to end: the shipped backends (native C, and the
-//! WebAssembly guests behind the shim) pass; each deliberately broken
-//! backend in tests/broken-backends fails exactly the check it breaks.
+//! WebAssembly guests behind the shim, the remote ones against real Redis
+//! and S3 servers) pass; each deliberately broken backend in
+//! tests/broken-backends fails exactly the check it breaks.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -62,11 +63,17 @@ impl Run {
 }
 
 fn check(args: &[&str]) -> Run {
+    check_with_env(args, &[])
+}
+
+/// `kvwasm check` with extra environment variables (credentials).
+fn check_with_env(args: &[&str], env: &[(&str, &str)]) -> Run {
     let out = Command::new(KVWASM)
         .arg("check")
         .arg("--json")
         .args(args)
         .env_remove("KVWASM_CONFIG")
+        .envs(env.iter().copied())
         .output()
         .expect("run kvwasm check");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -131,6 +138,70 @@ fn the_shim_with_the_memory_guest_passes_and_is_not_durable() {
     // Honest about what it is: nothing survives the last handle's close.
     assert_eq!(run.with("warn"), set(&["durable-across-reopen"]));
     assert!(run.ok, "a SHOULD warning does not fail the run");
+}
+
+/// A config file holding one backend entry, `text`.
+fn config_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kvwasm.toml");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn the_redis_guest_passes_everything_against_a_real_redis_server() {
+    let server = kvwasm_tests::servers::RedisServer::start();
+    let (_dir, config) = config_file(&format!(
+        "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [\"{0}\"]\n\
+         env = [\"REDIS_PASSWORD\"]\nsettings = {{ address = \"{0}\" }}\n",
+        server.addr
+    ));
+    let shim = kvwasm_tests::shim_path();
+    let run = check_with_env(
+        &[
+            "--lib",
+            shim.to_str().unwrap(),
+            "--component",
+            "builtin:redis",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[("REDIS_PASSWORD", server.password.as_deref().unwrap())],
+    );
+    assert_eq!(run.with("fail"), none(), "{:#}", run.json);
+    assert_eq!(run.with("warn"), none(), "{:#}", run.json);
+    assert_eq!(run.with("pass").len(), kvwasm_conformance::CHECKS.len());
+    assert!(run.ok);
+}
+
+#[test]
+fn the_s3_guest_passes_everything_against_a_real_s3_server() {
+    let server = kvwasm_tests::servers::S3Server::start();
+    let (_dir, config) = config_file(&format!(
+        "[backends.s3]\ncomponent = \"builtin:s3\"\nhttp = [\"{0}\"]\n\
+         env = [\"AWS_ACCESS_KEY_ID\", \"AWS_SECRET_ACCESS_KEY\"]\n\
+         settings = {{ endpoint = \"{0}\", bucket = \"{1}\" }}\n",
+        server.endpoint, server.bucket
+    ));
+    let shim = kvwasm_tests::shim_path();
+    let run = check_with_env(
+        &[
+            "--lib",
+            shim.to_str().unwrap(),
+            "--component",
+            "builtin:s3",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[
+            ("AWS_ACCESS_KEY_ID", &server.access_key),
+            ("AWS_SECRET_ACCESS_KEY", &server.secret_key),
+        ],
+    );
+    assert_eq!(run.with("fail"), none(), "{:#}", run.json);
+    assert_eq!(run.with("warn"), none(), "{:#}", run.json);
+    assert_eq!(run.with("pass").len(), kvwasm_conformance::CHECKS.len());
+    assert!(run.ok);
 }
 
 #[test]

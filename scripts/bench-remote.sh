@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The remote backends' benchmark in docs/benchmarks.md: a 96 × 1 MiB save,
+# the same save warm (same handle, then a new one), and restores, through
+# libkv_store_wasm.so into a real Redis and a real S3 server (s3s-fs), both
+# on loopback with their data on tmpfs, next to the native C backend on
+# tmpfs. Each remote backend runs twice: `dedup_check = "put"` (the
+# default: exact put_chunk return codes) and `"flush"` (MemKV's batching).
+# Extra arguments go to `kvwasm bench` (e.g. --reps 3, --quick).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh >/dev/null
+bash scripts/test-servers.sh
+make -s -C examples/native-backend OUT="$PWD/target/release"
+
+work=$(mktemp -d /dev/shm/kvwasm-bench-remote.XXXXXX)
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "nothing listens on 127.0.0.1:$1 ($2); see $work" >&2
+    exit 1
+}
+
+redis_port=$(free_port)
+export KVWASM_BENCH_REDIS_PASSWORD="bench-$RANDOM$RANDOM"
+cat >"$work/redis.conf" <<CONF
+bind 127.0.0.1
+port $redis_port
+dir $work
+appendonly yes
+appendfsync everysec
+save ""
+requirepass $KVWASM_BENCH_REDIS_PASSWORD
+logfile $work/redis.log
+CONF
+redis-server "$work/redis.conf" >/dev/null 2>&1 &
+pids+=($!)
+wait_port "$redis_port" redis-server
+
+s3_port=$(free_port)
+export AWS_ACCESS_KEY_ID="AKBENCH$RANDOM" AWS_SECRET_ACCESS_KEY="sk-bench-$RANDOM$RANDOM"
+mkdir -p "$work/s3/kv-cache"
+target/tools/bin/s3s-fs --host 127.0.0.1 --port "$s3_port" \
+    --access-key "$AWS_ACCESS_KEY_ID" --secret-key "$AWS_SECRET_ACCESS_KEY" "$work/s3" \
+    >/dev/null 2>"$work/s3s-fs.log" &
+pids+=($!)
+wait_port "$s3_port" s3s-fs
+
+# One save (96 MiB) is staged in one batch; a restore's prefetch fits.
+limits='memory_limit_mib = 512
+call_timeout_ms = 30000'
+redis_entry() {
+    cat <<ENTRY
+[backends.$1]
+component = "builtin:redis"
+net = ["127.0.0.1:$redis_port"]
+env = ["KVWASM_BENCH_REDIS_PASSWORD"]
+$limits
+settings = { address = "127.0.0.1:$redis_port", password_env = "KVWASM_BENCH_REDIS_PASSWORD", dedup_check = "$2", max_pending_mib = 128, timeout_ms = 20000 }
+ENTRY
+}
+s3_entry() {
+    cat <<ENTRY
+[backends.$1]
+component = "builtin:s3"
+http = ["http://127.0.0.1:$s3_port"]
+env = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+$limits
+settings = { endpoint = "http://127.0.0.1:$s3_port", bucket = "kv-cache", dedup_check = "$2", max_pending_mib = 128, timeout_ms = 20000 }
+ENTRY
+}
+{
+    redis_entry redis put
+    redis_entry redis-batched flush
+    s3_entry s3 put
+    s3_entry s3-batched flush
+} >"$work/kvwasm.toml"
+export KVWASM_CONFIG="$work/kvwasm.toml"
+target/release/kvwasm check-config >/dev/null
+
+shim=target/release/libkv_store_wasm.so
+target/release/kvwasm bench --only save-restore,small-call --dir "tmpfs=$work" \
+    --target "native=target/release/libkv_store_cfs.so=cfs://{dir}" \
+    --target "redis=$shim=wasm://redis/bench{dir}" \
+    --target "redis-batched=$shim=wasm://redis-batched/bench{dir}" \
+    --target "s3=$shim=wasm://s3/bench{dir}" \
+    --target "s3-batched=$shim=wasm://s3-batched/bench{dir}" \
+    --json target/bench-remote-samples.json "$@"

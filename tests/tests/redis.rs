@@ -1,0 +1,342 @@
+//! The Redis backend (`builtin:redis`) against a real `redis-server` on
+//! loopback, through the shim as an engine loads it. The server is started
+//! by each test (`kvwasm_tests::servers`) and requires a password, which
+//! reaches the guest only through a granted environment variable.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvwasm_host::StoreHandle;
+use kvwasm_host::config::Config;
+use kvwasm_tests::servers::RedisServer;
+use kvwasm_tests::{Probe, write_config};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
+/// The variable the tests' configs name in `password_env`.
+const PASSWORD_VAR: &str = "KVWASM_TEST_REDIS_PASSWORD";
+/// The guest's per-round-trip deadline in these configs.
+const TIMEOUT_MS: u64 = 1000;
+
+/// A config granting `server` (unless `grant` is false) and the password
+/// variable, with `settings` lines appended to the backend's settings.
+fn config(dir: &Path, server: &RedisServer, grant: bool, settings: &str) -> PathBuf {
+    let net = if grant {
+        format!("net = [\"{}\"]\n", server.addr)
+    } else {
+        String::new()
+    };
+    write_config(
+        dir,
+        &format!(
+            "[backends.redis]\ncomponent = \"builtin:redis\"\n{net}env = [\"{PASSWORD_VAR}\"]\n\
+             call_timeout_ms = 5000\n\
+             [backends.redis.settings]\naddress = \"{}\"\npassword_env = \"{PASSWORD_VAR}\"\n\
+             timeout_ms = {TIMEOUT_MS}\n{settings}",
+            server.addr
+        ),
+    )
+}
+
+fn probe(config: &Path, server: &RedisServer, namespace: &str) -> Probe {
+    let password = server.password.as_deref().expect("password");
+    Probe::new(PROBE, &format!("wasm://redis/{namespace}"))
+        .config(config)
+        .env(PASSWORD_VAR, password)
+}
+
+#[test]
+fn saves_restores_and_deduplicates_with_batched_round_trips() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, true, "");
+
+    let (out, stderr) = probe(&config, &server, "team/model").run(&[
+        "put-chunk:0a=alpha",
+        "put-chunk:0a=alpha",
+        "put-chunk:0b=beta",
+        "get-chunk:0a",
+        "put-manifest:slot0=0a0b",
+        "get-manifest:slot0",
+        "get-chunk:0b",
+    ]);
+    assert_eq!(
+        out,
+        [
+            "open ok",
+            "put-chunk 0a=alpha -> 0",
+            "put-chunk 0a=alpha -> 1",
+            "put-chunk 0b=beta -> 0",
+            "get-chunk 0a -> 0 alpha",
+            "put-manifest slot0=0a0b -> 0",
+            "get-manifest slot0 -> 0 0a0b",
+            "get-chunk 0b -> 0 beta",
+        ],
+        "{stderr}"
+    );
+    // One existence check per new hash at put time, one batched check and
+    // one batched write at the manifest: 2 + 2 EXISTS, 2 + 1 SET.
+    assert_eq!(server.calls("exists"), 4);
+    assert_eq!(server.calls("set"), 3);
+    // Round trips: the two put-time checks, then check, write, manifest.
+    assert!(
+        stderr.contains("2 staged chunks (0 already stored), 5 round trips"),
+        "{stderr}"
+    );
+
+    // Keys live under the namespace, chunks and manifests apart.
+    let keys = server.cli(&["--scan", "--pattern", "kvwasm/team/model/*"]);
+    let mut keys: Vec<&str> = keys.lines().collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "kvwasm/team/model/chunks/0a",
+            "kvwasm/team/model/chunks/0b",
+            "kvwasm/team/model/manifests/slot0"
+        ]
+    );
+
+    // Another process: the server answers the duplicate, nothing is written.
+    let (out, stderr) = probe(&config, &server, "team/model").run(&[
+        "put-chunk:0a=alpha",
+        "put-manifest:slot1=0a",
+        "get-manifest:slot0",
+    ]);
+    assert_eq!(
+        out,
+        [
+            "open ok",
+            "put-chunk 0a=alpha -> 1",
+            "put-manifest slot1=0a -> 0",
+            "get-manifest slot0 -> 0 0a0b",
+        ],
+        "{stderr}"
+    );
+    assert_eq!(server.calls("set"), 4, "only the new manifest was written");
+}
+
+#[test]
+fn batched_dedup_saves_in_three_round_trips() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, true, "dedup_check = \"flush\"\n");
+    let puts: Vec<String> = (0..24)
+        .map(|i| format!("put-chunk:{i:04x}=chunk {i}"))
+        .collect();
+    let save: Vec<&str> = puts
+        .iter()
+        .map(String::as_str)
+        .chain(["put-manifest:m=24 chunks"])
+        .collect();
+
+    let (out, stderr) = probe(&config, &server, "ns").run(&save);
+    assert!(out[1..25].iter().all(|l| l.ends_with("-> 0")), "{out:?}");
+    assert_eq!(out[25], "put-manifest m=24 chunks -> 0");
+    assert!(
+        stderr.contains("24 staged chunks (0 already stored), 3 round trips"),
+        "{stderr}"
+    );
+    assert_eq!((server.calls("exists"), server.calls("set")), (24, 25));
+
+    // The same save from a new process: one check finds every chunk, only
+    // the manifest is written. (Without a per-put check, put_chunk cannot
+    // know a stored chunk from a new one: it says 0.)
+    let (out, stderr) = probe(&config, &server, "ns").run(&save);
+    assert_eq!(out[25], "put-manifest m=24 chunks -> 0");
+    assert!(
+        stderr.contains("24 staged chunks (24 already stored), 2 round trips"),
+        "{stderr}"
+    );
+    assert_eq!(server.calls("set"), 26);
+}
+
+#[test]
+fn a_wrong_password_fails_the_open_with_the_servers_reason() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, true, "");
+    let started = Instant::now();
+    let (out, stderr) = Probe::new(PROBE, "wasm://redis/ns")
+        .config(&config)
+        .env(PASSWORD_VAR, "not-the-password")
+        .run(&["get-manifest:m"]);
+    assert_eq!(out, ["open NULL"]);
+    assert!(
+        stderr.contains("denied") && stderr.contains("WRONGPASS"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("not-the-password"),
+        "the secret was logged"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "no hang");
+
+    // No password at all: the server's NOAUTH comes back just as clearly.
+    let (out, stderr) = Probe::new(PROBE, "wasm://redis/ns")
+        .config(&config)
+        .run(&["get-manifest:m"]);
+    assert_eq!(out, ["open ok", "get-manifest m -> -4"], "{stderr}");
+    assert!(stderr.contains("NOAUTH"), "{stderr}");
+}
+
+#[test]
+fn without_the_net_grant_the_guest_cannot_connect() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, false, "");
+    let connections = || server.info_stat("total_connections_received");
+    // Each reading is one redis-cli connection of its own.
+    let before = connections();
+    let (out, stderr) = probe(&config, &server, "ns").run(&["get-manifest:m"]);
+    assert_eq!(out, ["open NULL"]);
+    assert!(
+        stderr.contains("cannot connect") && stderr.contains("not granted in `net`"),
+        "{stderr}"
+    );
+    assert_eq!(connections(), before + 1, "the server saw no connection");
+}
+
+#[test]
+fn a_killed_server_fails_calls_fast_and_the_same_handle_recovers_after_restart() {
+    let mut server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, true, "");
+    let mut run = probe(&config, &server, "ns").spawn(&[
+        "put-chunk:01=acknowledged",
+        "put-manifest:m1=01",
+        "pause",
+        "get-manifest:m1",
+        "put-chunk:02=second",
+        "put-manifest:m2=02",
+        "pause",
+        "get-manifest:m1",
+        "get-chunk:01",
+        "put-chunk:02=second",
+        "put-manifest:m2=02",
+        "get-manifest:m2",
+    ]);
+    assert_eq!(
+        run.until_pause(),
+        [
+            "open ok",
+            "put-chunk 01=acknowledged -> 0",
+            "put-manifest m1=01 -> 0"
+        ]
+    );
+
+    server.kill();
+    let started = Instant::now();
+    run.resume();
+    let down = run.until_pause();
+    let took = started.elapsed();
+    assert_eq!(down.len(), 3, "{down:?}");
+    for line in &down {
+        assert!(line.ends_with("-> -6"), "unavailable while down: {down:?}");
+    }
+    // Refused connections fail at once; nothing waits for a deadline.
+    assert!(took < Duration::from_secs(3), "3 calls took {took:?}");
+
+    server.restart();
+    run.resume();
+    let (up, stderr) = run.finish();
+    assert_eq!(
+        up,
+        [
+            "get-manifest m1 -> 0 01",
+            "get-chunk 01 -> 0 acknowledged",
+            "put-chunk 02=second -> 0",
+            "put-manifest m2=02 -> 0",
+            "get-manifest m2 -> 0 02",
+        ],
+        "the acknowledged save survived the kill (AOF) and the handle works again: {stderr}"
+    );
+    assert!(stderr.contains("cannot connect"), "{stderr}");
+}
+
+#[test]
+fn a_hung_server_costs_one_deadline_not_a_hang() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, true, "");
+    let mut run = probe(&config, &server, "ns").spawn(&[
+        "put-manifest:m=v",
+        "pause",
+        "get-manifest:m",
+        "pause",
+        "get-manifest:m",
+    ]);
+    assert_eq!(run.until_pause(), ["open ok", "put-manifest m=v -> 0"]);
+
+    server.freeze(true);
+    let started = Instant::now();
+    run.resume();
+    let hung = run.until_pause();
+    let took = started.elapsed();
+    assert_eq!(hung, ["get-manifest m -> -6"]);
+    let deadline = Duration::from_millis(TIMEOUT_MS);
+    assert!(
+        took >= deadline && took < deadline * 3,
+        "failed after {took:?}, deadline {deadline:?}"
+    );
+
+    server.freeze(false);
+    run.resume();
+    let (out, stderr) = run.finish();
+    assert_eq!(out, ["get-manifest m -> 0 v"], "{stderr}");
+    assert!(stderr.contains("no reply within 1000 ms"), "{stderr}");
+}
+
+#[test]
+fn chunks_staged_in_any_instance_are_read_back_and_published_by_the_manifest() {
+    let server = RedisServer::without_password();
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [\"{0}\"]\nmax_instances = 4\n\
+         settings = {{ address = \"{0}\" }}\n",
+        server.addr
+    );
+    let backend = Arc::new(
+        Config::parse(&text, dir.path())
+            .unwrap()
+            .backend("redis")
+            .unwrap(),
+    );
+    let writer = StoreHandle::open(backend.clone(), "pool").unwrap();
+    let chunks: Vec<(Vec<u8>, Vec<u8>)> = (0..32u8)
+        .map(|i| (vec![i; 8], vec![i; 4096 + usize::from(i)]))
+        .collect();
+    std::thread::scope(|s| {
+        for part in chunks.chunks(8) {
+            let writer = &writer;
+            s.spawn(move || {
+                for (hash, data) in part {
+                    assert!(!writer.put_chunk(hash, data).unwrap(), "fresh chunk");
+                }
+            });
+        }
+    });
+    assert!(
+        writer.live_instances() > 1,
+        "puts were spread over instances"
+    );
+    assert_eq!(server.calls("set"), 0, "chunks are staged until a manifest");
+    let reader = StoreHandle::open(backend, "pool").unwrap();
+    assert!(reader.get_chunk(&chunks[0].0).is_err(), "not published yet");
+
+    // The writer reads its own writes, whichever instance staged them.
+    for (hash, data) in &chunks {
+        assert_eq!(writer.get_chunk(hash).unwrap().as_slice(), data.as_slice());
+    }
+
+    writer.put_manifest("m", b"thirty-two").unwrap();
+    assert_eq!(
+        server.calls("set"),
+        33,
+        "32 chunks once each, then the manifest"
+    );
+    for (hash, data) in &chunks {
+        assert_eq!(reader.get_chunk(hash).unwrap().as_slice(), data.as_slice());
+    }
+    assert_eq!(reader.get_manifest("m").unwrap().as_slice(), b"thirty-two");
+}

@@ -1,0 +1,173 @@
+//! The S3 backend (`builtin:s3`) against a real S3 server that checks
+//! SigV4 signatures (`s3s-fs` on loopback, started by each test), through
+//! the shim as an engine loads it. Credentials reach the guest only through
+//! granted environment variables.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kvwasm_tests::servers::S3Server;
+use kvwasm_tests::{Probe, write_config};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
+
+/// A config granting `server`'s origin (unless `grant` is false) and the
+/// credential variables.
+fn config(dir: &Path, server: &S3Server, grant: bool) -> PathBuf {
+    let http = if grant {
+        format!("http = [\"{}\"]\n", server.endpoint)
+    } else {
+        String::new()
+    };
+    write_config(
+        dir,
+        &format!(
+            "[backends.s3]\ncomponent = \"builtin:s3\"\n{http}\
+             env = [\"AWS_ACCESS_KEY_ID\", \"AWS_SECRET_ACCESS_KEY\"]\ncall_timeout_ms = 5000\n\
+             [backends.s3.settings]\nendpoint = \"{}\"\nbucket = \"{}\"\ntimeout_ms = 2000\n",
+            server.endpoint, server.bucket
+        ),
+    )
+}
+
+fn probe(config: &Path, namespace: &str, key: &str, secret: &str) -> Probe {
+    Probe::new(PROBE, &format!("wasm://s3/{namespace}"))
+        .config(config)
+        .env("AWS_ACCESS_KEY_ID", key)
+        .env("AWS_SECRET_ACCESS_KEY", secret)
+}
+
+#[test]
+fn saves_restores_and_deduplicates_in_the_bucket() {
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, true);
+    let run = |ops: &[&str]| {
+        probe(
+            &config,
+            "team/model",
+            &server.access_key,
+            &server.secret_key,
+        )
+        .run(ops)
+    };
+
+    let (out, stderr) = run(&[
+        "put-chunk:0a=alpha",
+        "put-chunk:0a=alpha",
+        "put-chunk:0b=beta",
+        "get-chunk:0b",
+        "put-manifest:slot 0=0a0b",
+        "get-manifest:slot 0",
+        "get-chunk:0a",
+    ]);
+    assert_eq!(
+        out,
+        [
+            "open ok",
+            "put-chunk 0a=alpha -> 0",
+            "put-chunk 0a=alpha -> 1",
+            "put-chunk 0b=beta -> 0",
+            "get-chunk 0b -> 0 beta",
+            "put-manifest slot 0=0a0b -> 0",
+            "get-manifest slot 0 -> 0 0a0b",
+            "get-chunk 0a -> 0 alpha",
+        ],
+        "{stderr}"
+    );
+    // Round trips: two put-time HEADs, then a HEAD wave, a PUT wave and
+    // the manifest PUT.
+    assert!(
+        stderr.contains("2 staged chunks (0 already stored), 5 round trips"),
+        "{stderr}"
+    );
+
+    // Objects under <prefix>/<namespace>/{chunks,manifests}/, path-style.
+    let base = server.bucket_dir().join("kvwasm/team/model");
+    assert_eq!(std::fs::read(base.join("chunks/0a")).unwrap(), b"alpha");
+    assert_eq!(std::fs::read(base.join("chunks/0b")).unwrap(), b"beta");
+    assert_eq!(
+        std::fs::read(base.join("manifests/slot 0")).unwrap(),
+        b"0a0b"
+    );
+
+    // Another process: the duplicate is found with HEAD, the delete works.
+    let (out, stderr) = run(&[
+        "put-chunk:0b=beta",
+        "delete-manifest:slot 0",
+        "get-manifest:slot 0",
+        "delete-manifest:slot 0",
+    ]);
+    assert_eq!(
+        out,
+        [
+            "open ok",
+            "put-chunk 0b=beta -> 1",
+            "delete-manifest slot 0 -> 0",
+            "get-manifest slot 0 -> -2",
+            "delete-manifest slot 0 -> 0",
+        ],
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_wrong_secret_key_fails_the_open_with_the_servers_reason() {
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, true);
+    let started = Instant::now();
+    let (out, stderr) =
+        probe(&config, "ns", &server.access_key, "wrong-secret-key").run(&["get-manifest:m"]);
+    assert_eq!(out, ["open NULL"]);
+    assert!(
+        stderr.contains("denied") && stderr.contains("403 SignatureDoesNotMatch"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("wrong-secret-key"),
+        "the secret was logged"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "no hang");
+
+    // Credentials that are not granted do not reach the guest at all.
+    let (out, stderr) = Probe::new(PROBE, "wasm://s3/ns")
+        .config(&config)
+        .run(&["get-manifest:m"]);
+    assert_eq!(out, ["open NULL"]);
+    assert!(stderr.contains("no S3 credentials"), "{stderr}");
+}
+
+#[test]
+fn without_the_http_grant_the_guest_cannot_reach_the_server() {
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, false);
+    let (out, stderr) =
+        probe(&config, "ns", &server.access_key, &server.secret_key).run(&["get-manifest:m"]);
+    assert_eq!(out, ["open NULL"]);
+    assert!(
+        stderr.contains("HttpRequestDenied") && stderr.contains("not granted in `http`"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_stopped_server_fails_calls_within_the_deadline() {
+    let mut server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, true);
+    let mut run = probe(&config, "ns", &server.access_key, &server.secret_key).spawn(&[
+        "put-manifest:m=v",
+        "pause",
+        "get-manifest:m",
+    ]);
+    assert_eq!(run.until_pause(), ["open ok", "put-manifest m=v -> 0"]);
+    server.stop();
+    let started = Instant::now();
+    run.resume();
+    let (out, stderr) = run.finish();
+    assert_eq!(out, ["get-manifest m -> -6"], "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(3), "no hang");
+    assert!(stderr.contains("ConnectionRefused"), "{stderr}");
+}
