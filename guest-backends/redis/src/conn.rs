@@ -57,9 +57,11 @@ pub(crate) struct Connection {
     stream: TcpStream,
     address: String,
     timeout: Duration,
-    /// Bytes received and not yet decoded start at `start`.
+    /// Receive buffer: `received[start..end]` is read and not yet decoded.
+    /// It is zeroed only when it grows, never per read.
     received: Vec<u8>,
     start: usize,
+    end: usize,
 }
 
 /// Writes are sent in pieces of about this size while encoding.
@@ -109,6 +111,7 @@ impl Connection {
             timeout: endpoint.timeout,
             received: Vec::new(),
             start: 0,
+            end: 0,
         };
         let mut hello: Vec<Vec<&[u8]>> = Vec::new();
         if let Some(password) = &endpoint.password {
@@ -186,7 +189,7 @@ impl Connection {
 
     fn next_reply(&mut self, deadline: Instant) -> Result<OwnedFrame, ConnError> {
         loop {
-            match decode(&self.received[self.start..]) {
+            match decode(&self.received[self.start..self.end]) {
                 Ok(Some((frame, used))) => {
                     self.start += used;
                     return Ok(frame);
@@ -201,30 +204,31 @@ impl Connection {
 
     /// Append at least one byte from the socket to `received`.
     fn receive(&mut self, deadline: Instant) -> Result<(), ConnError> {
-        if self.start > 0 {
-            self.received.drain(..self.start);
-            self.start = 0;
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        } else if self.start > self.received.len() / 2 {
+            self.received.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
         }
-        let filled = self.received.len();
-        self.received.resize(filled + READ_SIZE, 0);
-        let result = loop {
-            let wait = match self.remaining(deadline) {
-                Ok(wait) => wait,
-                Err(e) => break Err(e),
-            };
-            if let Err(e) = self.stream.set_read_timeout(Some(wait)) {
-                break Err(self.io_failure("cannot set a read timeout", e));
-            }
-            match self.stream.read(&mut self.received[filled..]) {
-                Ok(0) => break Err(self.failure("the server closed the connection".into(), true)),
-                Ok(n) => break Ok(n),
+        if self.received.len() - self.end < READ_SIZE {
+            let len = (self.received.len() * 2).max(self.end + READ_SIZE);
+            self.received.resize(len, 0);
+        }
+        loop {
+            let wait = self.remaining(deadline)?;
+            self.stream
+                .set_read_timeout(Some(wait))
+                .map_err(|e| self.io_failure("cannot set a read timeout", e))?;
+            match self.stream.read(&mut self.received[self.end..]) {
+                Ok(0) => return Err(self.failure("the server closed the connection".into(), true)),
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(());
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => break Err(self.io_failure("receive failed", e)),
+                Err(e) => return Err(self.io_failure("receive failed", e)),
             }
-        };
-        self.received
-            .truncate(filled + *result.as_ref().unwrap_or(&0));
-        result.map(drop)
+        }
     }
 
     fn remaining(&self, deadline: Instant) -> Result<Duration, ConnError> {
