@@ -51,6 +51,7 @@ fn check_config_prints_effective_grants_without_secret_values() {
              dirs = [{{ host = \"models\", guest = \"/models\", read_only = true }}]\n\
              net = [\"127.0.0.1:6379\"]\nhttp = [\"http://127.0.0.1:9000\"]\n\
              env = [\"KVWASM_TEST_SECRET\", \"KVWASM_TEST_UNSET\"]\nmax_concurrent_calls = 8\n\
+             settings = {{ bucket = \"kv-cache\", db = 2, secret_key_env = \"KVWASM_TEST_SECRET\" }}\n\
              [backends.acme.tenants.alice]\ncall_timeout_ms = 100\n\
              [backends.pinned]\ncomponent = \"builtin:memory\"\nsha256 = \"{}\"\n",
             kvwasm_guest_artifacts::HOSTILE_PATH,
@@ -82,6 +83,9 @@ fn check_config_prints_effective_grants_without_secret_values() {
         "KVWASM_TEST_SECRET (set)",
         "KVWASM_TEST_UNSET (not set)",
         "max concurrent calls 8",
+        "bucket = \"kv-cache\"",
+        "db = \"2\"",
+        "secret_key_env = \"KVWASM_TEST_SECRET\"",
         "tenant     alice: memory 256 MiB, call deadline 100 ms",
         "[backends.pinned]",
         "but the config pins",
@@ -92,6 +96,18 @@ fn check_config_prints_effective_grants_without_secret_values() {
     assert!(
         !text.contains("hunter2"),
         "a secret value was printed:\n{text}"
+    );
+    // A secret in settings is refused before anything loads.
+    std::fs::write(
+        &config,
+        "[backends.s3]\ncomponent = \"builtin:s3\"\nsettings = { secret_access_key = \"hunter2\" }\n",
+    )
+    .unwrap();
+    let (out, text) = kvwasm(&["check-config", config.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        text.contains("secrets do not belong in settings") && !text.contains("hunter2"),
+        "{text}"
     );
     // The alias the issue names works too.
     let (out, _) = kvwasm(&["run-check-config", "--help"]);
