@@ -136,6 +136,18 @@ fn a_wrong_secret_key_fails_the_open_with_the_servers_reason() {
         .run(&["get-manifest:m"]);
     assert_eq!(out, ["open NULL"]);
     assert!(stderr.contains("no S3 credentials"), "{stderr}");
+
+    // Credentials in the endpoint are refused, and not echoed.
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "endpoint = \"http://",
+        "endpoint = \"http://AKID:leaked-secret@",
+    );
+    std::fs::write(&config, text).unwrap();
+    let (out, stderr) =
+        probe(&config, "ns", &server.access_key, &server.secret_key).run(&["get-manifest:m"]);
+    assert_eq!(out, ["open NULL"]);
+    assert!(stderr.contains("holds credentials"), "{stderr}");
+    assert!(!stderr.contains("leaked-secret"), "{stderr}");
 }
 
 #[test]

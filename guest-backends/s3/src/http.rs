@@ -65,16 +65,36 @@ impl Response {
     /// start of the body, or nothing (HEAD responses have no body).
     pub(crate) fn reason(&self) -> String {
         let text = String::from_utf8_lossy(&self.body);
-        let tag = |name: &str| {
-            let open = format!("<{name}>");
-            let start = text.find(&open)? + open.len();
-            let len = text[start..].find("</")?;
-            Some(text[start..start + len].to_owned())
-        };
-        match (tag("Code"), tag("Message")) {
+        match error_fields(&text) {
             (Some(code), Some(message)) => format!("{code}: {message}"),
             (Some(code), None) => code,
             _ => text.chars().take(200).collect::<String>().trim().to_owned(),
+        }
+    }
+}
+
+/// `Code` and `Message` of an S3 error document.
+fn error_fields(xml: &str) -> (Option<String>, Option<String>) {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_str(xml);
+    let (mut code, mut message) = (None, None);
+    let mut inside = None;
+    loop {
+        match reader.read_event() {
+            Ok(Event::Start(tag)) => inside = Some(tag.local_name().as_ref().to_owned()),
+            Ok(Event::Text(text)) => {
+                let value = quick_xml::escape::unescape(&text.xml10_content())
+                    .map(|v| v.trim().to_owned())
+                    .ok();
+                match inside.as_deref() {
+                    Some("Code") => code = value,
+                    Some("Message") => message = value,
+                    _ => {}
+                }
+            }
+            Ok(Event::End(_)) => inside = None,
+            Ok(Event::Eof) | Err(_) => return (code, message),
+            Ok(_) => {}
         }
     }
 }
@@ -108,6 +128,14 @@ pub(crate) struct Client {
 impl Client {
     pub(crate) fn from_settings(settings: &Settings) -> Result<Client> {
         let endpoint = settings.required("endpoint")?.trim_end_matches('/');
+        if endpoint.contains('@') {
+            // Not echoed: the text before `@` may be a secret.
+            return Err(Error::InvalidArgument(
+                "setting `endpoint` holds credentials (`user@host`): they do not belong in \
+                 settings; grant AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY with `env`"
+                    .into(),
+            ));
+        }
         let bad =
             |why: &str| Error::InvalidArgument(format!("setting `endpoint` = {endpoint:?}: {why}"));
         let (scheme, authority) = match endpoint.split_once("://") {
