@@ -16,7 +16,9 @@ pub(crate) struct Endpoint {
     db: u32,
     user: Option<String>,
     password: Option<String>,
-    timeout: Duration,
+    /// The budget of one operation: connecting (if needed) and one
+    /// pipeline, together.
+    pub(crate) timeout: Duration,
 }
 
 impl Endpoint {
@@ -71,7 +73,7 @@ const READ_SIZE: usize = 256 << 10;
 
 impl Connection {
     /// Connect, then `AUTH` and `SELECT` as configured.
-    pub(crate) fn open(endpoint: &Endpoint) -> Result<Connection, ConnError> {
+    pub(crate) fn open(endpoint: &Endpoint, deadline: Instant) -> Result<Connection, ConnError> {
         let address = &endpoint.address;
         let fail = |what: String| ConnError {
             message: format!("redis at {address}: {what}"),
@@ -87,7 +89,16 @@ impl Connection {
             })?
             .next()
             .ok_or_else(|| fail("the address resolves to nothing".into()))?;
-        let stream = TcpStream::connect_timeout(&peer, endpoint.timeout).map_err(|e| {
+        let wait = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                fail(format!(
+                    "no time left to connect within {} ms",
+                    endpoint.timeout.as_millis()
+                ))
+            })?;
+        let stream = TcpStream::connect_timeout(&peer, wait).map_err(|e| {
             let hint = match e.kind() {
                 ErrorKind::PermissionDenied => " (the peer is not granted in `net`)",
                 _ => "",
@@ -127,7 +138,7 @@ impl Connection {
             hello.push(vec![b"SELECT", db.as_bytes()]);
         }
         if !hello.is_empty() {
-            for reply in conn.pipeline(&hello)? {
+            for reply in conn.pipeline(&hello, deadline)? {
                 if let OwnedFrame::Error(message) = reply {
                     return Err(ConnError {
                         denied: is_auth_error(&message),
@@ -141,13 +152,13 @@ impl Connection {
         Ok(conn)
     }
 
-    /// Send every command, then read exactly one reply per command, within
-    /// one deadline. Error replies are returned as frames, for the caller.
+    /// Send every command, then read exactly one reply per command, by
+    /// `deadline`. Error replies are returned as frames, for the caller.
     pub(crate) fn pipeline(
         &mut self,
         commands: &[Vec<&[u8]>],
+        deadline: Instant,
     ) -> Result<Vec<OwnedFrame>, ConnError> {
-        let deadline = Instant::now() + self.timeout;
         let mut out = Vec::with_capacity(WRITE_BATCH);
         for command in commands {
             let args: Vec<BorrowedFrame<'_>> = command

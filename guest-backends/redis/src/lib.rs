@@ -13,10 +13,12 @@
 //! | `db` | `0` | database index (`SELECT`) |
 //! | `user` | none | ACL user for `AUTH` |
 //! | `password_env` | `REDIS_PASSWORD` | environment variable holding the password (grant it in `env`) |
-//! | `timeout_ms` | `5000` | connect and per-round-trip deadline; keep it under the host's `call_timeout_ms` |
+//! | `timeout_ms` | `5000` | deadline of one operation (connect if needed, then one pipeline); keep it under the host's `call_timeout_ms` |
 //! | `prefix`, `dedup_check`, `max_pending_mib`, `prefetch_cache_mib` | | see `kvwasm_guest_support::remote` |
 
 mod conn;
+
+use std::time::Instant;
 
 use kvwasm_guest_support::remote::{Remote, RemoteStore};
 use kvwasm_guest_support::{BackendInfo, Error, Guest, Result, Settings, export_backend};
@@ -47,29 +49,34 @@ struct Redis {
 }
 
 impl Redis {
-    /// Send `commands` as one pipeline and read one reply per command.
-    /// A reused connection that the server dropped (it restarted, or
-    /// closed an idle client) is replaced and the pipeline sent once more:
-    /// every command kvwasm sends is idempotent. A timeout is not retried,
-    /// so a call never waits more than twice `timeout_ms`.
+    /// Send `commands` as one pipeline and read one reply per command,
+    /// connecting first if needed, all within one `timeout_ms`. A reused
+    /// connection that the server dropped (it restarted, or closed an idle
+    /// client) is replaced and the pipeline sent once more, within the same
+    /// deadline: every command kvwasm sends is idempotent.
     fn pipeline(&mut self, commands: &[Vec<&[u8]>]) -> Result<Vec<OwnedFrame>> {
+        let deadline = Instant::now() + self.endpoint.timeout;
         let reused = self.conn.is_some();
-        match self.try_pipeline(commands) {
+        match self.try_pipeline(commands, deadline) {
             Err(e) if reused && e.dropped => {
                 eprintln!("redis: {}; reconnecting", e.message);
-                self.try_pipeline(commands).map_err(Error::from)
+                self.try_pipeline(commands, deadline).map_err(Error::from)
             }
             other => other.map_err(Error::from),
         }
     }
 
-    fn try_pipeline(&mut self, commands: &[Vec<&[u8]>]) -> Result<Vec<OwnedFrame>, ConnError> {
+    fn try_pipeline(
+        &mut self,
+        commands: &[Vec<&[u8]>],
+        deadline: Instant,
+    ) -> Result<Vec<OwnedFrame>, ConnError> {
         let mut conn = match self.conn.take() {
             Some(conn) => conn,
-            None => Connection::open(&self.endpoint)?,
+            None => Connection::open(&self.endpoint, deadline)?,
         };
         // On error the connection is dropped here: its state is unknown.
-        let replies = conn.pipeline(commands)?;
+        let replies = conn.pipeline(commands, deadline)?;
         self.conn = Some(conn);
         Ok(replies)
     }
@@ -89,7 +96,8 @@ impl Remote for Redis {
         let endpoint = Endpoint::from_settings(settings)?;
         // Connect now, so a wrong address or password fails the open with
         // the server's reason instead of the first save.
-        let conn = Connection::open(&endpoint).map_err(Error::from)?;
+        let deadline = Instant::now() + endpoint.timeout;
+        let conn = Connection::open(&endpoint, deadline).map_err(Error::from)?;
         Ok(Redis {
             endpoint,
             conn: Some(conn),

@@ -160,13 +160,14 @@ impl Client {
     }
 
     /// Send every request, at most `max_concurrency` in flight, and return
-    /// the responses in order. Fails as a whole if any request cannot be
-    /// completed (refused, unreachable, timed out).
+    /// the responses in order, all within one `timeout_ms`. Fails as a
+    /// whole if any request cannot be completed (refused, unreachable, too
+    /// late).
     pub(crate) fn send_all(&self, requests: Vec<Request>) -> Result<Vec<Response>> {
         let mut responses = Vec::with_capacity(requests.len());
         let mut requests = requests.into_iter().peekable();
+        let deadline = monotonic_clock::now() + nanos(self.timeout);
         while requests.peek().is_some() {
-            let deadline = monotonic_clock::now() + nanos(self.timeout);
             let wave: Vec<FutureIncomingResponse> = requests
                 .by_ref()
                 .take(self.max_concurrency)

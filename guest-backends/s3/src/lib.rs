@@ -13,7 +13,7 @@
 //! | `endpoint` | required | `http(s)://host[:port]` of the service (grant the same in `http`) |
 //! | `bucket` | required | bucket name (it must exist) |
 //! | `region` | `us-east-1` | signing region |
-//! | `timeout_ms` | `5000` | deadline per wave of requests; keep it under the host's `call_timeout_ms` |
+//! | `timeout_ms` | `5000` | deadline of one operation (all its requests); keep it under the host's `call_timeout_ms` |
 //! | `max_concurrency` | `16` | requests in flight at once |
 //! | `access_key_id_env`, `secret_access_key_env`, `session_token_env` | `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN` | environment variables holding the credentials (grant them in `env`) |
 //! | `prefix`, `dedup_check`, `max_pending_mib`, `prefetch_cache_mib` | | see `kvwasm_guest_support::remote` |
