@@ -202,6 +202,23 @@ impl RunningProbe {
     }
 }
 
+/// A probe's `open` was refused promptly, its log names every one of
+/// `reasons`, and `secret` appears nowhere in it.
+pub fn assert_open_refused(
+    run: (Vec<String>, String),
+    took: std::time::Duration,
+    reasons: &[&str],
+    secret: &str,
+) {
+    let (out, stderr) = run;
+    assert_eq!(out, ["open NULL"], "{stderr}");
+    for reason in reasons {
+        assert!(stderr.contains(reason), "{reason:?} missing: {stderr}");
+    }
+    assert!(!stderr.contains(secret), "the secret was logged: {stderr}");
+    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
+}
+
 /// Write a config file into `dir` and return its path.
 pub fn write_config(dir: &Path, text: &str) -> PathBuf {
     let path = dir.join("kvwasm.toml");
