@@ -152,6 +152,52 @@ fn batched_dedup_saves_in_three_round_trips() {
 }
 
 #[test]
+fn an_acl_user_and_a_database_index_are_honoured() {
+    let server = RedisServer::start();
+    // A user that may touch kvwasm's keys only, with a password of its own.
+    let acl = server.cli(&[
+        "ACL",
+        "SETUSER",
+        "kvcache",
+        "on",
+        ">user-secret",
+        "~kvwasm/*",
+        "+@all",
+    ]);
+    assert_eq!(acl.trim(), "OK");
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, true, "user = \"kvcache\"\ndb = 3\n");
+    let (out, stderr) = Probe::new(PROBE, "wasm://redis/ns")
+        .config(&config)
+        .env(PASSWORD_VAR, "user-secret")
+        .run(&["put-manifest:m=in db 3", "get-manifest:m"]);
+    assert_eq!(
+        out,
+        [
+            "open ok",
+            "put-manifest m=in db 3 -> 0",
+            "get-manifest m -> 0 in db 3"
+        ],
+        "{stderr}"
+    );
+    assert_eq!(
+        server
+            .cli(&["-n", "3", "GET", "kvwasm/ns/manifests/m"])
+            .trim(),
+        "in db 3"
+    );
+    assert_eq!(server.cli(&["-n", "0", "DBSIZE"]).trim(), "0");
+
+    // The user's password is its own: the default user's is refused for it.
+    let run = Probe::new(PROBE, "wasm://redis/ns")
+        .config(&config)
+        .env(PASSWORD_VAR, server.password.as_deref().unwrap())
+        .run(&["get-manifest:m"]);
+    assert_eq!(run.0, ["open NULL"], "{}", run.1);
+    assert!(run.1.contains("WRONGPASS"), "{}", run.1);
+}
+
+#[test]
 fn a_wrong_password_fails_the_open_with_the_servers_reason() {
     let server = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
