@@ -46,12 +46,13 @@ impl Method {
     }
 }
 
-/// One request: `path` is already percent-encoded.
-pub(crate) struct Request {
+/// One request: `path` is already percent-encoded. The body is borrowed
+/// (a staged chunk is written from where it is staged, not copied again).
+pub(crate) struct Request<'a> {
     pub(crate) method: Method,
     pub(crate) path: String,
     pub(crate) query: String,
-    pub(crate) body: Vec<u8>,
+    pub(crate) body: &'a [u8],
 }
 
 /// A response with its whole body.
@@ -163,7 +164,7 @@ impl Client {
     /// the responses in order, all within one `timeout_ms`. Fails as a
     /// whole if any request cannot be completed (refused, unreachable, too
     /// late).
-    pub(crate) fn send_all(&self, requests: Vec<Request>) -> Result<Vec<Response>> {
+    pub(crate) fn send_all(&self, requests: Vec<Request<'_>>) -> Result<Vec<Response>> {
         let mut responses = Vec::with_capacity(requests.len());
         let mut requests = requests.into_iter().peekable();
         let deadline = monotonic_clock::now() + nanos(self.timeout);
@@ -181,7 +182,7 @@ impl Client {
     }
 
     /// Sign and send one request, writing its body.
-    fn start(&self, request: Request, deadline: u64) -> Result<FutureIncomingResponse> {
+    fn start(&self, request: Request<'_>, deadline: u64) -> Result<FutureIncomingResponse> {
         let method = request.method.as_str();
         let path_and_query = if request.query.is_empty() {
             request.path
@@ -229,7 +230,7 @@ impl Client {
         let _ = options.set_between_bytes_timeout(per_wait);
         let future = outgoing_handler::handle(outgoing, Some(options))
             .map_err(|e| transport_error(method, &self.origin, &e))?;
-        self.write_body(&body, &request.body, deadline)?;
+        self.write_body(&body, request.body, deadline)?;
         OutgoingBody::finish(body, None).map_err(|e| transport_error(method, &self.origin, &e))?;
         Ok(future)
     }

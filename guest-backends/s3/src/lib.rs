@@ -48,12 +48,12 @@ struct S3 {
 }
 
 impl S3 {
-    fn request(&self, method: Method, key: &str, body: &[u8]) -> Request {
+    fn request<'a>(&self, method: Method, key: &str, body: &'a [u8]) -> Request<'a> {
         Request {
             method,
             path: format!("/{}/{}", self.bucket, http::encode_key(key)),
             query: String::new(),
-            body: body.to_vec(),
+            body,
         }
     }
 
@@ -75,7 +75,7 @@ impl Remote for S3 {
             method: Method::Get,
             path: format!("/{}", s3.bucket),
             query: "list-type=2&max-keys=1".into(),
-            body: Vec::new(),
+            body: &[],
         };
         let response = s3.client.send_all(vec![probe])?.remove(0);
         match response.status {
