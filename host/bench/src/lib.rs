@@ -140,33 +140,20 @@ pub fn run(plan: &Plan) -> Result<Results, String> {
         reps: plan.reps,
         quick: plan.quick,
         sections: plan.sections.clone(),
-        throughput: if on(Section::Throughput) {
-            w.throughput()?
-        } else {
-            Vec::new()
-        },
-        save_restore: if on(Section::SaveRestore) {
-            w.save_restore()?
-        } else {
-            Vec::new()
-        },
-        small_call: on(Section::SmallCall).then(|| w.small_call()).transpose()?,
-        threads: if on(Section::Threads) {
-            w.threads()?
-        } else {
-            Vec::new()
-        },
-        open: if on(Section::Open) {
-            w.open_latency()?
-        } else {
-            Vec::new()
-        },
-        memory_per_handle: on(Section::Memory)
-            .then(|| w.memory_per_handle())
-            .transpose()?,
+        throughput: when(on(Section::Throughput), || w.throughput())?,
+        save_restore: when(on(Section::SaveRestore), || w.save_restore())?,
+        small_call: when(on(Section::SmallCall), || w.small_call().map(Some))?,
+        threads: when(on(Section::Threads), || w.threads())?,
+        open: when(on(Section::Open), || w.open_latency())?,
+        memory_per_handle: when(on(Section::Memory), || w.memory_per_handle().map(Some))?,
     };
     w.finish();
     Ok(results)
+}
+
+/// Run a section if it was asked for; an empty result if not.
+fn when<T: Default>(wanted: bool, run: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    if wanted { run() } else { Ok(T::default()) }
 }
 
 /// A pause between phases lets writeback from the previous one settle.

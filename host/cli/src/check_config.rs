@@ -50,43 +50,13 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
             backend.source, c.size, c.sha256
         );
         let g = &backend.grants;
-        let none = || println!("             (none)");
-        println!("  dirs");
-        g.dirs
-            .iter()
-            .for_each(|d| println!("             {}", d.describe()));
-        if g.dirs.is_empty() {
-            none();
-        }
-        println!("  net");
-        g.net
-            .describe()
-            .iter()
-            .for_each(|l| println!("             {l}"));
-        println!("  http");
-        g.http
-            .origins
-            .iter()
-            .for_each(|o| println!("             {o}"));
-        if g.http.origins.is_empty() {
-            none();
-        }
-        println!("  env");
-        g.env
-            .describe()
-            .iter()
-            .for_each(|l| println!("             {l}"));
-        if g.env.names.is_empty() {
-            none();
-        }
-        println!("  settings");
-        g.settings
-            .describe()
-            .iter()
-            .for_each(|l| println!("             {l}"));
-        if g.settings.values.is_empty() {
-            none();
-        }
+        let dirs: Vec<String> = g.dirs.iter().map(|d| d.describe()).collect();
+        let origins: Vec<String> = g.http.origins.iter().map(|o| o.to_string()).collect();
+        grant("dirs", &dirs);
+        grant("net", &g.net.describe());
+        grant("http", &origins);
+        grant("env", &g.env.describe());
+        grant("settings", &g.settings.describe());
         println!("  limits     {}", limits(&backend.limits));
         println!(
             "             max instances per handle {}, max concurrent calls {}",
@@ -115,4 +85,15 @@ fn limits(l: &Limits) -> String {
         "memory {} MiB, call deadline {} ms, max payload {} MiB{fuel}",
         l.memory_limit_mib, l.call_timeout_ms, l.max_payload_mib
     )
+}
+
+/// One grant's lines under its title, or `(none)`.
+fn grant(title: &str, lines: &[String]) {
+    println!("  {title}");
+    if lines.is_empty() {
+        println!("             (none)");
+    }
+    for line in lines {
+        println!("             {line}");
+    }
 }
