@@ -6,16 +6,24 @@
 //! reason logged to stderr. Log level: `KVWASM_LOG` (default `warn`; a miss
 //! on `get_*` is logged at `debug`).
 //!
-//! The handle given to the consumer is a boxed `Arc<StoreHandle>` (handles
-//! on an in-memory backend share one store); it is `Sync`, so the consumer
-//! may call it from many threads at once.
+//! The `kv_store_v1 *` given to the consumer is a number, not an address:
+//! the key of the handle in a process-wide [`registry`]. Every call looks it
+//! up, so a closed, never-opened or garbage handle is refused with `-10`
+//! rather than dereferenced, and `close` while other threads are in calls
+//! on the same handle is safe: calls hold the handle until they return, and
+//! `close` waits for them (up to the handle's call deadline).
+//!
+//! Log lines about failed calls are rate-limited per operation and code
+//! (`kvwasm_host::log_limit`): a guest that fails every call cannot flood
+//! the consumer's log.
+
+mod registry;
 
 use std::ffi::{CStr, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 
 use kv_store_abi::{KvStore, VERSION_PREFETCH, Vtable};
-use kvwasm_host::{KvError, MallocBuffer, StoreHandle};
+use kvwasm_host::{KvError, MallocBuffer};
 
 static VTABLE: Vtable = Vtable {
     version: VERSION_PREFETCH,
@@ -43,8 +51,8 @@ fn entry(op: &'static str, body: impl FnOnce() -> Result<i32, KvError>) -> i32 {
         Ok(Err(err)) => {
             if err.is_miss() {
                 tracing::debug!(op, code = err.code(), "{err}");
-            } else {
-                tracing::warn!(op, code = err.code(), "{err}");
+            } else if let Some(suppressed) = kvwasm_host::log_limit::admit((op, err.code())) {
+                tracing::warn!(op, code = err.code(), suppressed, "{err}");
             }
             err.code()
         }
@@ -87,16 +95,10 @@ fn bad(what: impl Into<String>) -> KvError {
     KvError::BadInput(what.into())
 }
 
-/// The handle behind a `kv_store_v1 *`.
-///
-/// # Safety
-/// `ptr` is NULL or a pointer returned by `open` and not yet closed.
-unsafe fn handle<'a>(ptr: *mut KvStore) -> Result<&'a StoreHandle, KvError> {
-    // SAFETY: per the contract above.
-    unsafe { ptr.cast::<Arc<StoreHandle>>().as_ref() }
-        .map(|h| &**h)
-        .ok_or_else(|| bad("NULL handle"))
-}
+/// Most bytes in one hash (the WIT contract: 1 to 64).
+const MAX_HASH_LEN: usize = 64;
+/// Most hashes in one `prefetch_chunks` call.
+const MAX_PREFETCH_HASHES: usize = 1 << 20;
 
 /// A borrowed input buffer: NULL is allowed only with length 0.
 ///
@@ -114,14 +116,20 @@ unsafe fn bytes<'a>(ptr: *const u8, len: usize, what: &str) -> Result<&'a [u8], 
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
-/// A hash: non-NULL, non-empty.
+/// `hash_len` within 1..=[`MAX_HASH_LEN`].
+fn hash_len_ok(len: usize) -> Result<(), KvError> {
+    if len == 0 || len > MAX_HASH_LEN {
+        return Err(bad(format!("hash_len {len} is outside 1..={MAX_HASH_LEN}")));
+    }
+    Ok(())
+}
+
+/// A hash: non-NULL, 1 to 64 bytes.
 ///
 /// # Safety
 /// As [`bytes`].
 unsafe fn hash<'a>(ptr: *const u8, len: usize) -> Result<&'a [u8], KvError> {
-    if len == 0 {
-        return Err(bad("hash_len is 0"));
-    }
+    hash_len_ok(len)?;
     // SAFETY: forwarded.
     unsafe { bytes(ptr, len, "hash") }
 }
@@ -184,7 +192,7 @@ unsafe extern "C" fn open(uri: *const c_char) -> *mut KvStore {
             .map_err(|_| bad("URI is not valid UTF-8"))?;
         let handle =
             kvwasm_host::open(uri).map_err(|e| KvError::Host(format!("open {uri:?}: {e}")))?;
-        opened = Box::into_raw(Box::new(handle)).cast();
+        opened = registry::insert(handle);
         Ok(0)
     });
     opened
@@ -193,8 +201,7 @@ unsafe extern "C" fn open(uri: *const c_char) -> *mut KvStore {
 unsafe extern "C" fn close(store: *mut KvStore) {
     entry("close", || {
         if !store.is_null() {
-            // SAFETY: `store` came from `open` and is closed exactly once.
-            drop(unsafe { Box::from_raw(store.cast::<Arc<StoreHandle>>()) });
+            registry::close(store)?;
         }
         Ok(0)
     });
@@ -208,14 +215,9 @@ unsafe extern "C" fn put_chunk(
     data_len: usize,
 ) -> i32 {
     entry("put_chunk", || {
+        let store = registry::get(store)?;
         // SAFETY: the ABI's pointer contract, checked by the helpers.
-        let (store, key, data) = unsafe {
-            (
-                handle(store)?,
-                hash(hash_ptr, hash_len)?,
-                bytes(data, data_len, "data")?,
-            )
-        };
+        let (key, data) = unsafe { (hash(hash_ptr, hash_len)?, bytes(data, data_len, "data")?) };
         store.put_chunk(key, data).map(i32::from)
     })
 }
@@ -228,10 +230,11 @@ unsafe extern "C" fn get_chunk(
     out_len: *mut usize,
 ) -> i32 {
     entry("get_chunk", || {
+        let store = registry::get(store)?;
         // SAFETY: as above.
         unsafe {
             out_params(out, out_len)?;
-            let buffer = handle(store)?.get_chunk(hash(hash_ptr, hash_len)?)?;
+            let buffer = store.get_chunk(hash(hash_ptr, hash_len)?)?;
             Ok(deliver(buffer, out, out_len))
         }
     })
@@ -244,14 +247,9 @@ unsafe extern "C" fn put_manifest(
     data_len: usize,
 ) -> i32 {
     entry("put_manifest", || {
+        let store = registry::get(store)?;
         // SAFETY: as above.
-        let (store, name, data) = unsafe {
-            (
-                handle(store)?,
-                name(name_ptr)?,
-                bytes(data, data_len, "data")?,
-            )
-        };
+        let (name, data) = unsafe { (name(name_ptr)?, bytes(data, data_len, "data")?) };
         store.put_manifest(name, data).map(|()| 0)
     })
 }
@@ -263,10 +261,11 @@ unsafe extern "C" fn get_manifest(
     out_len: *mut usize,
 ) -> i32 {
     entry("get_manifest", || {
+        let store = registry::get(store)?;
         // SAFETY: as above.
         unsafe {
             out_params(out, out_len)?;
-            let buffer = handle(store)?.get_manifest(name(name_ptr)?)?;
+            let buffer = store.get_manifest(name(name_ptr)?)?;
             Ok(deliver(buffer, out, out_len))
         }
     })
@@ -274,8 +273,9 @@ unsafe extern "C" fn get_manifest(
 
 unsafe extern "C" fn delete_manifest(store: *mut KvStore, name_ptr: *const c_char) -> i32 {
     entry("delete_manifest", || {
+        let store = registry::get(store)?;
         // SAFETY: as above.
-        let (store, name) = unsafe { (handle(store)?, name(name_ptr)?) };
+        let name = unsafe { name(name_ptr)? };
         store.delete_manifest(name).map(|()| 0)
     })
 }
@@ -287,13 +287,15 @@ unsafe extern "C" fn prefetch_chunks(
     n_hashes: usize,
 ) -> i32 {
     entry("prefetch_chunks", || {
-        // SAFETY: as above.
-        let store = unsafe { handle(store)? };
+        let store = registry::get(store)?;
         if n_hashes == 0 {
             return Ok(0);
         }
-        if hash_len == 0 {
-            return Err(bad("hash_len is 0"));
+        hash_len_ok(hash_len)?;
+        if n_hashes > MAX_PREFETCH_HASHES {
+            return Err(bad(format!(
+                "{n_hashes} hashes exceed the limit of {MAX_PREFETCH_HASHES} per prefetch"
+            )));
         }
         let total = hash_len
             .checked_mul(n_hashes)

@@ -269,3 +269,76 @@ fn names_with_nul_are_rejected_by_the_backend() {
         "only chunks/ exists"
     );
 }
+
+#[test]
+fn garbage_closed_and_double_closed_handles_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let vt = shim().vtable();
+    let name = CString::new("m").unwrap();
+    let (mut out, mut out_len) = (ptr::null_mut::<u8>(), 0usize);
+    let store = open_fs(dir.path());
+    let closed = store.as_ptr();
+    std::mem::forget(store);
+    // SAFETY: deliberately hostile handles; the shim must refuse each
+    // without dereferencing it.
+    unsafe {
+        (vt.close.unwrap())(closed);
+        let get_manifest = vt.get_manifest.unwrap();
+        assert_eq!(
+            get_manifest(closed, name.as_ptr(), &mut out, &mut out_len),
+            -10
+        );
+        for garbage in [1usize, 8, 0xdead_beef, usize::MAX & !15, 16 << 40] {
+            assert_eq!(
+                get_manifest(garbage as *mut _, name.as_ptr(), &mut out, &mut out_len),
+                -10,
+                "{garbage:#x}"
+            );
+        }
+        // A second close of the same handle is refused, not a double free.
+        (vt.close.unwrap())(closed);
+    }
+}
+
+#[test]
+fn oversized_hashes_and_prefetch_lists_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_fs(dir.path());
+    let vt = shim().vtable();
+    let h = store.as_ptr();
+    let data = [1u8; 128];
+    let (mut out, mut out_len) = (ptr::null_mut::<u8>(), 0usize);
+    // SAFETY: lengths past the contract; the shim must refuse them before
+    // reading anything.
+    unsafe {
+        let prefetch = vt.prefetch_chunks.unwrap();
+        assert_eq!(prefetch(h, data.as_ptr(), 65, 1), -10, "hash_len 65");
+        assert_eq!(prefetch(h, data.as_ptr(), 8, 1 << 21), -10, "2M hashes");
+        assert_eq!(
+            prefetch(h, data.as_ptr(), 64, usize::MAX / 32),
+            -10,
+            "n × len overflows"
+        );
+        assert_eq!(
+            (vt.get_chunk.unwrap())(h, data.as_ptr(), 65, &mut out, &mut out_len),
+            -10
+        );
+        assert_eq!(
+            prefetch(h, data.as_ptr(), 64, 2),
+            0,
+            "64 bytes is the largest hash"
+        );
+    }
+}
+
+#[test]
+fn a_directory_written_with_two_slashes_gets_a_hint() {
+    // `wasm://dev/shm/x` reads as backend `dev`; /dev exists, so the
+    // consumer most likely meant the directory.
+    let (out, err) = Probe::new(PROBE, "wasm://dev/shm/kvwasm-hint").run(&[]);
+    assert_eq!(out, ["open NULL"]);
+    assert!(
+        err.contains("did you mean wasm:///dev/shm/kvwasm-hint"),
+        "{err}"
+    );
+}

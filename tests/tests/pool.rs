@@ -112,3 +112,37 @@ fn in_memory_handles_share_a_store_per_namespace_until_the_last_closes() {
         "gone with the last handle"
     );
 }
+
+/// Item 8 of the hardening issue: an instance holding unflushed chunks
+/// traps while another thread's `put_manifest` waits to flush it. The
+/// manifest must not be published naming the lost chunk. Repeated, so a
+/// regression shows.
+#[test]
+fn a_manifest_is_never_published_over_chunks_lost_in_a_trap() {
+    for round in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = buffered_backend(dir.path(), 4);
+        let handle = StoreHandle::open(backend.clone(), "").unwrap();
+        // The chunk lands, unflushed, in the one instance there is.
+        assert!(!handle.put_chunk(b"chunk-1", b"payload").unwrap());
+        assert_eq!(handle.live_instances(), 1);
+        std::thread::scope(|s| {
+            // That instance sleeps in a get, then traps.
+            let trap = s.spawn(|| handle.get_chunk(b"sleep-then-trap"));
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            // Meanwhile the manifest waits for it, to flush it.
+            let published = handle.put_manifest("m", b"names chunk-1");
+            assert!(trap.join().unwrap().is_err());
+            assert!(
+                published.is_err(),
+                "round {round}: a manifest was published naming a chunk lost in a trap"
+            );
+        });
+        let reader = StoreHandle::open(backend, "").unwrap();
+        assert!(reader.get_manifest("m").is_err(), "round {round}");
+        // Put again, the save succeeds.
+        assert!(!handle.put_chunk(b"chunk-1", b"payload").unwrap());
+        handle.put_manifest("m", b"names chunk-1").unwrap();
+        assert_eq!(reader.get_chunk(b"chunk-1").unwrap().as_slice(), b"payload");
+    }
+}

@@ -1,5 +1,8 @@
-//! In-memory backend: each handle owns its own maps, gone when it closes.
-//! For tests and development; bounded by the guest's memory limit.
+//! In-memory backend: the maps live in the one instance serving a
+//! namespace (`shared-state: false`); the host shares that instance among
+//! the handles open on the same backend and namespace, and the data is gone
+//! when the last of them closes. For tests and development; bounded by the
+//! guest's memory limit.
 
 use std::cell::RefCell;
 use std::collections::HashMap;

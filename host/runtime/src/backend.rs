@@ -2,12 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
 
 use wasmtime_wasi_config::WasiConfigVariables;
 
 use crate::capabilities::Grants;
 use crate::component::{ComponentSource, LoadedComponent};
+use crate::deadline::Deadline;
 use crate::error::KvError;
 use crate::limits::Limits;
 use crate::metrics::BackendMetrics;
@@ -82,16 +82,15 @@ impl Backend {
         self.tenant_limits.get(tenant).unwrap_or(&self.limits)
     }
 
-    /// Wait (at most `patience`) for a slot under `max_concurrent_calls`.
-    pub(crate) fn enter_call(&self, patience: Duration) -> Result<CallSlot<'_>, KvError> {
+    /// Wait (until `deadline`) for a slot under `max_concurrent_calls`.
+    pub(crate) fn enter_call(&self, deadline: Deadline) -> Result<CallSlot<'_>, KvError> {
         let Some(max) = self.max_concurrent_calls else {
             return Ok(CallSlot { gate: None });
         };
         let gate = &self.calls_in_flight;
-        let deadline = Instant::now() + patience;
         let mut in_flight = gate.count.lock().unwrap_or_else(|p| p.into_inner());
         while *in_flight >= max {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.remaining();
             if left.is_zero() {
                 return Err(KvError::Limit(format!(
                     "backend {:?} already runs its maximum of {max} concurrent calls",
@@ -130,11 +129,10 @@ impl Drop for CallSlot<'_> {
     }
 }
 
-/// Default instances per handle: 4. A call blocks its instance for its
-/// whole I/O (done on the caller's thread), so more instances than cores
-/// still overlap work: on 2 cores, 4 instances let 4 threads reach 1.5–1.8×
-/// one thread where 2 reached 1.3–1.4×. An idle instance costs ~24 KiB
-/// resident, and instances start only when calls overlap.
+/// Default instances per handle: 4. A call holds its instance for its whole
+/// I/O (done on the caller's thread), so more instances than cores still
+/// overlap work (docs/benchmarks.md, thread scaling). Instances start only
+/// when calls overlap.
 pub fn default_max_instances() -> usize {
     4
 }

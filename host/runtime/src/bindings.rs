@@ -2,7 +2,9 @@
 //!
 //! WASI types are shared with wasmtime-wasi so a guest's
 //! `wasi:filesystem` descriptor can be handed to `payload-io`, and the
-//! `payload` resource is backed by [`crate::payload::Payload`].
+//! `payload` resource is backed by [`crate::payload::Payload`]. The
+//! conversion of a guest's error into a [`KvError`] lives here, so that
+//! `error` depends on nothing.
 
 wasmtime::component::bindgen!({
     path: "../../wit",
@@ -13,8 +15,37 @@ wasmtime::component::bindgen!({
         "wasi:filesystem": wasmtime_wasi::p2::bindings::filesystem,
         "kvwasm:kv-store/types.payload": crate::payload::Payload,
     },
+    // kvwasm's own imports never wait, so they stay synchronous; calls into
+    // the guest are futures (see `crate::deadline`).
     imports: { default: trappable },
+    exports: { default: async },
     require_store_data_send: true,
 });
 
 pub use exports::kvwasm::kv_store::store::{BackendInfo, PutOutcome};
+
+use crate::error::KvError;
+use crate::log_limit::bounded;
+use kvwasm::kv_store::types::Error as GuestError;
+
+impl From<GuestError> for KvError {
+    /// A guest's error, its message cut to a bounded length: the guest
+    /// chooses it, and it ends up in the consumer's log.
+    fn from(e: GuestError) -> KvError {
+        match e {
+            GuestError::NotFound => KvError::NotFound,
+            GuestError::InvalidArgument(m) => KvError::InvalidArgument(bounded(m)),
+            GuestError::Denied(m) => KvError::Denied(bounded(m)),
+            GuestError::Io(m) => KvError::Io(bounded(m)),
+            GuestError::Unavailable(m) => KvError::Unavailable(bounded(m)),
+            GuestError::Other(m) => KvError::Other(bounded(m)),
+        }
+    }
+}
+
+/// Any backend's exports, typed. (The generated name comes from the WIT
+/// world used to generate the host side; every backend world exports the
+/// same `store` interface, so this serves them all.)
+pub(crate) type BackendExports = FilesystemBackend;
+/// [`BackendExports`] pre-linked against the host, ready to instantiate.
+pub(crate) type BackendExportsPre<T> = FilesystemBackendPre<T>;

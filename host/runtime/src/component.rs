@@ -8,7 +8,7 @@ use wasmtime::component::{HasSelf, Linker};
 
 use crate::artifact_cache::{self, Origin};
 use crate::bindings::kvwasm::kv_store::{payload_io, types};
-use crate::bindings::{BackendInfo, FilesystemBackendPre};
+use crate::bindings::{BackendExportsPre, BackendInfo};
 use crate::engine::{Metering, engine, engine_for};
 use crate::state::HostState;
 
@@ -103,7 +103,7 @@ pub struct LoadedComponent {
     pub size: usize,
     /// How the compiled code was obtained.
     pub origin: Origin,
-    pub(crate) pre: FilesystemBackendPre<HostState>,
+    pub(crate) pre: BackendExportsPre<HostState>,
     /// What the guest says about itself; asked once, on first instantiation.
     pub(crate) info: OnceLock<BackendInfo>,
     /// The engine the code was compiled for.
@@ -141,7 +141,7 @@ impl LoadedComponent {
         let engine = engine_for(metering);
         let (component, origin) = artifact_cache::load(engine, &bytes, &hash)?;
         let pre = linker(metering)?.instantiate_pre(&component)?;
-        let pre = FilesystemBackendPre::new(pre).map_err(|e| {
+        let pre = BackendExportsPre::new(pre).map_err(|e| {
             wasmtime::format_err!(
                 "{source} is not a kv-store backend (it must export kvwasm:kv-store/store): {e}"
             )
@@ -226,8 +226,9 @@ fn hex_string(bytes: &[u8]) -> String {
 
 /// Everything a backend may import: WASI 0.2, wasi:http and wasi:config
 /// (each capability inert unless granted in its context) and the kv-store
-/// host interfaces.
-/// Built once.
+/// host interfaces; WASI with kvwasm's guards in place of the functions
+/// that could block or escape (`capabilities::dirs::add_guards_to_linker`).
+/// Built once per engine.
 fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
     static LINKERS: [OnceLock<Linker<HostState>>; 2] = [OnceLock::new(), OnceLock::new()];
     let slot = &LINKERS[metering as usize];
@@ -235,12 +236,13 @@ fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
         return Ok(linker);
     }
     let mut linker = Linker::new(engine_for(metering));
-    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
-    wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker)?;
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     payload_io::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     wasmtime_wasi_config::add_to_linker(&mut linker, |s: &mut HostState| {
         wasmtime_wasi_config::WasiConfig::from(&*s.settings)
     })?;
+    crate::capabilities::dirs::add_guards_to_linker(&mut linker)?;
     Ok(slot.get_or_init(|| linker))
 }

@@ -17,6 +17,7 @@
 //! call_timeout_ms = 30000
 //! max_payload_mib = 1024
 //! fuel = 50000000                   # optional: instructions per call (metered engine)
+//! max_resources = 1024              # files, sockets, payloads... one instance may hold
 //!
 //! [backends.acme.tenants.alice]     # limits for wasm://acme/alice/...
 //! memory_limit_mib = 64
@@ -36,14 +37,13 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use crate::backend::{Backend, default_max_instances};
+use crate::capabilities::dirs::DirConfig;
 use crate::capabilities::http::Origin;
 use crate::capabilities::settings::SettingValue;
-use crate::capabilities::{
-    DATA_DIR, DirGrant, EnvGrant, Grants, HttpGrant, NetGrant, SettingsGrant,
-};
+use crate::capabilities::{DATA_DIR, EnvGrant, Grants, HttpGrant, NetGrant, SettingsGrant};
 use crate::component::{ComponentSource, LoadedComponent};
 use crate::engine::Metering;
-use crate::limits::Limits;
+use crate::limits::{Limits, LimitsConfig};
 
 /// Environment variable naming the config file.
 pub const CONFIG_ENV: &str = "KVWASM_CONFIG";
@@ -108,51 +108,11 @@ pub struct BackendConfig {
     pub max_payload_mib: Option<u64>,
     /// Fuel per call (enables metering for this backend).
     pub fuel: Option<u64>,
+    /// Resources (files, sockets, payloads...) one instance may hold.
+    pub max_resources: Option<usize>,
     /// Limits for tenants (the first component of the namespace).
     #[serde(default)]
     pub tenants: BTreeMap<String, LimitsConfig>,
-}
-
-/// One entry of `dirs`.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct DirConfig {
-    pub host: PathBuf,
-    /// Guest path (default `/data`).
-    #[serde(default = "default_guest_dir")]
-    pub guest: String,
-    #[serde(default)]
-    pub read_only: bool,
-}
-
-fn default_guest_dir() -> String {
-    DATA_DIR.to_owned()
-}
-
-/// Limits a backend or tenant may set; unset values fall back.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsConfig {
-    /// Linear memory cap per instance, MiB.
-    pub memory_limit_mib: Option<u64>,
-    /// Deadline for one call, ms.
-    pub call_timeout_ms: Option<u64>,
-    /// Largest payload a guest may return, MiB.
-    pub max_payload_mib: Option<u64>,
-    /// Fuel per call.
-    pub fuel: Option<u64>,
-}
-
-impl LimitsConfig {
-    /// These settings over `base`.
-    fn over(&self, base: &Limits) -> Limits {
-        Limits {
-            memory_limit_mib: self.memory_limit_mib.unwrap_or(base.memory_limit_mib),
-            call_timeout_ms: self.call_timeout_ms.unwrap_or(base.call_timeout_ms),
-            max_payload_mib: self.max_payload_mib.unwrap_or(base.max_payload_mib),
-            fuel: self.fuel.or(base.fuel),
-        }
-    }
 }
 
 impl Config {
@@ -231,14 +191,10 @@ impl Config {
             guest: DATA_DIR.to_owned(),
             read_only: spec.read_only,
         });
-        let mut dirs = Vec::new();
-        for d in shorthand.chain(spec.dirs.iter().cloned()) {
-            dirs.push(DirGrant {
-                host: self.base_dir.join(&d.host),
-                guest: d.guest,
-                read_only: d.read_only,
-            });
-        }
+        let dirs = shorthand
+            .chain(spec.dirs.iter().cloned())
+            .map(|d| d.grant(&self.base_dir))
+            .collect();
         let origins = spec
             .http
             .iter()
@@ -273,7 +229,7 @@ impl Config {
         let component = LoadedComponent::load(&source)
             .map_err(|e| format!("cannot load the embedded fs backend: {e:#}"))?;
         let grants = Grants {
-            dirs: vec![DirGrant {
+            dirs: vec![crate::capabilities::DirGrant {
                 host: dir.to_owned(),
                 guest: DATA_DIR.to_owned(),
                 read_only: false,
@@ -301,6 +257,7 @@ impl BackendConfig {
             call_timeout_ms: self.call_timeout_ms,
             max_payload_mib: self.max_payload_mib,
             fuel: self.fuel,
+            max_resources: self.max_resources,
         }
         .over(&Limits::default())
     }

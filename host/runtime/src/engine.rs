@@ -6,6 +6,10 @@
 //! artifact cache key includes the engine's compatibility hash). The ticker
 //! thread that drives call deadlines starts with each engine and lives as
 //! long as the process.
+//!
+//! Guests are called asynchronously (wasmtime's `async` feature; every call
+//! runs on a fiber) so that a deadline can abandon a guest blocked in a host
+//! import: see [`crate::deadline`].
 
 use std::sync::OnceLock;
 
@@ -47,6 +51,16 @@ fn config(metering: Metering) -> Config {
     config.epoch_interruption(true);
     config.consume_fuel(metering == Metering::Fuel);
     config.cranelift_opt_level(OptLevel::Speed);
+    // Proposals no shipped guest uses are off: each is attack surface, and
+    // multi-memory would let one core module hold many linear memories.
+    // (The instance's total memory is capped by `limits` either way.)
+    config.wasm_multi_memory(false);
+    config.wasm_memory64(false);
+    config.wasm_tail_call(false);
+    config.wasm_relaxed_simd(false);
+    config.wasm_extended_const(false);
+    config.wasm_wide_arithmetic(false);
+    config.wasm_custom_page_sizes(false);
     config
 }
 

@@ -1,7 +1,5 @@
 //! Errors of a kv-store call and their C return codes.
 
-use crate::bindings::kvwasm::kv_store::types::Error as GuestError;
-
 /// Why a call on a store failed. [`KvError::code`] is what the C ABI returns.
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {
@@ -64,18 +62,5 @@ impl KvError {
 
     pub(crate) fn host(context: &str, err: impl std::fmt::Display) -> KvError {
         KvError::Host(format!("{context}: {err:#}"))
-    }
-}
-
-impl From<GuestError> for KvError {
-    fn from(e: GuestError) -> KvError {
-        match e {
-            GuestError::NotFound => KvError::NotFound,
-            GuestError::InvalidArgument(m) => KvError::InvalidArgument(m),
-            GuestError::Denied(m) => KvError::Denied(m),
-            GuestError::Io(m) => KvError::Io(m),
-            GuestError::Unavailable(m) => KvError::Unavailable(m),
-            GuestError::Other(m) => KvError::Other(m),
-        }
     }
 }

@@ -2,7 +2,8 @@
 //! with the backend), and the last few lines are kept so that when the guest
 //! traps, the error can quote its last words, typically a Rust panic
 //! message. Writes never fail or block: a chatty guest costs host CPU, never
-//! a trap.
+//! a trap, and its lines reach the log at most once a second per backend
+//! (the rest are counted).
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -48,7 +49,12 @@ impl GuestStderr {
                 if line.trim().is_empty() {
                     continue;
                 }
-                tracing::debug!(backend = %self.backend, "guest stderr: {line}");
+                if tracing::enabled!(tracing::Level::DEBUG)
+                    && let Some(suppressed) =
+                        crate::log_limit::admit(("guest stderr", &*self.backend))
+                {
+                    tracing::debug!(backend = %self.backend, suppressed, "guest stderr: {line}");
+                }
                 if lines.last.len() == KEPT_LINES {
                     lines.last.pop_front();
                 }

@@ -4,11 +4,13 @@
 //! [`open`] turns a `wasm://` URI into a [`StoreHandle`] whose methods are
 //! the kv_store_v1 operations. Layers, bottom up:
 //!
-//! * [`engine`] — the one wasmtime engine per process and its deadline clock;
+//! * [`engine`] — the one wasmtime engine per process and its epoch clock;
+//! * [`deadline`] — one deadline per operation, held whatever the guest does;
 //! * [`artifact_cache`] — precompiled components on disk;
 //! * [`component`] — compiled, pre-linked components shared in the process;
 //! * [`capabilities`] and [`limits`] — what a guest may reach and use;
 //! * [`metrics`] — per-backend counters, served as Prometheus text;
+//! * [`log_limit`] — guest-supplied text and repeated warnings, bounded;
 //! * `payload` — host-owned buffers that carry bytes without copying;
 //! * `instance` — one guest instance and typed, deadline-bound calls;
 //! * [`handle`] — an open store: a pool of instances, safe from many threads;
@@ -20,12 +22,14 @@ mod bindings;
 pub mod capabilities;
 pub mod component;
 pub mod config;
+pub mod deadline;
 pub mod engine;
 mod error;
 mod guest_log;
 pub mod handle;
 mod instance;
 pub mod limits;
+pub mod log_limit;
 pub mod metrics;
 mod payload;
 mod state;
@@ -49,8 +53,9 @@ pub fn open(uri: &str) -> Result<Arc<StoreHandle>, KvError> {
             handle::open_shared(Arc::new(backend), "")
         }
         uri::Target::Named { backend, namespace } => {
-            let path = config::locate().map_err(KvError::Host)?;
-            let backend = config::cached_backend(&path, &backend).map_err(KvError::Host)?;
+            let hint = |e: String| KvError::Host(e + &uri::directory_hint(&backend, &namespace));
+            let path = config::locate().map_err(hint)?;
+            let backend = config::cached_backend(&path, &backend).map_err(hint)?;
             handle::open_shared(backend, &namespace)
         }
     }

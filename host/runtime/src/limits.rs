@@ -1,12 +1,19 @@
-//! Resource limits of one guest instance, and the deadline clock.
+//! Resource limits of one guest instance, and the epoch clock.
 //!
-//! Deadlines use epoch interruption: one process-wide thread bumps the
+//! Wasm code is interrupted by epochs: one process-wide thread bumps the
 //! engine's epoch every [`EPOCH_TICK`], and each call arms its store's
 //! deadline in ticks. A guest that loops traps with `Trap::Interrupt` at most
 //! one tick late; compiled code pays a cheap counter check on loop back-edges.
+//! (A guest waiting in a host import is bounded by [`crate::deadline`].)
+//!
+//! Memory: linear memories and tables count against one cap per instance,
+//! whatever number of them the component holds; host-owned payloads have a
+//! cap of their own; resources (files, sockets, payloads) are counted by the
+//! instance's resource table (`max_resources`).
 
 use std::time::Duration;
 
+use serde::Deserialize;
 use wasmtime::ResourceLimiter;
 
 /// Granularity of call deadlines.
@@ -24,6 +31,9 @@ pub struct Limits {
     /// Fuel (roughly, wasm instructions) one call may use; `None` for no
     /// metering. Backends that set it run on a metered engine.
     pub fuel: Option<u64>,
+    /// Most resources (files, sockets, payloads, pollables, HTTP requests...)
+    /// one instance may hold at once.
+    pub max_resources: usize,
 }
 
 impl Default for Limits {
@@ -33,17 +43,12 @@ impl Default for Limits {
             call_timeout_ms: 30_000,
             max_payload_mib: 1024,
             fuel: None,
+            max_resources: 1024,
         }
     }
 }
 
 impl Limits {
-    /// Deadline in epoch ticks (rounded up, at least one).
-    pub(crate) fn deadline_ticks(&self) -> u64 {
-        let tick = EPOCH_TICK.as_millis() as u64;
-        self.call_timeout_ms.div_ceil(tick).max(1)
-    }
-
     /// [`Limits::max_payload_mib`] in bytes.
     pub fn max_payload_bytes(&self) -> u64 {
         self.max_payload_mib.saturating_mul(1 << 20)
@@ -56,6 +61,7 @@ impl Limits {
                 .unwrap_or(usize::MAX),
             max_payload_bytes: self.max_payload_bytes(),
             payload_bytes_held: 0,
+            memory_held: 0,
             memory_denied: false,
         }
     }
@@ -71,6 +77,9 @@ impl Limits {
         if self.max_payload_mib == 0 {
             return Err("max_payload_mib must be at least 1".into());
         }
+        if self.max_resources < 16 {
+            return Err("max_resources must be at least 16".into());
+        }
         if self.fuel == Some(0) {
             return Err("fuel must be at least 1".into());
         }
@@ -78,16 +87,60 @@ impl Limits {
     }
 }
 
+/// Limits a backend or tenant may set; unset values fall back.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Linear memory cap per instance, MiB.
+    pub memory_limit_mib: Option<u64>,
+    /// Deadline for one call, ms.
+    pub call_timeout_ms: Option<u64>,
+    /// Largest payload a guest may return, MiB.
+    pub max_payload_mib: Option<u64>,
+    /// Fuel per call.
+    pub fuel: Option<u64>,
+    /// Resources one instance may hold.
+    pub max_resources: Option<usize>,
+}
+
+impl LimitsConfig {
+    /// These settings over `base`.
+    pub(crate) fn over(&self, base: &Limits) -> Limits {
+        Limits {
+            memory_limit_mib: self.memory_limit_mib.unwrap_or(base.memory_limit_mib),
+            call_timeout_ms: self.call_timeout_ms.unwrap_or(base.call_timeout_ms),
+            max_payload_mib: self.max_payload_mib.unwrap_or(base.max_payload_mib),
+            fuel: self.fuel.or(base.fuel),
+            max_resources: self.max_resources.unwrap_or(base.max_resources),
+        }
+    }
+}
+
+/// Most core instances, linear memories and tables one component instance
+/// may create. Every shipped guest needs one memory and a handful of
+/// instances and tables; each linear memory reserves address space (its
+/// guard region) whatever its size, so their number is capped too.
+const MAX_CORE_INSTANCES: usize = 64;
+const MAX_MEMORIES: usize = 4;
+const MAX_TABLES: usize = 64;
+/// Bytes charged per table element (a pointer-sized slot).
+const TABLE_ELEMENT_BYTES: usize = std::mem::size_of::<usize>();
+
 /// Limits enforced on one instance, and what was refused.
 pub(crate) struct InstanceLimits {
+    /// Cap on linear memories and tables together, over every core instance
+    /// inside the component (a component may hold many).
     memory_bytes: usize,
+    /// Bytes of linear memory and tables the instance holds now.
+    memory_held: usize,
     pub(crate) max_payload_bytes: u64,
     /// Bytes of host-owned payloads this instance holds now. Payload memory
     /// is host memory, outside the guest's cap, so it has a cap of its own:
     /// at most `max_payload_bytes` at once.
     payload_bytes_held: u64,
-    /// Set when the guest asked for memory past its cap. A trap that
-    /// follows is reported as out-of-memory rather than a bare abort.
+    /// Set when the guest asked for memory past its cap during the current
+    /// call. A trap that follows is reported as out-of-memory rather than a
+    /// bare abort; each call starts with it clear.
     pub(crate) memory_denied: bool,
 }
 
@@ -108,30 +161,134 @@ impl InstanceLimits {
     pub(crate) fn release_payload(&mut self, len: u64) {
         self.payload_bytes_held = self.payload_bytes_held.saturating_sub(len);
     }
+
+    /// Grow the instance's total from `current` to `desired` bytes of one
+    /// memory or table, if the cap allows.
+    fn grow(&mut self, current: usize, desired: usize) -> bool {
+        let after = self
+            .memory_held
+            .saturating_sub(current)
+            .saturating_add(desired);
+        if after > self.memory_bytes {
+            self.memory_denied = true;
+            return false;
+        }
+        self.memory_held = after;
+        true
+    }
 }
 
 impl ResourceLimiter for InstanceLimits {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         // Refuse rather than trap: the guest sees a failed allocation and may
         // recover (Rust's try_reserve does); a plain allocation aborts.
-        if desired > self.memory_bytes {
-            self.memory_denied = true;
-            return Ok(false);
-        }
-        Ok(true)
+        Ok(self.grow(current, desired))
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= 1 << 20)
+        Ok(self.grow(
+            current.saturating_mul(TABLE_ELEMENT_BYTES),
+            desired.saturating_mul(TABLE_ELEMENT_BYTES),
+        ))
+    }
+
+    fn instances(&self) -> usize {
+        MAX_CORE_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deadline::{Deadline, block_on};
+    use wasmtime::component::{Component, Linker};
+
+    /// Instantiate a component (no imports) under `limits`.
+    fn instantiate(text: &str, limits: &Limits) -> (wasmtime::Result<()>, bool) {
+        let engine = crate::engine::engine();
+        let component = Component::new(engine, wat::parse_str(text).unwrap()).unwrap();
+        let mut store = wasmtime::Store::new(engine, limits.instance_limits());
+        store.limiter(|l| l);
+        store.set_epoch_deadline(1000);
+        let linker = Linker::new(engine);
+        let result = block_on(
+            Deadline::after_ms(10_000),
+            linker.instantiate_async(&mut store, &component),
+        )
+        .expect("no deadline");
+        (result.map(drop), store.data().memory_denied)
+    }
+
+    #[test]
+    fn many_memories_in_one_component_share_the_cap() {
+        // Three core instances of 100 MiB each: 300 MiB against 256 MiB.
+        let instances = |n: usize| {
+            let inst = "(core instance (instantiate $m))".repeat(n);
+            format!("(component (core module $m (memory 1600)) {inst})")
+        };
+        let limits = Limits::default();
+        assert_eq!(limits.memory_limit_mib, 256);
+        let (two, denied) = instantiate(&instances(2), &limits);
+        assert!(two.is_ok() && !denied);
+        let (three, denied) = instantiate(&instances(3), &limits);
+        assert!(three.is_err() && denied, "{three:?}");
+        // And more memories than the count cap are refused however small.
+        let tiny = "(component (core module $m (memory 0))".to_owned()
+            + &"(core instance (instantiate $m))".repeat(MAX_MEMORIES + 1)
+            + ")";
+        let (many, _) = instantiate(&tiny, &limits);
+        assert!(many.is_err(), "{many:?}");
+    }
+
+    #[test]
+    fn multi_memory_modules_do_not_load() {
+        let engine = crate::engine::engine();
+        let text = "(component (core module (memory 1) (memory 1)))";
+        let err = Component::new(engine, wat::parse_str(text).unwrap()).unwrap_err();
+        assert!(format!("{err:#}").contains("multi-memory"), "{err:#}");
+    }
+
+    #[test]
+    fn memories_and_tables_share_one_cap() {
+        let mut limits = Limits {
+            memory_limit_mib: 1,
+            ..Limits::default()
+        }
+        .instance_limits();
+        let half = 512 << 10;
+        // Two memories of half the cap each fit; a third byte does not.
+        assert!(limits.memory_growing(0, half, None).unwrap());
+        assert!(limits.memory_growing(0, half, None).unwrap());
+        assert!(!limits.memory_growing(0, 1, None).unwrap());
+        assert!(limits.memory_denied);
+        // Nor does a table.
+        assert!(!limits.table_growing(0, 1, None).unwrap());
+        // Growing an existing memory is charged by its growth only.
+        let mut limits = Limits {
+            memory_limit_mib: 1,
+            ..Limits::default()
+        }
+        .instance_limits();
+        assert!(limits.memory_growing(0, half, None).unwrap());
+        assert!(limits.memory_growing(half, 2 * half, None).unwrap());
+        assert!(!limits.memory_growing(2 * half, 2 * half + 1, None).unwrap());
     }
 }

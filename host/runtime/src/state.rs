@@ -14,6 +14,8 @@ use crate::limits::InstanceLimits;
 /// Per-instance host state: the WASI contexts built from the grants, the
 /// resource table (WASI handles and payloads), the limits, and stderr.
 pub struct HostState {
+    /// The backend's name, for log lines about what this guest was refused.
+    pub(crate) backend: Arc<str>,
     pub(crate) wasi: WasiCtx,
     pub(crate) http: WasiHttpCtx,
     /// Checks every outgoing HTTP request against the grant.

@@ -54,6 +54,21 @@ pub fn parse(uri: &str) -> Result<Target, String> {
     })
 }
 
+/// For a backend name that is not configured: if `/<backend>/<namespace>`
+/// looks like a directory path (its first component exists), a hint that
+/// the consumer meant `wasm:///...` (three slashes); else nothing.
+pub fn directory_hint(backend: &str, namespace: &str) -> String {
+    if std::path::Path::new("/").join(backend).is_dir() {
+        let path = format!("/{backend}/{namespace}");
+        format!(
+            " (did you mean {SCHEME}://{}? a directory takes three slashes)",
+            path.trim_end_matches('/')
+        )
+    } else {
+        String::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

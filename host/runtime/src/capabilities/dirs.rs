@@ -1,13 +1,59 @@
 //! Directory grants: a host directory at a guest path. Read-only is
 //! enforced by the host (wasmtime-wasi's permission check on every
 //! mutation, and kvwasm's own `payload-io` calls), not by the guest.
+//!
+//! Opening files is kvwasm's own code ([`open_beneath`], also behind
+//! `wasi:filesystem`'s `open-at`): nothing a guest opens may block the
+//! thread (FIFOs, devices) or exhaust the process's descriptors, and guests
+//! may not plant symbolic links ([`add_guards_to_linker`]).
 
 use std::path::PathBuf;
 
-use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+use serde::Deserialize;
+
+use wasmtime::StoreContextMut;
+use wasmtime::component::{Linker, Resource};
+use wasmtime_wasi::filesystem::{Descriptor, Dir, File};
+use wasmtime_wasi::p2::bindings::filesystem::types::{
+    DescriptorFlags, ErrorCode, OpenFlags, PathFlags,
+};
+use wasmtime_wasi::p2::bindings::sockets::network::{
+    ErrorCode as SocketErrorCode, IpAddressFamily,
+};
+use wasmtime_wasi::{FsPerms, OpenMode, WasiCtxBuilder};
+
+use crate::state::HostState;
 
 /// Guest path of the default data directory (the fs backend's root).
 pub const DATA_DIR: &str = "/data";
+
+/// One entry of `dirs`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DirConfig {
+    /// Host path, relative to the config file's directory (or `base_dir`).
+    pub host: PathBuf,
+    /// Guest path (default `/data`).
+    #[serde(default = "default_guest_dir")]
+    pub guest: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+fn default_guest_dir() -> String {
+    DATA_DIR.to_owned()
+}
+
+impl DirConfig {
+    /// The grant, with a relative host path resolved against `base_dir`.
+    pub fn grant(self, base_dir: &std::path::Path) -> DirGrant {
+        DirGrant {
+            host: base_dir.join(&self.host),
+            guest: self.guest,
+            read_only: self.read_only,
+        }
+    }
+}
 
 /// One directory grant.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,4 +111,221 @@ pub fn validate_guest_path(path: &str) -> Result<(), String> {
             "guest path {path:?} must be absolute, without empty, `.` or `..` components"
         ))
     }
+}
+
+/// How a file or directory beneath a grant was opened.
+pub(crate) enum Opened {
+    File(std::fs::File),
+    Dir(std::fs::File),
+}
+
+/// Open `path` beneath `dir` (never outside it: openat2 `RESOLVE_BENEATH`,
+/// or cap-std's own resolution) without ever blocking the calling thread.
+///
+/// `open(2)` on a FIFO blocks until a writer appears, and device files do
+/// what their drivers do; no deadline can interrupt a thread stuck there.
+/// So the file is opened `O_NONBLOCK` and `fstat`ed, and anything but a
+/// regular file or a directory is refused (`unsupported`). The descriptor
+/// must also fit the process's headroom (see [`super::descriptors`]).
+pub(crate) fn open_beneath(
+    dir: &std::fs::File,
+    path: &str,
+    options: &mut cap_primitives::fs::OpenOptions,
+    follow_symlinks: bool,
+    backend: &str,
+) -> Result<Opened, ErrorCode> {
+    use cap_primitives::fs::OpenOptionsExt;
+    use std::os::fd::AsRawFd;
+    let mut flags = libc::O_NONBLOCK;
+    if !follow_symlinks {
+        flags |= libc::O_NOFOLLOW;
+    }
+    options.custom_flags(flags);
+    let file = cap_primitives::fs::open(dir, std::path::Path::new(path), options)
+        .map_err(io_error_code)?;
+    if !super::descriptors::within_headroom(file.as_raw_fd()) {
+        super::descriptors::refused(backend, "opening a file");
+        return Err(ErrorCode::InsufficientMemory);
+    }
+    let kind = file.metadata().map_err(io_error_code)?.file_type();
+    if kind.is_dir() {
+        Ok(Opened::Dir(file))
+    } else if kind.is_file() {
+        Ok(Opened::File(file))
+    } else {
+        crate::log_limit::warn(
+            ("non-regular file", backend),
+            format_args!(
+                "backend {backend:?}: refused to open {:?}: not a regular file or directory \
+                 (a FIFO or device could block the call past its deadline)",
+                crate::log_limit::bounded(path.to_owned())
+            ),
+        );
+        Err(ErrorCode::Unsupported)
+    }
+}
+
+/// The `wasi:filesystem` error code closest to an I/O error.
+pub(crate) fn io_error_code(e: std::io::Error) -> ErrorCode {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) => ErrorCode::InsufficientSpace,
+        Some(libc::EDQUOT) => ErrorCode::Quota,
+        Some(libc::EFBIG) => ErrorCode::FileTooLarge,
+        Some(libc::EACCES) => ErrorCode::Access,
+        Some(libc::EPERM) => ErrorCode::NotPermitted,
+        Some(libc::EBADF) => ErrorCode::BadDescriptor,
+        Some(libc::EISDIR) => ErrorCode::IsDirectory,
+        Some(libc::ENOENT) => ErrorCode::NoEntry,
+        Some(libc::ENOTDIR) => ErrorCode::NotDirectory,
+        Some(libc::ELOOP) => ErrorCode::Loop,
+        Some(libc::EEXIST) => ErrorCode::Exist,
+        Some(libc::EXDEV) => ErrorCode::NotPermitted,
+        Some(libc::EMFILE | libc::ENFILE) => ErrorCode::InsufficientMemory,
+        _ if e.kind() == std::io::ErrorKind::OutOfMemory => ErrorCode::InsufficientMemory,
+        _ => ErrorCode::Io,
+    }
+}
+
+/// Replace the `wasi:filesystem` and `wasi:sockets` functions whose stock
+/// versions could block past a deadline or reach outside a grant:
+///
+/// * `open-at` opens through [`open_beneath`] (no FIFOs, no devices, within
+///   the descriptor headroom);
+/// * `symlink-at` is refused: a link the guest plants inside its grant is
+///   harmless to the host (which never follows it out) but not to another
+///   program sharing the directory, such as a native backend;
+/// * `create-tcp-socket` first checks the descriptor headroom.
+pub(crate) fn add_guards_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    let mut fs = linker.instance(FILESYSTEM_TYPES)?;
+    fs.func_wrap(
+        "[method]descriptor.open-at",
+        |mut store: StoreContextMut<'_, HostState>,
+         (dir, path_flags, path, oflags, flags): OpenAtParams| {
+            Ok((open_at(
+                store.data_mut(),
+                dir,
+                path_flags,
+                path,
+                oflags,
+                flags,
+            )?,))
+        },
+    )?;
+    fs.func_wrap(
+        "[method]descriptor.symlink-at",
+        |store: StoreContextMut<'_, HostState>,
+         (_dir, _target, link): (Resource<Descriptor>, String, String)| {
+            let backend = &store.data().backend;
+            crate::log_limit::warn(
+                ("symlink refused", backend.as_ref()),
+                format_args!(
+                    "backend {backend:?}: refused to create the symbolic link {:?}: \
+                     guests may not create links in their grants",
+                    crate::log_limit::bounded(link)
+                ),
+            );
+            Ok((Err::<(), _>(ErrorCode::NotPermitted),))
+        },
+    )?;
+    let mut tcp = linker.instance(SOCKETS_TCP_CREATE)?;
+    tcp.func_wrap(
+        "create-tcp-socket",
+        |mut store: StoreContextMut<'_, HostState>, (family,): (IpAddressFamily,)| {
+            use wasmtime_wasi::p2::bindings::sockets::tcp_create_socket::Host;
+            use wasmtime_wasi::sockets::WasiSocketsView;
+            let state = store.data_mut();
+            if !super::descriptors::has_headroom() {
+                super::descriptors::refused(&state.backend, "creating a socket");
+                return Ok((Err(SocketErrorCode::NewSocketLimit),));
+            }
+            match state.sockets().create_tcp_socket(family) {
+                Ok(socket) => Ok((Ok(socket),)),
+                Err(e) => Ok((Err(e.downcast()?),)),
+            }
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// The interfaces [`add_guards_to_linker`] replaces functions of, as
+/// wasmtime-wasi 48 names them (guests importing any 0.2.x resolve to them).
+const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
+const SOCKETS_TCP_CREATE: &str = "wasi:sockets/tcp-create-socket@0.2.12";
+
+type OpenAtParams = (
+    Resource<Descriptor>,
+    PathFlags,
+    String,
+    OpenFlags,
+    DescriptorFlags,
+);
+
+/// `open-at` with the same permission rules as wasmtime-wasi's, opened by
+/// [`open_beneath`].
+fn open_at(
+    state: &mut HostState,
+    dir: Resource<Descriptor>,
+    path_flags: PathFlags,
+    path: String,
+    oflags: OpenFlags,
+    flags: DescriptorFlags,
+) -> wasmtime::Result<Result<Resource<Descriptor>, ErrorCode>> {
+    let dir = match state.table.get(&dir)? {
+        Descriptor::Dir(d) => d.clone(),
+        Descriptor::File(_) => return Ok(Err(ErrorCode::NotDirectory)),
+    };
+    let mut options = cap_primitives::fs::OpenOptions::new();
+    let mut mode = OpenMode::empty();
+    let create = oflags.contains(OpenFlags::CREATE);
+    if create {
+        options.write(true);
+        if oflags.contains(OpenFlags::EXCLUSIVE) {
+            options.create_new(true);
+        } else {
+            options.create(true);
+        }
+        mode |= OpenMode::WRITE;
+    }
+    if oflags.contains(OpenFlags::TRUNCATE) {
+        options.truncate(true).write(true);
+        mode |= OpenMode::WRITE;
+    }
+    if flags.contains(DescriptorFlags::WRITE) {
+        options.write(true);
+        mode |= OpenMode::WRITE;
+    }
+    if flags.contains(DescriptorFlags::READ) || !flags.contains(DescriptorFlags::WRITE) {
+        // Opened for reading unless only writing was asked for; the
+        // descriptor's mode still governs what the guest may do with it.
+        options.read(true);
+        mode |= OpenMode::READ;
+    }
+    let wants_dir = oflags.contains(OpenFlags::DIRECTORY);
+    if wants_dir && (create || oflags.contains(OpenFlags::TRUNCATE)) {
+        return Ok(Err(ErrorCode::Invalid));
+    }
+    if flags.intersects(
+        DescriptorFlags::FILE_INTEGRITY_SYNC
+            | DescriptorFlags::DATA_INTEGRITY_SYNC
+            | DescriptorFlags::REQUESTED_WRITE_SYNC,
+    ) {
+        return Ok(Err(ErrorCode::Unsupported));
+    }
+    if dir.perms.write_not_permitted() && mode.contains(OpenMode::WRITE) {
+        return Ok(Err(ErrorCode::NotPermitted));
+    }
+    let follow = path_flags.contains(PathFlags::SYMLINK_FOLLOW);
+    let opened = match open_beneath(&dir.dir, &path, &mut options, follow, &state.backend) {
+        Ok(opened) => opened,
+        Err(code) => return Ok(Err(code)),
+    };
+    // `allow_blocking_current_thread` is always on (see `Grants::wasi_ctx`).
+    let descriptor = match opened {
+        Opened::Dir(d) => Descriptor::Dir(Dir::new(d, dir.perms, mode, true)),
+        Opened::File(_) if wants_dir => return Ok(Err(ErrorCode::NotDirectory)),
+        Opened::File(f) => Descriptor::File(File::new(f, dir.perms, mode, true)),
+    };
+    Ok(Ok(state.table.push(descriptor)?))
 }

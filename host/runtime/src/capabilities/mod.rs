@@ -6,13 +6,15 @@
 //! * [`net`] — TCP peers by `host:port`, and name lookups only if granted;
 //! * [`http`] — outbound `wasi:http` requests to listed origins;
 //! * [`env`] — environment variables passed through by name;
-//! * [`settings`] — the backend's settings table, read through `wasi:config`.
+//! * [`settings`] — the backend's settings table, read through `wasi:config`;
+//! * [`descriptors`] — the process's file descriptors, kept for the consumer.
 //!
 //! Everything else is off: no arguments, no stdin, no UDP, no other
 //! variables or paths. The guest's stdout goes nowhere; its stderr goes to
 //! the host log at debug level (see `guest_log`). What every guest does get
 //! from WASI: clocks and random numbers.
 
+pub mod descriptors;
 pub mod dirs;
 pub mod env;
 pub mod http;
@@ -55,7 +57,8 @@ impl Grants {
         let mut builder = WasiCtxBuilder::new();
         builder.stderr(stderr);
         // Must come before any preopen: each preopen captures it. Without it
-        // every file operation hops to a thread pool (~20x slower small calls).
+        // every file operation hops to a thread pool, which dominates the
+        // cost of a small call. kvwasm's own `open-at` relies on it too.
         builder.allow_blocking_current_thread(true);
         self.net.apply(&mut builder, metrics);
         self.env.apply(&mut builder);

@@ -3,7 +3,9 @@
 //! this instance first), like a remote backend that batches puts. It
 //! declares shared state, so the host serves a handle with several instances
 //! and must flush the others before a manifest. Each put sleeps 20 ms so
-//! concurrent callers really do land on different instances.
+//! concurrent callers really do land on different instances. A `get_chunk`
+//! of the hash `sleep-then-trap` sleeps 300 ms and then traps, losing the
+//! instance's buffered chunks.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -14,6 +16,9 @@ use kvwasm_guest_support::{
 };
 
 struct Buffered;
+
+/// `get_chunk` of this hash sleeps 300 ms, then traps.
+const TRAP_HASH: &[u8] = b"sleep-then-trap";
 
 impl Guest for Buffered {
     type Store = BufferedStore;
@@ -66,6 +71,11 @@ impl GuestStore for BufferedStore {
 
     fn get_chunk(&self, hash: Vec<u8>) -> Result<Payload> {
         validate::hash(&hash)?;
+        if hash == TRAP_HASH {
+            // A fault on command, between this instance's puts and its flush.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            panic!("buffered guest traps on command, with chunks still buffered");
+        }
         match std::fs::read(path(&validate::hash_hex(&hash))) {
             Ok(bytes) => Ok(Payload::new(&bytes)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::NotFound),

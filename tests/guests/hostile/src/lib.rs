@@ -17,6 +17,14 @@
 //! | `readfile:<path>`      | payload-io `read-file` of `path` beneath `/data`   |
 //! | `writefile:<path>`     | payload-io `write-file` of `path` beneath `/data`  |
 //! | `http:<url>`           | sends a wasi:http GET, returns the status and body |
+//! | `sleep:<ms>`           | blocks in a `monotonic-clock` pollable              |
+//! | `read-socket:<ip:port>`| connects and blocks reading a peer that never answers |
+//! | `fds:<n>`              | opens `/data/fd-target` n times, keeping every descriptor; returns how many opened and the error that stopped it |
+//! | `readat:<offset>:<len>`| payload-io `read-at` of `/data/fd-target` with a chosen offset and length; returns the payload's length |
+//! | `errlog:<KiB>`         | fails with an error message of that size           |
+//! | `stderr:<KiB>`         | writes that much to stderr, in lines, then `pong`  |
+//! | `slowclose:<ms>`       | makes this store's destructor block that long      |
+//! | `symlink:<target>`     | creates `/data/link` pointing at `target`          |
 //! | anything else          | reads `/data/<name>` without validating the name   |
 //!
 //! `put_manifest(name, data)` writes `/data/<name>`, so state outlives a
@@ -44,7 +52,27 @@ impl Guest for Hostile {
     }
 }
 
-struct HostileStore;
+#[derive(Default)]
+struct HostileStore {
+    /// Milliseconds the destructor blocks (`slowclose:<ms>`).
+    slow_close_ms: std::cell::Cell<u64>,
+}
+
+impl Drop for HostileStore {
+    fn drop(&mut self) {
+        std::thread::sleep(std::time::Duration::from_millis(self.slow_close_ms.get()));
+    }
+}
+
+thread_local! {
+    /// Descriptors opened by `fds:<n>`, kept open for the instance's life.
+    static HOARDED_FILES: std::cell::RefCell<Vec<std::fs::File>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn number<T: std::str::FromStr>(text: &str, name: &str) -> Result<T> {
+    text.parse()
+        .map_err(|_| Error::InvalidArgument(name.to_owned()))
+}
 
 fn io_error(e: std::io::Error) -> Error {
     Error::Io(e.to_string())
@@ -58,7 +86,7 @@ fn recurse(depth: u64) -> u64 {
 
 impl GuestStore for HostileStore {
     fn open(_namespace: String) -> Result<Store> {
-        Ok(Store::new(HostileStore))
+        Ok(Store::new(HostileStore::default()))
     }
 
     fn put_chunk(&self, _hash: Vec<u8>, _data: &Payload) -> Result<PutOutcome> {
@@ -121,6 +149,77 @@ impl GuestStore for HostileStore {
                 format!("{:?}", found.collect::<Vec<_>>()).into_bytes()
             }
             Some(("http", url)) => http_get(url)?,
+            Some(("sleep", ms)) => {
+                std::thread::sleep(std::time::Duration::from_millis(number(ms, &name)?));
+                b"slept".to_vec()
+            }
+            Some(("read-socket", addr)) => {
+                use std::io::Read;
+                let mut stream = std::net::TcpStream::connect(addr).map_err(io_error)?;
+                let mut byte = [0u8; 1];
+                stream.read_exact(&mut byte).map_err(io_error)?;
+                b"read".to_vec()
+            }
+            Some(("fds", n)) => {
+                let n: usize = number(n, &name)?;
+                let mut opened = 0;
+                let mut stopped = String::from("none");
+                for _ in 0..n {
+                    match std::fs::File::open("/data/fd-target") {
+                        Ok(file) => {
+                            HOARDED_FILES.with(|files| files.borrow_mut().push(file));
+                            opened += 1;
+                        }
+                        Err(e) => {
+                            stopped = e.to_string();
+                            break;
+                        }
+                    }
+                }
+                format!("opened {opened}, stopped by: {stopped}").into_bytes()
+            }
+            Some(("readat", args)) => {
+                use kvwasm_guest_support::bindings::wasi::filesystem::types::{
+                    DescriptorFlags, OpenFlags, PathFlags,
+                };
+                let (offset, len) = args
+                    .split_once(':')
+                    .ok_or_else(|| Error::InvalidArgument(name.clone()))?;
+                let file = data_dir()?
+                    .open_at(
+                        PathFlags::empty(),
+                        "fd-target",
+                        OpenFlags::empty(),
+                        DescriptorFlags::READ,
+                    )
+                    .fs_context("open")?;
+                let payload =
+                    payload_io::read_at(&file, number(offset, &name)?, number(len, &name)?)
+                        .fs_context("readat")?;
+                payload.len().to_string().into_bytes()
+            }
+            Some(("errlog", kib)) => {
+                let kib: usize = number(kib, &name)?;
+                return Err(Error::Other("e".repeat(kib << 10)));
+            }
+            Some(("stderr", kib)) => {
+                let kib: usize = number(kib, &name)?;
+                let line = "x".repeat(1023);
+                for _ in 0..kib {
+                    eprintln!("{line}");
+                }
+                b"pong".to_vec()
+            }
+            Some(("slowclose", ms)) => {
+                self.slow_close_ms.set(number(ms, &name)?);
+                b"armed".to_vec()
+            }
+            Some(("symlink", target)) => {
+                data_dir()?
+                    .symlink_at(target, "link")
+                    .fs_context("symlink")?;
+                b"linked".to_vec()
+            }
             Some(("env", var)) => std::env::var(var)
                 .map_err(|_| Error::NotFound)?
                 .into_bytes(),

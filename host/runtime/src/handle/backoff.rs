@@ -1,0 +1,62 @@
+//! Back-off after repeated lost instances: a guest that traps on every
+//! call would otherwise cost a fresh instantiation per call.
+
+use std::time::{Duration, Instant};
+
+use crate::error::KvError;
+
+/// Losses in a row before calls back off.
+const BACKOFF_AFTER: u32 = 3;
+/// First back-off; it doubles with every further loss, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Default)]
+pub(super) struct Backoff {
+    /// Calls in a row whose instance was lost (trap or deadline).
+    streak: u32,
+    /// While in the future, calls are refused instead of starting yet
+    /// another instance that will trap.
+    retry_at: Option<Instant>,
+}
+
+impl Backoff {
+    /// A call returned normally.
+    pub(super) fn succeeded(&mut self) {
+        self.streak = 0;
+        self.retry_at = None;
+    }
+
+    /// A call lost its instance.
+    pub(super) fn lost(&mut self, label: &str) {
+        self.streak += 1;
+        if self.streak >= BACKOFF_AFTER {
+            let doublings = (self.streak - BACKOFF_AFTER).min(16);
+            let wait = FIRST_BACKOFF
+                .saturating_mul(1 << doublings)
+                .min(MAX_BACKOFF);
+            self.retry_at = Some(Instant::now() + wait);
+            crate::log_limit::warn(
+                ("backoff", label),
+                format_args!(
+                    "{label}: backing off for {} ms after {} lost instances in a row",
+                    wait.as_millis(),
+                    self.streak
+                ),
+            );
+        }
+    }
+
+    /// `Err` while calls are refused.
+    pub(super) fn check(&self, backend: &str) -> Result<(), KvError> {
+        match self.retry_at {
+            Some(at) if at > Instant::now() => Err(KvError::Unavailable(format!(
+                "backend {backend:?} lost {} instances in a row (traps or deadlines); \
+                 calls are refused for another {} ms",
+                self.streak,
+                at.saturating_duration_since(Instant::now()).as_millis()
+            ))),
+            _ => Ok(()),
+        }
+    }
+}

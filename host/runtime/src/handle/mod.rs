@@ -1,0 +1,297 @@
+//! An open store: what a C `kv_store_v1 *` refers to.
+//!
+//! A handle may be called from many threads at once. A guest instance runs
+//! one call at a time, so a handle keeps a small [`pool`] of instances (up
+//! to [`Backend::max_instances`] when the backend declares shared state,
+//! else exactly one) and hands each call an idle one. No lock is held while
+//! a guest runs; `put_manifest` calls take turns per handle.
+//!
+//! Every operation gets one [`Deadline`] (`call_timeout_ms`) covering all
+//! it does: waiting for an instance, flushing others, the guest call.
+//!
+//! Visibility across instances: a backend may buffer chunks per instance
+//! until `flush`. Before `put_manifest` runs on one instance, every other
+//! instance that accepted a chunk before the manifest call began is flushed
+//! (waiting for it if another thread is using it); chunks lost with an
+//! instance fail the next manifest that covers them ([`durability`]). A
+//! handle also reads its own writes: a `get_chunk` miss while other
+//! instances hold earlier puts flushes them and asks again.
+
+mod backoff;
+mod durability;
+mod pool;
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
+
+use pool::{CallKind, CheckedOut, Pool};
+
+use crate::backend::Backend;
+use crate::bindings::PutOutcome;
+use crate::deadline::Deadline;
+use crate::error::KvError;
+use crate::instance::Instance;
+use crate::payload::MallocBuffer;
+
+/// An open kv-store handle.
+pub struct StoreHandle {
+    backend: Arc<Backend>,
+    namespace: String,
+    pool: Pool,
+}
+
+/// Open handles on backends whose state lives inside their one instance,
+/// by (backend, namespace).
+type PrivateStateStores = HashMap<(usize, String), Weak<StoreHandle>>;
+static PRIVATE_STATE: LazyLock<Mutex<PrivateStateStores>> = LazyLock::new(Default::default);
+
+/// Open a handle on `namespace` for a consumer.
+///
+/// A backend that declares `shared-state: false` (the in-memory one) keeps
+/// its data in its single instance. All handles on the same backend and
+/// namespace then share one store while any of them is open, so a second
+/// handle sees what the first published, as the ABI's visibility rule
+/// expects of any backend. The store is gone when the last handle closes.
+pub fn open_shared(backend: Arc<Backend>, namespace: &str) -> Result<Arc<StoreHandle>, KvError> {
+    let shared_state = |b: &Backend| b.component.info.get().map(|i| i.shared_state);
+    if shared_state(&backend) == Some(true) {
+        return StoreHandle::open(backend, namespace).map(Arc::new);
+    }
+    // The Arc keeps the backend alive, so its address names it while the
+    // entry can still be upgraded.
+    let key = (Arc::as_ptr(&backend) as usize, namespace.to_owned());
+    if let Some(open) = lock(&PRIVATE_STATE).get(&key).and_then(Weak::upgrade) {
+        return Ok(open);
+    }
+    // Opened without the registry lock: opening runs guest code, and one
+    // slow guest must not hold up every other open in the process.
+    let handle = Arc::new(StoreHandle::open(backend.clone(), namespace)?);
+    if shared_state(&backend) == Some(true) {
+        return Ok(handle);
+    }
+    let mut stores = lock(&PRIVATE_STATE);
+    if let Some(raced) = stores.get(&key).and_then(Weak::upgrade) {
+        // Another thread opened the same store meanwhile: share theirs.
+        return Ok(raced);
+    }
+    stores.retain(|_, store| store.strong_count() > 0);
+    stores.insert(key, Arc::downgrade(&handle));
+    Ok(handle)
+}
+
+impl StoreHandle {
+    /// Open `namespace` on `backend`. The first instance starts now, so a
+    /// bad namespace or a broken component fails here, not on first use.
+    pub fn open(backend: Arc<Backend>, namespace: &str) -> Result<StoreHandle, KvError> {
+        let deadline = Deadline::after_ms(backend.limits_for(namespace).call_timeout_ms);
+        let first = Instance::open(&backend, namespace, deadline)?;
+        let shared_state = backend.component.info.get().is_some_and(|i| i.shared_state);
+        let max_instances = if shared_state {
+            backend.max_instances.max(1)
+        } else {
+            1
+        };
+        let label = format!("backend {:?}, namespace {namespace:?}", backend.name);
+        Ok(StoreHandle {
+            pool: Pool::new(first, max_instances, label),
+            backend,
+            namespace: namespace.to_owned(),
+        })
+    }
+
+    /// Guest instances currently serving this handle (idle or busy).
+    pub fn live_instances(&self) -> usize {
+        self.pool.live()
+    }
+
+    /// `put_chunk`: `Ok(true)` when the hash was already present.
+    pub fn put_chunk(&self, hash: &[u8], data: &[u8]) -> Result<bool, KvError> {
+        self.operation(
+            "put_chunk",
+            data.len(),
+            |_| 0,
+            |deadline| {
+                self.check_payload(data)?;
+                self.checkout(deadline)?
+                    .run(CallKind::Put, |i| i.put_chunk(deadline, hash, data))
+                    .map(|outcome| outcome == PutOutcome::AlreadyPresent)
+            },
+        )
+    }
+
+    /// `get_chunk`. A handle reads its own writes: on a miss while other
+    /// instances hold chunks put earlier through this handle, those are
+    /// flushed and the get is tried once more.
+    pub fn get_chunk(&self, hash: &[u8]) -> Result<MallocBuffer, KvError> {
+        self.operation("get_chunk", 0, MallocBuffer::len, |deadline| {
+            let cutoff = self.pool.lock().durability.cutoff();
+            let instance = self.checkout(deadline)?;
+            let id = instance.id();
+            // Decided before the get: a flush by another thread that ends
+            // during it must not make its miss look final.
+            let others_hold_puts = self.pool.lock().durability.any_due(id, cutoff);
+            match instance.run(CallKind::Other, |i| i.get_chunk(deadline, hash)) {
+                Err(KvError::NotFound) if others_hold_puts => {
+                    self.flush_others(id, cutoff, deadline)?;
+                    self.checkout(deadline)?
+                        .run(CallKind::Other, |i| i.get_chunk(deadline, hash))
+                }
+                other => other,
+            }
+        })
+    }
+
+    /// `put_manifest`: flush every instance that accepted chunks, then publish.
+    pub fn put_manifest(&self, name: &str, data: &[u8]) -> Result<(), KvError> {
+        self.operation(
+            "put_manifest",
+            data.len(),
+            |_| 0,
+            |deadline| {
+                self.check_payload(data)?;
+                let _turn = self.pool.manifest_turn(deadline)?;
+                let cutoff = self.pool.lock().durability.cutoff();
+                let instance = self.checkout(deadline)?;
+                self.flush_others(instance.id(), cutoff, deadline)?;
+                // Checked after the flushes: an instance lost during them, or in
+                // another thread's call since the cutoff, is seen here. The
+                // instances still holding unflushed puts hold only later ones.
+                self.pool.lock().durability.take_loss(cutoff)?;
+                instance.run(CallKind::Flush, |i| i.put_manifest(deadline, name, data))
+            },
+        )
+    }
+
+    /// `get_manifest`.
+    pub fn get_manifest(&self, name: &str) -> Result<MallocBuffer, KvError> {
+        self.operation("get_manifest", 0, MallocBuffer::len, |deadline| {
+            self.checkout(deadline)?
+                .run(CallKind::Other, |i| i.get_manifest(deadline, name))
+        })
+    }
+
+    /// `delete_manifest` (a missing name is success).
+    pub fn delete_manifest(&self, name: &str) -> Result<(), KvError> {
+        self.operation(
+            "delete_manifest",
+            0,
+            |_| 0,
+            |deadline| match self
+                .checkout(deadline)?
+                .run(CallKind::Other, |i| i.delete_manifest(deadline, name))
+            {
+                Err(KvError::NotFound) => Ok(()),
+                other => other,
+            },
+        )
+    }
+
+    /// `prefetch_chunks`.
+    pub fn prefetch_chunks(&self, hashes: &[Vec<u8>]) -> Result<(), KvError> {
+        self.operation(
+            "prefetch_chunks",
+            0,
+            |_| 0,
+            |deadline| {
+                self.checkout(deadline)?
+                    .run(CallKind::Other, |i| i.prefetch_chunks(deadline, hashes))
+            },
+        )
+    }
+
+    /// The tenant this handle serves: the first namespace component.
+    pub fn tenant(&self) -> &str {
+        self.namespace.split('/').next().unwrap_or("")
+    }
+
+    /// The deadline the operations on this handle get.
+    pub fn call_timeout_ms(&self) -> u64 {
+        self.limits().call_timeout_ms
+    }
+
+    /// Run one operation within its deadline, behind the gates that may
+    /// refuse it (the back-off after repeated traps, the backend's cap on
+    /// concurrent calls), in a `guest_call` span with its backend, tenant,
+    /// operation, bytes and result, counted in the backend's metrics.
+    fn operation<T>(
+        &self,
+        op: &'static str,
+        bytes_in: usize,
+        bytes_out: impl FnOnce(&T) -> usize,
+        call: impl FnOnce(Deadline) -> Result<T, KvError>,
+    ) -> Result<T, KvError> {
+        let span = tracing::debug_span!(
+            "guest_call",
+            backend = %self.backend.name,
+            tenant = self.tenant(),
+            op,
+            bytes_in,
+            bytes_out = tracing::field::Empty,
+            result = tracing::field::Empty,
+        );
+        let _entered = span.enter();
+        let deadline = Deadline::after_ms(self.limits().call_timeout_ms);
+        let backoff = self.pool.lock().backoff.check(&self.backend.name);
+        let result = backoff.and_then(|()| {
+            let _slot = self.backend.enter_call(deadline)?;
+            call(deadline)
+        });
+        let out = result.as_ref().map_or(0, bytes_out);
+        span.record("bytes_out", out);
+        span.record("result", result.as_ref().map_or_else(KvError::code, |_| 0));
+        self.backend
+            .metrics
+            .record(bytes_in, out, result.as_ref().err());
+        result
+    }
+
+    fn limits(&self) -> &crate::limits::Limits {
+        self.backend.limits_for(&self.namespace)
+    }
+
+    /// Inputs obey the same size limit as outputs.
+    fn check_payload(&self, data: &[u8]) -> Result<(), KvError> {
+        let limits = self.limits();
+        if data.len() as u64 > limits.max_payload_bytes() {
+            return Err(KvError::Limit(format!(
+                "payload of {} bytes exceeds the backend's limit of {} MiB",
+                data.len(),
+                limits.max_payload_mib
+            )));
+        }
+        Ok(())
+    }
+
+    /// An instance for one call (see [`Pool::checkout`]).
+    fn checkout(&self, deadline: Deadline) -> Result<CheckedOut<'_>, KvError> {
+        self.pool.checkout(deadline, || {
+            Instance::open(&self.backend, &self.namespace, deadline)
+        })
+    }
+
+    /// Flush every instance other than `own` holding puts made at or before
+    /// `cutoff`, waiting for those in use by other threads.
+    fn flush_others(&self, own: u64, cutoff: u64, deadline: Deadline) -> Result<(), KvError> {
+        while let Some(instance) = self.pool.checkout_due(own, cutoff, deadline)? {
+            instance.run(CallKind::Flush, |i| i.flush(deadline))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for StoreHandle {
+    /// Close the idle instances (no call is in flight: calls hold the
+    /// handle), within one deadline for all of them.
+    fn drop(&mut self) {
+        let deadline = Deadline::after_ms(self.limits().call_timeout_ms);
+        for instance in self.pool.take_idle() {
+            instance.close(deadline);
+        }
+    }
+}
+
+/// Lock, recovering from poisoning: the protected state stays consistent
+/// because no code path panics while holding these locks.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

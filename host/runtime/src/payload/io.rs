@@ -1,0 +1,162 @@
+//! `payload-io`: file I/O that moves payload bytes between files and host
+//! buffers without a detour through guest memory. The I/O runs on the
+//! guest's own descriptors (so the grant's permissions apply) or opens
+//! files beneath a granted directory with [`open_beneath`].
+
+use wasmtime::component::Resource;
+use wasmtime_wasi::OpenMode;
+use wasmtime_wasi::filesystem::Descriptor;
+use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
+
+use super::{MallocBuffer, Payload};
+use crate::bindings::kvwasm::kv_store::payload_io;
+use crate::capabilities::dirs::{Opened, io_error_code, open_beneath};
+use crate::state::HostState;
+
+impl payload_io::Host for HostState {
+    fn write_at(
+        &mut self,
+        file: Resource<Descriptor>,
+        data: Resource<Payload>,
+        offset: u64,
+    ) -> wasmtime::Result<Result<(), ErrorCode>> {
+        use std::os::unix::fs::FileExt;
+        let file = match self.table.get(&file)? {
+            Descriptor::File(f) => f,
+            Descriptor::Dir(_) => return Ok(Err(ErrorCode::BadDescriptor)),
+        };
+        // The same checks wasi:filesystem's own `write` makes: the grant must
+        // be writable and the file opened for writing.
+        if file.perms.write_not_permitted() || !file.open_mode.contains(OpenMode::WRITE) {
+            return Ok(Err(ErrorCode::NotPermitted));
+        }
+        let bytes = self.table.get(&data)?.as_slice();
+        Ok(file.file.write_all_at(bytes, offset).map_err(io_error_code))
+    }
+
+    fn read_at(
+        &mut self,
+        file: Resource<Descriptor>,
+        offset: u64,
+        len: u64,
+    ) -> wasmtime::Result<Result<Resource<Payload>, ErrorCode>> {
+        let file = match self.table.get(&file)? {
+            Descriptor::File(f) if f.open_mode.contains(OpenMode::READ) => f.file.clone(),
+            Descriptor::File(_) => return Ok(Err(ErrorCode::NotPermitted)),
+            Descriptor::Dir(_) => return Ok(Err(ErrorCode::BadDescriptor)),
+        };
+        if len > self.limits.max_payload_bytes {
+            return Ok(Err(ErrorCode::FileTooLarge));
+        }
+        // Allocate what the file holds past `offset`, not what was asked:
+        // the guest chooses `len`, the host pays for the buffer.
+        let size = match file.metadata() {
+            Ok(meta) => meta.len(),
+            Err(e) => return Ok(Err(io_error_code(e))),
+        };
+        let want = len.min(size.saturating_sub(offset)) as usize;
+        self.read_payload(&file, offset, want, false)
+    }
+
+    fn read_file(
+        &mut self,
+        dir: Resource<Descriptor>,
+        path: String,
+    ) -> wasmtime::Result<Result<Resource<Payload>, ErrorCode>> {
+        let dir = match self.table.get(&dir)? {
+            Descriptor::Dir(d) => d,
+            Descriptor::File(_) => return Ok(Err(ErrorCode::NotDirectory)),
+        };
+        let mut options = cap_primitives::fs::OpenOptions::new();
+        options.read(true);
+        let file = match open_beneath(&dir.dir, &path, &mut options, true, &self.backend) {
+            Ok(Opened::File(file)) => file,
+            Ok(Opened::Dir(_)) => return Ok(Err(ErrorCode::IsDirectory)),
+            Err(code) => return Ok(Err(code)),
+        };
+        let len = match file.metadata() {
+            Ok(meta) => meta.len(),
+            Err(e) => return Ok(Err(io_error_code(e))),
+        };
+        if len > self.limits.max_payload_bytes {
+            return Ok(Err(ErrorCode::FileTooLarge));
+        }
+        self.read_payload(&file, 0, len as usize, true)
+    }
+
+    fn write_file(
+        &mut self,
+        dir: Resource<Descriptor>,
+        path: String,
+        data: Resource<Payload>,
+        sync: bool,
+    ) -> wasmtime::Result<Result<(), ErrorCode>> {
+        self.create_and_write(&dir, &path, &data, sync)
+    }
+}
+
+impl HostState {
+    /// `write-file`'s body; `Err` is the guest-visible error code.
+    fn create_and_write(
+        &mut self,
+        dir: &Resource<Descriptor>,
+        path: &str,
+        data: &Resource<Payload>,
+        sync: bool,
+    ) -> wasmtime::Result<Result<(), ErrorCode>> {
+        use std::io::Write;
+        let dir = match self.table.get(dir)? {
+            // The check wasi:filesystem's `open-at` makes before creating.
+            Descriptor::Dir(d) if d.perms.write_not_permitted() => {
+                return Ok(Err(ErrorCode::NotPermitted));
+            }
+            Descriptor::Dir(d) => d.dir.clone(),
+            Descriptor::File(_) => return Ok(Err(ErrorCode::NotDirectory)),
+        };
+        let mut options = cap_primitives::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        let mut file = match open_beneath(&dir, path, &mut options, false, &self.backend) {
+            Ok(Opened::File(file)) => file,
+            Ok(Opened::Dir(_)) => return Ok(Err(ErrorCode::IsDirectory)),
+            Err(code) => return Ok(Err(code)),
+        };
+        let bytes = self.table.get(data)?.as_slice();
+        let written =
+            file.write_all(bytes)
+                .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
+        Ok(written.map_err(io_error_code))
+    }
+
+    /// `pread` `len` bytes of `file` at `offset` into a new payload, within
+    /// the payload limits. `exact`: fewer bytes (the file shrank) is `io`.
+    fn read_payload(
+        &mut self,
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+        exact: bool,
+    ) -> wasmtime::Result<Result<Resource<Payload>, ErrorCode>> {
+        let len64 = len as u64;
+        if len64 > self.limits.max_payload_bytes {
+            return Ok(Err(ErrorCode::FileTooLarge));
+        }
+        if !self.limits.reserve_payload(len64) {
+            return Ok(Err(ErrorCode::InsufficientMemory));
+        }
+        match MallocBuffer::read_file(file, offset, len) {
+            Ok(buf) if exact && buf.len() != len => {
+                self.limits.release_payload(len64);
+                Ok(Err(ErrorCode::Io))
+            }
+            Ok(buf) => {
+                // The buffer was shrunk to what was read (the file shrank).
+                self.limits.release_payload(len64 - buf.len() as u64);
+                Ok(Ok(self.table.push(Payload::Owned(buf))?))
+            }
+            Err(e) => {
+                self.limits.release_payload(len64);
+                Ok(Err(io_error_code(e)))
+            }
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The `payload` resource: byte buffers owned by the host, so chunk bytes
+//! travel between the consumer and the storage medium without a detour
+//! through guest linear memory.
+//!
+//! * On `put-*`, the consumer's buffer is **lent** to the guest for the one
+//!   call ([`lend`]); the entry is removed from the resource table before the
+//!   call returns, so the pointer never outlives the C caller's borrow.
+//! * On `get-*`, payloads are [`MallocBuffer`]s: `payload-io.read-at`
+//!   `pread`s straight into one, and the shim hands it to the consumer as the
+//!   `malloc`'d output buffer.
+//!
+//! Payload memory is host memory, outside the guest's linear-memory cap, so
+//! every byte a payload holds is charged to its instance when it is
+//! allocated (see `InstanceLimits::reserve_payload`), and the number of
+//! payloads is bounded with every other resource (`max_resources`).
+
+mod io;
+mod malloc;
+
+use wasmtime::component::Resource;
+
+pub use malloc::MallocBuffer;
+
+use crate::bindings::kvwasm::kv_store::types;
+use crate::state::HostState;
+
+/// A host-owned byte buffer visible to guests as a `payload` resource.
+pub enum Payload {
+    /// The consumer's input buffer, valid only during the current call.
+    Lent(LentBytes),
+    /// A buffer from `malloc`, handed to the consumer on `get-*`.
+    Owned(MallocBuffer),
+}
+
+/// A pointer/length pair lent by the caller of a store method.
+pub struct LentBytes {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the bytes are only read, and only while the lending call (on the
+// thread that owns the store) is running.
+unsafe impl Send for LentBytes {}
+
+impl Payload {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            // SAFETY: `lend` guarantees the borrow outlives the table entry.
+            Payload::Lent(l) => unsafe { std::slice::from_raw_parts(l.ptr, l.len) },
+            Payload::Owned(b) => b.as_slice(),
+        }
+    }
+}
+
+/// Put `bytes` into the table as a payload for the duration of `call`, then
+/// remove it, whatever `call` returned.
+///
+/// If the call's future is abandoned at its deadline, the entry stays in
+/// the table, but the caller discards the whole store before it returns to
+/// the consumer, so the pointer never outlives the consumer's buffer.
+pub(crate) async fn lend<T>(
+    state: &mut wasmtime::Store<HostState>,
+    bytes: &[u8],
+    call: impl AsyncFnOnce(&mut wasmtime::Store<HostState>, Resource<Payload>) -> T,
+) -> wasmtime::Result<T> {
+    let lent = Payload::Lent(LentBytes {
+        ptr: bytes.as_ptr(),
+        len: bytes.len(),
+    });
+    let res = state.data_mut().table.push(lent)?;
+    let out = call(state, Resource::new_borrow(res.rep())).await;
+    // The guest only ever saw a borrow, so the entry is still ours to delete
+    // (unless the instance trapped, in which case the whole store is dropped).
+    let _ = state.data_mut().table.delete(res);
+    Ok(out)
+}
+
+/// Take a payload a guest returned out of the table.
+pub(crate) fn take(
+    state: &mut wasmtime::Store<HostState>,
+    res: Resource<Payload>,
+) -> wasmtime::Result<MallocBuffer> {
+    match state.data_mut().table.delete(res)? {
+        Payload::Owned(buf) => {
+            state.data_mut().limits.release_payload(buf.len() as u64);
+            Ok(buf)
+        }
+        // Guests only ever hold borrows of lent payloads and cannot return
+        // them; reaching this means a host bug, not a guest one.
+        Payload::Lent(_) => wasmtime::bail!("a lent payload was returned"),
+    }
+}
+
+impl types::Host for HostState {}
+
+impl types::HostPayload for HostState {
+    fn new(&mut self, bytes: Vec<u8>) -> wasmtime::Result<Resource<Payload>> {
+        if !self.limits.reserve_payload(bytes.len() as u64) {
+            wasmtime::bail!(
+                "payload limit: a new payload of {} bytes would exceed the {} bytes of \
+                 payloads an instance may hold at once",
+                bytes.len(),
+                self.limits.max_payload_bytes
+            );
+        }
+        let buf = MallocBuffer::copy_from(&bytes)
+            .ok_or_else(|| wasmtime::format_err!("out of memory for a payload"))?;
+        Ok(self.table.push(Payload::Owned(buf))?)
+    }
+
+    fn len(&mut self, payload: Resource<Payload>) -> wasmtime::Result<u64> {
+        Ok(self.table.get(&payload)?.as_slice().len() as u64)
+    }
+
+    fn read(
+        &mut self,
+        payload: Resource<Payload>,
+        offset: u64,
+        len: u64,
+    ) -> wasmtime::Result<Vec<u8>> {
+        let bytes = self.table.get(&payload)?.as_slice();
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        let end = start
+            .saturating_add(usize::try_from(len).unwrap_or(usize::MAX))
+            .min(bytes.len());
+        Ok(bytes[start..end].to_vec())
+    }
+
+    fn drop(&mut self, payload: Resource<Payload>) -> wasmtime::Result<()> {
+        if let Payload::Owned(buf) = self.table.delete(payload)? {
+            self.limits.release_payload(buf.len() as u64);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,274 @@
+//! Attacks by a hostile guest on the limits that are meant to hold, driven
+//! through `libkv_store_wasm.so` by a consumer process (`kv-probe`). Each
+//! asserts that the attacked call fails within its deadline plus slack, and
+//! that the consumer and the next call are unharmed.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kvwasm_tests::{Probe, hostile_config};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
+/// The hostile config's `call_timeout_ms`.
+const TIMEOUT_MS: u64 = 300;
+/// What a call may take beyond its deadline (epoch tick, thread wake-ups,
+/// a loaded 2-core machine).
+const SLACK_MS: u64 = 700;
+
+fn probe(config: &Path) -> Probe {
+    Probe::new(PROBE, "wasm://hostile/").config(config)
+}
+
+/// `(rc, output, ms)` from a `timed:` probe line.
+fn timed(line: &str) -> (i32, String, u64) {
+    let (_, rest) = line.split_once(" -> ").unwrap_or_else(|| panic!("{line}"));
+    let (result, ms) = rest.rsplit_once(" [").unwrap_or_else(|| panic!("{line}"));
+    let ms = ms.trim_end_matches(" ms]").parse().unwrap();
+    let (rc, out) = result.split_once(' ').unwrap_or((result, ""));
+    (rc.parse().unwrap(), out.to_owned(), ms)
+}
+
+/// Run `ops` (each timed) and check every one returned `expect_rc` within
+/// the deadline plus slack, then that a `ping` still answers.
+fn assert_bounded(config: &Path, attacks: &[(&str, i32)]) -> String {
+    let mut ops: Vec<String> = attacks
+        .iter()
+        .map(|(op, _)| format!("timed:get-manifest:{op}"))
+        .collect();
+    ops.push("get-manifest:ping".into());
+    let refs: Vec<&str> = ops.iter().map(String::as_str).collect();
+    let (out, stderr) = probe(config).run(&refs);
+    assert_eq!(out[0], "open ok", "{stderr}");
+    for (line, (op, rc)) in out[1..].iter().zip(attacks) {
+        let (got, _, ms) = timed(line);
+        assert_eq!(got, *rc, "{op}: {line}\n{stderr}");
+        assert!(ms <= TIMEOUT_MS + SLACK_MS, "{op} took {ms} ms: {line}");
+    }
+    assert_eq!(
+        out.last().unwrap(),
+        "get-manifest ping -> 0 pong",
+        "{stderr}"
+    );
+    stderr
+}
+
+#[test]
+fn a_guest_blocked_in_a_clock_returns_at_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "");
+    let stderr = assert_bounded(&config, &[("sleep:3600000", -8), ("sleep:10000", -8)]);
+    assert!(stderr.contains("deadline of 300 ms"), "{stderr}");
+}
+
+#[test]
+fn a_guest_blocked_reading_a_silent_peer_returns_at_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    // A granted peer that accepts and never says a word.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        for stream in listener.incoming().take(2) {
+            kept.push(stream);
+        }
+        kept
+    });
+    let config = hostile_config(dir.path(), &format!("net = [\"{addr}\"]\n"));
+    let attack = format!("read-socket:{addr}");
+    assert_bounded(&config, &[(&attack, -8), (&attack, -8)]);
+    drop(held);
+}
+
+#[test]
+fn a_fifo_in_the_grant_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "");
+    let fifo = std::ffi::CString::new(dir.path().join("data/fifo").to_str().unwrap()).unwrap();
+    // SAFETY: creates a FIFO at a path we own.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    // Through wasi:filesystem open-at, and through payload-io read-file.
+    let (out, stderr) = probe(&config).run(&[
+        "timed:get-manifest:fifo",
+        "timed:get-manifest:readfile:fifo",
+        "get-manifest:ping",
+    ]);
+    for line in &out[1..3] {
+        let (rc, _, ms) = timed(line);
+        assert!(rc < 0, "{line}");
+        assert!(ms < 1000, "{line}");
+    }
+    assert_eq!(out[3], "get-manifest ping -> 0 pong");
+    assert!(
+        stderr.contains("not a regular file or directory"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_slow_destructor_does_not_hold_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "");
+    let started = Instant::now();
+    // The probe closes its handle as it exits: the destructor would block
+    // for an hour.
+    let (out, stderr) = probe(&config).run(&["get-manifest:slowclose:3600000"]);
+    assert_eq!(
+        out[1], "get-manifest slowclose:3600000 -> 0 armed",
+        "{stderr}"
+    );
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "close took {took:?}");
+    assert!(stderr.contains("destructor ran past"), "{stderr}");
+}
+
+#[test]
+fn calls_waiting_for_a_busy_instance_give_up_at_their_deadline_and_close_is_safe() {
+    let dir = tempfile::tempdir().unwrap();
+    // One instance: while one thread's call hangs in the guest, the others
+    // wait for the pool; every wait is bounded, and the handle is closed
+    // under their feet.
+    let config = hostile_config(dir.path(), "max_instances = 1\n");
+    let started = Instant::now();
+    let (out, stderr) = probe(&config).run(&["close-during-calls:sleep:3600000"]);
+    let line = out.get(1).unwrap_or_else(|| panic!("no result: {stderr}"));
+    let results = line
+        .strip_prefix("close-during-calls sleep:3600000 -> 0 ")
+        .unwrap();
+    for thread in results.split(' ') {
+        assert!(thread.ends_with(":-10"), "every thread ends on -10: {line}");
+    }
+    assert!(stderr.contains("deadline of 300 ms"), "{stderr}");
+    // Close waits for calls in flight (each bounded by its deadline).
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn closing_during_fast_calls_never_crashes() {
+    // The race of item 12: calls in flight while the handle is closed.
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "");
+    for _ in 0..5 {
+        let (out, stderr) = probe(&config).run(&["close-during-calls:ping"]);
+        let line = out.get(1).unwrap_or_else(|| panic!("probe died: {stderr}"));
+        assert!(line.starts_with("close-during-calls ping -> 0 "), "{line}");
+        assert_eq!(line.matches(":-10").count(), 4, "{line}");
+    }
+}
+
+#[test]
+fn read_at_allocates_what_the_file_holds_not_what_the_guest_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "");
+    std::fs::write(dir.path().join("data/fd-target"), vec![5u8; 4096]).unwrap();
+    let gib = 1u64 << 30;
+    let past_eof = format!("get-manifest:readat:{}:{gib}", 1u64 << 40);
+    let whole = format!("get-manifest:readat:0:{gib}");
+    let (out, stderr) = probe(&config).run(&["vm-peak", &past_eof, &whole, "vm-peak"]);
+    assert!(out[2].ends_with("-> 0 0"), "{out:?} {stderr}");
+    assert!(out[3].ends_with("-> 0 4096"), "{out:?}");
+    let peak = |line: &str| -> u64 { line.rsplit(' ').next().unwrap().parse().unwrap() };
+    let grew_kib = peak(&out[4]).saturating_sub(peak(&out[1]));
+    // A 1 GiB buffer per call would show as ≥ 1,048,576 KiB.
+    assert!(grew_kib < 256 << 10, "address space grew by {grew_kib} KiB");
+}
+
+#[test]
+fn a_descriptor_flood_is_capped_per_instance_and_leaves_the_consumer_room() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("data")).unwrap();
+    std::fs::write(dir.path().join("data/fd-target"), b"x").unwrap();
+
+    // Default limits: the instance's resource table stops it.
+    let config = hostile_config(dir.path(), "");
+    let (out, stderr) = probe(&config).run(&[
+        "get-manifest:fds:100000",
+        "consumer-fds:200",
+        "get-manifest:ping",
+    ]);
+    assert_eq!(out[1], "get-manifest fds:100000 -> -9", "{stderr}");
+    assert!(stderr.contains("max_resources"), "{stderr}");
+    assert_eq!(out[2], "consumer-fds 200 -> 0");
+    assert_eq!(out[3], "get-manifest ping -> 0 pong");
+
+    // A table as large as the process's limit: the process-wide headroom
+    // stops it, and the consumer can still open files and sockets.
+    let config = hostile_config(dir.path(), "max_resources = 1000000\n");
+    let (out, stderr) = probe(&config).run(&[
+        "get-manifest:fds:1000000",
+        "consumer-fds:1000",
+        "get-manifest:ping",
+    ]);
+    let opened: u64 = out[1]
+        .split("opened ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out:?} {stderr}"));
+    assert!(opened > 100, "{out:?}");
+    assert!(stderr.contains("descriptors or more"), "{stderr}");
+    assert_eq!(out[2], "consumer-fds 1000 -> 0", "{out:?}");
+    assert_eq!(out[3], "get-manifest ping -> 0 pong");
+}
+
+#[test]
+fn a_log_flood_stays_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "");
+    // 5 × 40 MiB error strings, 40 MiB of stderr lines (logged at debug:
+    // the probe runs with KVWASM_LOG=debug), and a trap storm whose
+    // refusals during back-off would each log a warning.
+    let mut ops = vec!["get-manifest:errlog:40960"; 5];
+    ops.push("get-manifest:stderr:40960");
+    ops.extend(std::iter::repeat_n("get-manifest:panic", 300));
+    let (out, stderr) = probe(&config).run(&ops);
+    assert_eq!(out.len(), ops.len() + 1, "{stderr}");
+    assert!(out[1].ends_with("-> -1"), "{}", out[1]);
+    assert!(
+        stderr.len() < 256 << 10,
+        "{} bytes of log for ~240 MiB of guest text",
+        stderr.len()
+    );
+    assert!(stderr.contains("more bytes cut"), "{stderr}");
+    assert!(stderr.contains("suppressed"), "{stderr}");
+}
+
+#[test]
+fn a_guest_cannot_plant_a_symlink_in_its_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "");
+    let (out, stderr) = probe(&config).run(&[
+        "get-manifest:symlink:../../../../etc/passwd",
+        "get-manifest:symlink:fd-target",
+    ]);
+    for line in &out[1..] {
+        let rc: i32 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(rc < 0, "{line}");
+    }
+    assert!(
+        std::fs::symlink_metadata(dir.path().join("data/link")).is_err(),
+        "a link was created"
+    );
+    assert!(stderr.contains("may not create links"), "{stderr}");
+}
+
+#[test]
+fn a_trap_is_reported_as_out_of_memory_only_when_memory_ran_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "");
+    let (out, stderr) = probe(&config).run(&["get-manifest:alloc:512", "get-manifest:panic"]);
+    assert_eq!(out[1], "get-manifest alloc:512 -> -7");
+    assert_eq!(out[2], "get-manifest panic -> -7");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("guest instance discarded after"))
+        .collect();
+    assert!(lines[0].contains("out of memory"), "{stderr}");
+    assert!(
+        lines[1].contains("panics on purpose") && !lines[1].contains("out of memory"),
+        "{stderr}"
+    );
+}
