@@ -259,16 +259,23 @@ fn a_guest_cannot_plant_a_symlink_in_its_grant() {
 fn a_trap_is_reported_as_out_of_memory_only_when_memory_ran_out() {
     let dir = tempfile::tempdir().unwrap();
     let config = hostile_config(dir.path(), "");
-    let (out, stderr) = probe(&config).run(&["get-manifest:alloc:512", "get-manifest:panic"]);
-    assert_eq!(out[1], "get-manifest alloc:512 -> -7");
+    // An allocation refused and survived, then a panic in the same
+    // instance: the panic is not an out-of-memory trap. Then a real one.
+    let (out, stderr) = probe(&config).run(&[
+        "get-manifest:tryalloc:512",
+        "get-manifest:panic",
+        "get-manifest:alloc:512",
+    ]);
+    assert_eq!(out[1], "get-manifest tryalloc:512 -> 0 refused", "{stderr}");
     assert_eq!(out[2], "get-manifest panic -> -7");
+    assert_eq!(out[3], "get-manifest alloc:512 -> -7");
     let lines: Vec<&str> = stderr
         .lines()
         .filter(|l| l.contains("guest instance discarded after"))
         .collect();
-    assert!(lines[0].contains("out of memory"), "{stderr}");
     assert!(
-        lines[1].contains("panics on purpose") && !lines[1].contains("out of memory"),
+        lines[0].contains("panics on purpose") && !lines[0].contains("out of memory"),
         "{stderr}"
     );
+    assert!(lines[1].contains("out of memory"), "{stderr}");
 }

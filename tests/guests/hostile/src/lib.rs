@@ -17,6 +17,7 @@
 //! | `readfile:<path>`      | payload-io `read-file` of `path` beneath `/data`   |
 //! | `writefile:<path>`     | payload-io `write-file` of `path` beneath `/data`  |
 //! | `http:<url>`           | sends a wasi:http GET, returns the status and body |
+//! | `tryalloc:<MiB>`       | asks for that much with `try_reserve`; survives a refusal |
 //! | `sleep:<ms>`           | blocks in a `monotonic-clock` pollable              |
 //! | `read-socket:<ip:port>`| connects and blocks reading a peer that never answers |
 //! | `fds:<n>`              | opens `/data/fd-target` n times, keeping every descriptor; returns how many opened and the error that stopped it |
@@ -149,6 +150,13 @@ impl GuestStore for HostileStore {
                 format!("{:?}", found.collect::<Vec<_>>()).into_bytes()
             }
             Some(("http", url)) => http_get(url)?,
+            Some(("tryalloc", mib)) => {
+                let mut block: Vec<u8> = Vec::new();
+                match block.try_reserve(number::<usize>(mib, &name)? << 20) {
+                    Ok(()) => b"reserved".to_vec(),
+                    Err(_) => b"refused".to_vec(),
+                }
+            }
             Some(("sleep", ms)) => {
                 std::thread::sleep(std::time::Duration::from_millis(number(ms, &name)?));
                 b"slept".to_vec()
