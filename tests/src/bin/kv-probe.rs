@@ -4,7 +4,7 @@
 //!
 //! Lines: `open ok` / `open NULL`; `<op> <arg> -> <rc> [<utf8 output>]`.
 //! OPs: `get-manifest:NAME`, `put-manifest:NAME=TEXT`, `delete-manifest:NAME`,
-//! `put-chunk:HEX=TEXT`, `get-chunk:HEX`, `sleep:MS` (keeps the process alive),
+//! `put-chunk:HEX=TEXT`, `get-chunk:HEX`, `prefetch:HEX,HEX...`, `sleep:MS` (keeps the process alive),
 //! `pause` (waits for a line on stdin, so a test can act between steps),
 //! `stress:THREADS,ROUNDS,SEED` (see [`stress`]).
 
@@ -40,6 +40,11 @@ fn main() {
                 }
             }
             "get-chunk" => show(store.get_chunk(&unhex(arg))),
+            "prefetch" => {
+                let hashes: Vec<Vec<u8>> = arg.split(',').map(unhex).collect();
+                let hashes: Vec<&[u8]> = hashes.iter().map(Vec::as_slice).collect();
+                rc(store.prefetch_chunks(&hashes))
+            }
             "sleep" => {
                 let ms = arg.parse().expect("sleep:MILLISECONDS");
                 std::thread::sleep(std::time::Duration::from_millis(ms));
