@@ -129,7 +129,7 @@ fn no_namespace_reaches_into_another_ones_chunks_or_manifests() {
         b"other bytes"
     );
     assert_eq!(
-        std::fs::read(chunk_file("team/..Chunks")).unwrap(),
+        std::fs::read(chunk_file("team/..chunks")).unwrap(),
         b"other bytes"
     );
     // Namespace `CHUNKS/<fan>`'s manifest named like the chunk.
