@@ -1,11 +1,11 @@
 //! The remote store's answers stay true when the server drops chunks behind
 //! a handle's back (Redis eviction or TTL, S3 lifecycle rules), and
 //! `prefetch_chunks` is bounded in requests and held bytes. Against a real
-//! `redis-server`, through the shim in a child process.
+//! `redis-server` and `s3s-fs`, through the shim in a child process.
 
 use std::path::{Path, PathBuf};
 
-use kvwasm_tests::servers::RedisServer;
+use kvwasm_tests::servers::{RedisServer, S3Server};
 use kvwasm_tests::{Probe, write_config};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
@@ -26,23 +26,71 @@ fn a_chunk_dropped_behind_the_handles_back_is_never_named_by_a_new_manifest() {
     let server = RedisServer::without_password();
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &server, "");
-    let mut run = Probe::new(PROBE, "wasm://redis/ns")
+    let probe = Probe::new(PROBE, "wasm://redis/ns").config(&config);
+    drop_chunks_between_saves(
+        probe,
+        |keys| {
+            let mut args = vec!["DEL"];
+            args.extend(keys);
+            assert_eq!(server.cli(&args).trim(), keys.len().to_string());
+        },
+        |key| server.cli(&["EXISTS", key]).trim() == "1",
+    );
+}
+
+#[test]
+fn an_s3_object_expired_behind_the_handles_back_is_never_named_by_a_new_manifest() {
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "[backends.s3]\ncomponent = \"builtin:s3\"\nhttp = [\"{0}\"]\n\
+             env = [\"AWS_ACCESS_KEY_ID\", \"AWS_SECRET_ACCESS_KEY\"]\n\
+             [backends.s3.settings]\nendpoint = \"{0}\"\nbucket = \"{1}\"\n",
+            server.endpoint, server.bucket
+        ),
+    );
+    let probe = Probe::new(PROBE, "wasm://s3/ns")
         .config(&config)
-        .spawn(&[
-            "put-chunk:0a=alpha",
-            "put-chunk:0b=beta",
-            "put-manifest:m1=0a0b",
-            "prefetch:0b",
-            "pause",
-            // The handle saw both chunks: it answers 1 without asking.
-            "put-chunk:0a=alpha",
-            "put-chunk:0b=beta",
-            "put-manifest:m2=0a0b",
-            "pause",
-            "put-chunk:0a=alpha",
-            "put-manifest:m2=0a0b",
-            "get-chunk:0a",
-        ]);
+        .env("AWS_ACCESS_KEY_ID", &server.access_key)
+        .env("AWS_SECRET_ACCESS_KEY", &server.secret_key);
+    let object = |key: &str| server.bucket_dir().join(key);
+    drop_chunks_between_saves(
+        probe,
+        |keys| {
+            for key in keys {
+                std::fs::remove_file(object(key)).unwrap();
+            }
+        },
+        |key| object(key).is_file(),
+    );
+}
+
+/// Save chunks `0a` and `0b` in namespace `ns` (prefetching `0b`), let
+/// `remove` drop both from the server, save them again on the same handle:
+/// `0b` is re-sent from the prefetch cache, `0a` fails the manifest, which
+/// is not published; putting `0a` again stores it. `exists` asks the server.
+fn drop_chunks_between_saves(
+    probe: Probe,
+    remove: impl FnOnce(&[&str]),
+    exists: impl Fn(&str) -> bool,
+) {
+    let mut run = probe.spawn(&[
+        "put-chunk:0a=alpha",
+        "put-chunk:0b=beta",
+        "put-manifest:m1=0a0b",
+        "prefetch:0b",
+        "pause",
+        // The handle saw both chunks: it answers 1 without asking.
+        "put-chunk:0a=alpha",
+        "put-chunk:0b=beta",
+        "put-manifest:m2=0a0b",
+        "pause",
+        "put-chunk:0a=alpha",
+        "put-manifest:m2=0a0b",
+        "get-chunk:0a",
+    ]);
     assert_eq!(
         run.until_pause(),
         [
@@ -54,8 +102,7 @@ fn a_chunk_dropped_behind_the_handles_back_is_never_named_by_a_new_manifest() {
         ]
     );
     // Evicted, expired or deleted: gone from the server either way.
-    let del = server.cli(&["DEL", "kvwasm/ns/chunks/0a", "kvwasm/ns/chunks/0b"]);
-    assert_eq!(del.trim(), "2");
+    remove(&["kvwasm/ns/chunks/0a", "kvwasm/ns/chunks/0b"]);
     run.resume();
     assert_eq!(
         run.until_pause(),
@@ -66,7 +113,6 @@ fn a_chunk_dropped_behind_the_handles_back_is_never_named_by_a_new_manifest() {
         ],
         "0a is gone and its bytes are not at hand: the manifest fails"
     );
-    let exists = |key: &str| server.cli(&["EXISTS", key]).trim() == "1";
     assert!(!exists("kvwasm/ns/manifests/m2"), "nothing was published");
     assert!(!exists("kvwasm/ns/chunks/0a"));
     assert!(
