@@ -3,6 +3,14 @@
 //! round trips of fresh chunks and publishing a manifest, every byte
 //! checked (`kv-probe`'s `stress` op). Each run is a new process, handle
 //! and namespace; enough runs to make a rare lost or wrong read show up.
+//!
+//! It catches two races in the handle's read-own-writes bookkeeping
+//! (`host/runtime/src/handle.rs`), each a `get_chunk` of a chunk just put
+//! answering -2: an instance that a flush (or `put_manifest`) had just
+//! served was dropped from the unflushed set *after* going back to the
+//! pool, forgetting a put another thread had made on it meanwhile; and a
+//! get decided whether to flush other instances *after* its miss, when a
+//! flush that completed during the get had already cleared them.
 
 use std::time::{Duration, Instant};
 
