@@ -142,6 +142,27 @@ impl RedisServer {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `SET key value` with a binary value of any size, over RESP on a
+    /// connection of its own (`cli` passes values in argv).
+    pub fn set(&self, key: &str, value: &[u8]) {
+        use std::io::{Read, Write};
+        let mut conn = TcpStream::connect(self.addr).expect("connect to redis-server");
+        let mut request = Vec::new();
+        if let Some(password) = &self.password {
+            request.extend(resp(&[b"AUTH", password.as_bytes()]));
+        }
+        request.extend(resp(&[b"SET", key.as_bytes(), value]));
+        conn.write_all(&request).expect("send SET");
+        let expected: &[u8] = if self.password.is_some() {
+            b"+OK\r\n+OK\r\n"
+        } else {
+            b"+OK\r\n"
+        };
+        let mut reply = vec![0; expected.len()];
+        conn.read_exact(&mut reply).expect("read SET reply");
+        assert_eq!(reply, expected, "SET {key}");
+    }
+
     /// A counter from `INFO stats`.
     pub fn info_stat(&self, name: &str) -> u64 {
         let info = self.cli(&["INFO", "stats"]);
@@ -170,6 +191,17 @@ impl Drop for RedisServer {
         }
         self.kill();
     }
+}
+
+/// One command in RESP2: an array of bulk strings.
+fn resp(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend(*arg);
+        out.extend(b"\r\n");
+    }
+    out
 }
 
 /// An `s3s-fs` server on 127.0.0.1 storing objects in a temporary

@@ -6,16 +6,28 @@
 //! ```
 //!
 //! `<root>` is the directory granted at guest path [`DATA_DIR`], plus the
-//! namespace from the URI. Writes go to a unique temporary file and are
-//! renamed into place, so readers never see a partial file. Durability is
-//! ordered: before a manifest is renamed into place, every chunk this
-//! instance wrote is `fsync`ed along with its directory, so a crash can never
-//! leave a visible manifest that names a chunk that did not reach the disk.
-//! Puts write through (the chunk is visible when `put-chunk` returns), like
-//! llama.cpp's local store.
+//! namespace from the URI, one directory per component. A component that
+//! could name a chunk store (`chunks`, in any letter case) is stored as
+//! `..chunks` instead: valid namespace components and manifest names never
+//! contain `..`, so the escaped name meets no other namespace or manifest,
+//! and no namespace can reach into another one's chunks. Every other
+//! namespace keeps its plain path, and the empty namespace is the granted
+//! directory itself.
+//!
+//! Writes go to a unique temporary file and are renamed into place, so
+//! readers never see a partial file. Durability is ordered: before a
+//! manifest is renamed into place, every chunk this instance wrote *or
+//! answered `already-present` for* is `fsync`ed along with its directory,
+//! unless this instance already synced it. A chunk found in place may have
+//! been written by another instance or process that has not synced it yet,
+//! so a crash can never leave a visible manifest that names a chunk that did
+//! not reach the disk. Warm saves stay cheap: each instance syncs a given
+//! chunk once. Puts write through (the chunk is visible when `put-chunk`
+//! returns), like llama.cpp's local store.
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::hash::{BuildHasher, RandomState};
 
 use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_io;
@@ -35,6 +47,9 @@ const CHUNKS_DIR: &str = "chunks";
 /// Prefix of in-flight temporary files. Never a valid result of hex-encoding
 /// a hash; a manifest name could start with it only on purpose.
 const TMP_PREFIX: &str = ".kvwasm-tmp-";
+/// Chunks this instance remembers as synced. Forgotten wholesale when full:
+/// a forgotten chunk costs one more `fsync`, never a wrong answer.
+const MAX_SYNCED: usize = 1 << 20;
 
 struct FsBackend;
 
@@ -57,8 +72,12 @@ struct FsStore {
     chunks: Dir,
     /// `chunks/0` .. `chunks/f`, opened (and created) on first use.
     fanout: RefCell<[Option<Dir>; 16]>,
-    /// Chunks renamed into place but not yet `fsync`ed: (fan-out index, file).
+    /// Chunks a manifest may name that this instance has not `fsync`ed:
+    /// (fan-out index, file).
     unsynced: RefCell<BTreeSet<(usize, String)>>,
+    /// Chunks this instance has `fsync`ed (file names): a warm put of one
+    /// needs no sync before the next manifest.
+    synced: RefCell<HashSet<String>>,
     /// Temp-file names: a per-instance random seed plus a counter.
     tmp_seed: u64,
     tmp_seq: Cell<u64>,
@@ -75,7 +94,7 @@ impl GuestStore for FsStore {
         let parts = validate::namespace(&namespace)?;
         let mut dir = data_dir()?;
         for part in parts {
-            dir = dir.subdir(part)?;
+            dir = dir.subdir(&namespace_dir(part)?)?;
         }
         let chunks = dir.subdir(CHUNKS_DIR)?;
         Ok(Store::new(FsStore {
@@ -83,6 +102,7 @@ impl GuestStore for FsStore {
             chunks,
             fanout: RefCell::new(Default::default()),
             unsynced: RefCell::default(),
+            synced: RefCell::default(),
             // RandomState is seeded from wasi:random; two instances writing
             // the same chunk at once must not share a temp-file name.
             tmp_seed: RandomState::new().hash_one(0u8),
@@ -98,14 +118,20 @@ impl GuestStore for FsStore {
             // A chunk is present when a file of the right size is there: a
             // crash between rename and fsync can leave a short file behind,
             // and such a file is rewritten rather than trusted.
-            match dir.fd.stat_at(PathFlags::empty(), &name) {
-                Ok(stat) if stat.size == data.len() => return Ok(PutOutcome::AlreadyPresent),
-                Ok(_) | Err(ErrorCode::NoEntry) => {}
+            let outcome = match dir.fd.stat_at(PathFlags::empty(), &name) {
+                Ok(stat) if stat.size == data.len() => PutOutcome::AlreadyPresent,
+                Ok(_) | Err(ErrorCode::NoEntry) => {
+                    self.write_file(dir, &name, data, false)?;
+                    PutOutcome::Stored
+                }
                 Err(e) => return Err(e).fs_context("stat chunk"),
+            };
+            // A chunk found in place may be another writer's, not synced
+            // yet: sync it before this instance's next manifest too.
+            if outcome == PutOutcome::Stored || !self.synced.borrow().contains(&name) {
+                self.unsynced.borrow_mut().insert((slot, name));
             }
-            self.write_file(dir, &name, data, false)?;
-            self.unsynced.borrow_mut().insert((slot, name.clone()));
-            Ok(PutOutcome::Stored)
+            Ok(outcome)
         })
     }
 
@@ -117,9 +143,11 @@ impl GuestStore for FsStore {
 
     fn put_manifest(&self, name: String, data: &Payload) -> Result<()> {
         validate::manifest_name(&name)?;
-        self.flush()?;
+        let synced = self.sync_chunks()?;
         self.write_file(&self.root, &name, data, true)?;
-        self.root.fd.sync().fs_context("sync manifest directory")
+        self.root.fd.sync().fs_context("sync manifest directory")?;
+        eprintln!("put-manifest {name:?}: {synced} chunks synced first");
+        Ok(())
     }
 
     fn get_manifest(&self, name: String) -> Result<Payload> {
@@ -156,6 +184,14 @@ impl GuestStore for FsStore {
     }
 
     fn flush(&self) -> Result<()> {
+        self.sync_chunks().map(drop)
+    }
+}
+
+impl FsStore {
+    /// `fsync` every chunk a manifest may name that this instance has not
+    /// synced, then their directories; returns how many chunks were synced.
+    fn sync_chunks(&self) -> Result<usize> {
         let unsynced = std::mem::take(&mut *self.unsynced.borrow_mut());
         let mut dirs = BTreeSet::new();
         for (slot, name) in &unsynced {
@@ -171,17 +207,27 @@ impl GuestStore for FsStore {
             dirs.insert(*slot);
         }
         if dirs.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
-        for slot in dirs {
-            self.with_fanout(slot, |dir| dir.fd.sync().fs_context("sync chunk directory"))?;
-        }
+        let dirs_synced = dirs.into_iter().try_for_each(|slot| {
+            self.with_fanout(slot, |dir| dir.fd.sync().fs_context("sync chunk directory"))
+        });
         // A fan-out directory created since the last flush is an entry here.
-        self.chunks.fd.sync().fs_context("sync chunks directory")
+        if let Err(e) =
+            dirs_synced.and_then(|()| self.chunks.fd.sync().fs_context("sync chunks directory"))
+        {
+            self.unsynced.borrow_mut().extend(unsynced);
+            return Err(e);
+        }
+        let mut synced = self.synced.borrow_mut();
+        if synced.len().saturating_add(unsynced.len()) > MAX_SYNCED {
+            synced.clear();
+        }
+        let count = unsynced.len();
+        synced.extend(unsynced.into_iter().map(|(_, name)| name));
+        Ok(count)
     }
-}
 
-impl FsStore {
     /// Run `f` on fan-out directory `slot`, opening (creating) it on first use.
     fn with_fanout<T>(&self, slot: usize, f: impl FnOnce(&Dir) -> Result<T>) -> Result<T> {
         let mut fanout = self.fanout.borrow_mut();
@@ -271,6 +317,27 @@ fn open_dir(parent: &Descriptor, name: &str, writable: bool) -> Result<Dir> {
 /// through guest memory.
 fn read_file(dir: &Dir, name: &str, what: &str) -> Result<Payload> {
     payload_io::read_file(&dir.fd, name).fs_context(&format!("read {what}"))
+}
+
+/// The directory name of namespace component `part` (see the module docs):
+/// `..<part>` if it could be taken for a chunk store on a case-insensitive
+/// filesystem (which may also fold Unicode look-alikes or drop trailing dots
+/// and spaces), else `part` itself.
+fn namespace_dir(part: &str) -> Result<Cow<'_, str>> {
+    let folded = part
+        .trim_end_matches(['.', ' '])
+        .to_uppercase()
+        .to_lowercase();
+    if folded != CHUNKS_DIR {
+        return Ok(Cow::Borrowed(part));
+    }
+    let escaped = format!("..{part}");
+    if escaped.len() > validate::MAX_NAME_LEN {
+        return Err(Error::InvalidArgument(format!(
+            "namespace component {part:?} is too long to escape"
+        )));
+    }
+    Ok(Cow::Owned(escaped))
 }
 
 /// Index of the fan-out directory: the first hex digit of the hash.

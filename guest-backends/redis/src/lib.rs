@@ -14,7 +14,7 @@
 //! | `user` | none | ACL user for `AUTH` |
 //! | `password_env` | `REDIS_PASSWORD` | environment variable holding the password (grant it in `env`) |
 //! | `timeout_ms` | `5000` | deadline of one operation (connect if needed, then one pipeline); keep it under the host's `call_timeout_ms` |
-//! | `prefix`, `dedup_check`, `max_pending_mib`, `prefetch_cache_mib` | | see `kvwasm_guest_support::remote` |
+//! | `prefix`, `dedup_check`, `max_pending_mib`, `prefetch_cache_mib`, `prefetch_wave` | | see `kvwasm_guest_support::remote` |
 
 mod conn;
 

@@ -16,7 +16,7 @@
 //! | `timeout_ms` | `5000` | deadline of one operation (all its requests); keep it under the host's `call_timeout_ms` |
 //! | `max_concurrency` | `16` | requests in flight at once |
 //! | `access_key_id_env`, `secret_access_key_env`, `session_token_env` | `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN` | environment variables holding the credentials (grant them in `env`) |
-//! | `prefix`, `dedup_check`, `max_pending_mib`, `prefetch_cache_mib` | | see `kvwasm_guest_support::remote` |
+//! | `prefix`, `dedup_check`, `max_pending_mib`, `prefetch_cache_mib`, `prefetch_wave` | | see `kvwasm_guest_support::remote` |
 
 mod http;
 mod sign;

@@ -14,8 +14,22 @@
 //!   the missing ones. Only then is the manifest written, so a reader never
 //!   sees a manifest before its chunks. Staged chunks survive a failed
 //!   flush: after a server restart the next `put-manifest` retries them.
-//! * `prefetch-chunks` fetches in one batch into a bounded cache that the
-//!   following `get-chunk` calls drain.
+//! * Chunks the server may have dropped since this handle saw them (Redis
+//!   eviction or a TTL, an S3 lifecycle rule): every hash `put-chunk`
+//!   answered `already-present` for without staging it is *vouched for*,
+//!   and the next flush re-checks it in the same existence round trip as
+//!   the staged ones (a warm save is two round trips: this check and the
+//!   manifest). A vouched chunk that is gone is written again if its bytes
+//!   are still in the prefetch cache; otherwise the flush, and so the
+//!   `put-manifest`, fails with `io` naming it, and the handle forgets it,
+//!   so putting it again stores it. Nothing is published naming a chunk
+//!   that was gone at that check; a store that evicts chunks *after* a
+//!   manifest names them still breaks that manifest, so keep Redis on
+//!   `maxmemory-policy noeviction` and S3 `chunks/` without expiry.
+//! * `prefetch-chunks` fetches in waves of at most `prefetch_wave` keys
+//!   (default 32) into a cache of at most `prefetch_cache_mib` that the
+//!   following `get-chunk` calls drain, and stops once the cache is full:
+//!   a request's replies (one wave) are the most it holds beyond that.
 //!
 //! Keys: `<prefix>/<namespace>/chunks/<hex hash>` and
 //! `<prefix>/<namespace>/manifests/<name>`. Manifest names cannot contain
@@ -66,6 +80,8 @@ pub struct StoreOptions {
     /// Bytes `prefetch-chunks` may hold for later gets
     /// (`prefetch_cache_mib`, default 128).
     pub prefetch_budget_bytes: usize,
+    /// Keys per `prefetch-chunks` request (`prefetch_wave`, default 32).
+    pub prefetch_wave: usize,
     /// `dedup_check`: `put` (default) or `flush`.
     pub dedup: DedupCheck,
 }
@@ -88,6 +104,7 @@ impl StoreOptions {
             prefix: settings.get("prefix").unwrap_or("kvwasm").to_owned(),
             max_pending_bytes: mib("max_pending_mib", 64)?,
             prefetch_budget_bytes: mib("prefetch_cache_mib", 128)?,
+            prefetch_wave: settings.parse_or("prefetch_wave", 32)?.max(1),
             dedup,
         })
     }
@@ -140,6 +157,9 @@ struct Staging {
     pending_index: HashMap<Vec<u8>, usize>,
     pending_bytes: usize,
     known: HashSet<Vec<u8>>,
+    /// Hashes answered `already-present` without being staged since the
+    /// last flush: a manifest may name them, so the flush re-checks them.
+    vouched: HashSet<Vec<u8>>,
     prefetched: HashMap<Vec<u8>, Vec<u8>>,
     prefetched_bytes: usize,
 }
@@ -174,41 +194,88 @@ impl<R: Remote> RemoteStore<R> {
         self.remote.borrow_mut()
     }
 
-    /// Write the staged chunks: one existence check, one write of the
-    /// missing ones. Returns (staged, already present).
-    fn write_pending(&self) -> Result<(usize, usize)> {
+    /// Write the staged chunks and re-check the vouched ones: one existence
+    /// check for both, one write of the missing ones. Fails with `io` if a
+    /// vouched chunk is gone and its bytes are not at hand.
+    fn write_pending(&self) -> Result<Flushed> {
         let mut staging = self.staging.borrow_mut();
-        if staging.pending.is_empty() {
-            return Ok((0, 0));
+        if staging.pending.is_empty() && staging.vouched.is_empty() {
+            return Ok(Flushed::default());
         }
-        let keys: Vec<String> = staging
+        let vouched: Vec<Vec<u8>> = staging.vouched.iter().cloned().collect();
+        let staged = staging.pending.len();
+        // (hash, its bytes if this handle still holds them)
+        let candidates: Vec<(&[u8], Option<&[u8]>)> = staging
             .pending
             .iter()
-            .map(|(h, _)| self.keys.chunk(h))
+            .map(|(h, data)| (h.as_slice(), Some(data.as_slice())))
+            .chain(vouched.iter().map(|h| {
+                let cached = staging.prefetched.get(h).map(Vec::as_slice);
+                (h.as_slice(), cached)
+            }))
             .collect();
+        let keys: Vec<String> = candidates.iter().map(|(h, _)| self.keys.chunk(h)).collect();
         let present = self.remote().exists(&keys)?;
-        let missing: Vec<(String, &[u8])> = staging
-            .pending
-            .iter()
-            .zip(keys)
-            .zip(&present)
-            .filter(|(_, there)| !**there)
-            .map(|(((_, data), key), _)| (key, data.as_slice()))
-            .collect();
+        let mut missing: Vec<(String, &[u8])> = Vec::new();
+        let mut missing_staged = 0;
+        let mut gone: Vec<Vec<u8>> = Vec::new();
+        for (at, ((key, (hash, bytes)), there)) in
+            keys.into_iter().zip(&candidates).zip(&present).enumerate()
+        {
+            match (there, bytes) {
+                (true, _) => {}
+                (false, Some(bytes)) => {
+                    missing_staged += usize::from(at < staged);
+                    missing.push((key, bytes));
+                }
+                (false, None) => gone.push(hash.to_vec()),
+            }
+        }
         if !missing.is_empty() {
             self.remote().put(&missing)?;
         }
-        let staged = staging.pending.len();
-        let skipped = staged - missing.len();
+        let flushed = Flushed {
+            staged,
+            skipped: staged - missing_staged,
+            rechecked: vouched.len(),
+        };
         let pending = std::mem::take(&mut staging.pending);
         staging.pending_index.clear();
         staging.pending_bytes = 0;
+        staging.vouched.clear();
         for (hash, _) in pending {
             staging.remember(hash);
         }
-        Ok((staged, skipped))
+        if gone.is_empty() {
+            return Ok(flushed);
+        }
+        for hash in &gone {
+            staging.known.remove(hash);
+        }
+        let names: Vec<String> = gone.iter().take(8).map(|h| validate::hash_hex(h)).collect();
+        Err(Error::Io(format!(
+            "{} chunks this handle answered already-present for are gone from the server \
+             (evicted or expired), e.g. {}; put them again before publishing a manifest that \
+             names them",
+            gone.len(),
+            names.join(", ")
+        )))
     }
 }
+
+/// What a flush did, for the manifest's log line.
+#[derive(Default)]
+struct Flushed {
+    /// Staged chunks checked.
+    staged: usize,
+    /// Of those, already on the server.
+    skipped: usize,
+    /// Vouched chunks re-checked.
+    rechecked: usize,
+}
+
+/// Vouched hashes a handle holds before it re-checks them early.
+const MAX_VOUCHED: usize = 1 << 16;
 
 impl<R: Remote> GuestStore for RemoteStore<R> {
     fn open(namespace: String) -> Result<Store> {
@@ -227,16 +294,26 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
 
     fn put_chunk(&self, hash: Vec<u8>, data: &Payload) -> Result<PutOutcome> {
         validate::hash(&hash)?;
-        {
+        let known = {
             let staging = self.staging.borrow();
-            if staging.pending_index.contains_key(&hash) || staging.known.contains(&hash) {
+            if staging.pending_index.contains_key(&hash) {
                 return Ok(PutOutcome::AlreadyPresent);
             }
-        }
-        if self.options.dedup == DedupCheck::Put
-            && self.remote().exists(&[self.keys.chunk(&hash)])?[0]
+            staging.known.contains(&hash)
+        };
+        if known
+            || (self.options.dedup == DedupCheck::Put
+                && self.remote().exists(&[self.keys.chunk(&hash)])?[0])
         {
-            self.staging.borrow_mut().remember(hash);
+            let vouched = {
+                let mut staging = self.staging.borrow_mut();
+                staging.remember(hash.clone());
+                staging.vouched.insert(hash);
+                staging.vouched.len()
+            };
+            if vouched >= MAX_VOUCHED {
+                self.write_pending()?;
+            }
             return Ok(PutOutcome::AlreadyPresent);
         }
         let len = usize::try_from(data.len()).unwrap_or(usize::MAX);
@@ -246,6 +323,8 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
         }
         let bytes = data.to_vec();
         let mut staging = self.staging.borrow_mut();
+        // Staged, it is checked as such at the flush.
+        staging.vouched.remove(&hash);
         staging.pending_bytes += bytes.len();
         let at = staging.pending.len();
         staging.pending_index.insert(hash.clone(), at);
@@ -277,11 +356,16 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
 
     fn put_manifest(&self, name: String, data: &Payload) -> Result<()> {
         validate::manifest_name(&name)?;
-        let (staged, skipped) = self.write_pending()?;
+        let Flushed {
+            staged,
+            skipped,
+            rechecked,
+        } = self.write_pending()?;
         let bytes = data.to_vec();
         self.remote().put(&[(self.keys.manifest(&name), &bytes)])?;
         eprintln!(
-            "put-manifest {name:?}: {staged} staged chunks ({skipped} already stored), {} round trips",
+            "put-manifest {name:?}: {staged} staged chunks ({skipped} already stored), {} round trips, \
+             {rechecked} dedup hits re-checked",
             self.round_trips.replace(0)
         );
         Ok(())
@@ -316,20 +400,24 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
                 })
                 .collect()
         };
-        if wanted.is_empty() {
-            return Ok(());
-        }
-        let keys: Vec<String> = wanted.iter().map(|h| self.keys.chunk(h)).collect();
-        let values = self.remote().get(&keys)?;
-        let mut staging = self.staging.borrow_mut();
-        for (hash, value) in wanted.into_iter().zip(values) {
-            let Some(bytes) = value else { continue };
-            if staging.prefetched_bytes + bytes.len() > self.options.prefetch_budget_bytes {
+        let budget = self.options.prefetch_budget_bytes;
+        for wave in wanted.chunks(self.options.prefetch_wave) {
+            if self.staging.borrow().prefetched_bytes >= budget {
                 break;
             }
-            staging.prefetched_bytes += bytes.len();
-            staging.remember(hash.clone());
-            staging.prefetched.insert(hash, bytes);
+            let keys: Vec<String> = wave.iter().map(|h| self.keys.chunk(h)).collect();
+            let values = self.remote().get(&keys)?;
+            let mut staging = self.staging.borrow_mut();
+            for (hash, value) in wave.iter().zip(values) {
+                let Some(bytes) = value else { continue };
+                if staging.prefetched_bytes + bytes.len() > budget {
+                    // Full: later gets fetch the rest themselves.
+                    return Ok(());
+                }
+                staging.prefetched_bytes += bytes.len();
+                staging.remember(hash.clone());
+                staging.prefetched.insert(hash.clone(), bytes);
+            }
         }
         Ok(())
     }
@@ -362,6 +450,7 @@ mod tests {
         assert_eq!(o.dedup, DedupCheck::Flush);
         assert_eq!(o.max_pending_bytes, 8 << 20);
         assert_eq!(o.prefix, "kvwasm");
+        assert_eq!(o.prefetch_wave, 32);
         let bad = Settings::from_pairs([("dedup_check", "never")]);
         assert!(StoreOptions::from_settings(&bad).is_err());
     }

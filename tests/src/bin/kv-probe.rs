@@ -4,8 +4,9 @@
 //!
 //! Lines: `open ok` / `open NULL`; `<op> <arg> -> <rc> [<utf8 output>]`.
 //! OPs: `get-manifest:NAME`, `put-manifest:NAME=TEXT`, `delete-manifest:NAME`,
-//! `put-chunk:HEX=TEXT`, `get-chunk:HEX`, `sleep:MS` (keeps the process alive),
-//! `pause` (waits for a line on stdin, so a test can act between steps),
+//! `put-chunk:HEX=TEXT`, `get-chunk:HEX`, `prefetch:HEX,HEX...`, `sleep:MS`
+//! (keeps the process alive), `pause` (waits for a line on stdin, so a test
+//! can act between steps), `stress:THREADS,ROUNDS,SEED` (see [`stress`]),
 //! `consumer-fds:N` (the consumer itself opens N files and a TCP socket:
 //! prints `0` if it could), `close-during-calls:NAME` (4 threads call
 //! `get_manifest(NAME)` on the handle while it is closed; prints each
@@ -50,6 +51,11 @@ fn main() {
                 }
             }
             "get-chunk" => show(store.get_chunk(&unhex(arg))),
+            "prefetch" => {
+                let hashes: Vec<Vec<u8>> = arg.split(',').map(unhex).collect();
+                let hashes: Vec<&[u8]> = hashes.iter().map(Vec::as_slice).collect();
+                rc(store.prefetch_chunks(&hashes))
+            }
             "sleep" => {
                 let ms = arg.parse().expect("sleep:MILLISECONDS");
                 std::thread::sleep(std::time::Duration::from_millis(ms));
@@ -62,6 +68,7 @@ fn main() {
                 println!("{verb} {arg} -> {line}");
                 return;
             }
+            "stress" => stress(&store, arg),
             "pause" => {
                 println!("pause");
                 let mut line = String::new();
@@ -142,6 +149,74 @@ fn close_during_calls(lib: &Library, store: &kv_store_abi::Handle<'_>, name: &st
         .map(|t| t.join().expect("thread"))
         .collect();
     format!("0 {}", results.join(" "))
+}
+
+/// THREADS threads share the one handle. Each does ROUNDS put/get round
+/// trips of its own fresh chunks (1 to 16 KiB, derived from SEED), checking
+/// every byte, then publishes a manifest of its hashes and reads it back;
+/// finally every chunk is read again. Prints `0 ok` or the first failures
+/// (`<thread>/<round> <what>`), as an independent multi-threaded consumer
+/// sees them.
+fn stress(store: &kv_store_abi::Handle<'_>, arg: &str) -> String {
+    let nums: Vec<u64> = arg
+        .split(',')
+        .map(|n| n.parse().expect("stress:THREADS,ROUNDS,SEED"))
+        .collect();
+    let [threads, rounds, seed] = nums[..] else {
+        panic!("stress:THREADS,ROUNDS,SEED")
+    };
+    let chunk = |t: u64, r: u64| {
+        let data = kvwasm_tests::pattern(
+            1024 + ((t * 7919 + r * 104_729) % 15_360) as usize,
+            seed ^ (t << 32 | r),
+        );
+        (kvwasm_tests::xxh3_key(&data), data)
+    };
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let failures = &failures;
+            s.spawn(move || {
+                let fail =
+                    |r: u64, what: String| failures.lock().unwrap().push(format!("{t}/{r} {what}"));
+                let mut manifest = Vec::new();
+                for r in 0..rounds {
+                    let (hash, data) = chunk(t, r);
+                    manifest.extend_from_slice(&hash);
+                    if let Err(rc) = store.put_chunk(&hash, &data) {
+                        fail(r, format!("put-chunk -> {rc}"));
+                    }
+                    match store.get_chunk(&hash) {
+                        Ok(got) if *got == *data => {}
+                        Ok(got) => fail(r, format!("get-chunk: {} wrong bytes", got.len())),
+                        Err(rc) => fail(r, format!("get-chunk -> {rc}")),
+                    }
+                }
+                let name = format!("stress-{t}");
+                match store
+                    .put_manifest(&name, &manifest)
+                    .and_then(|()| store.get_manifest(&name))
+                {
+                    Ok(got) if *got == *manifest => {}
+                    Ok(_) => fail(rounds, "manifest: wrong bytes".into()),
+                    Err(rc) => fail(rounds, format!("manifest -> {rc}")),
+                }
+            });
+        }
+    });
+    let mut failures = failures.into_inner().unwrap();
+    for t in 0..threads {
+        for r in 0..rounds {
+            let (hash, data) = chunk(t, r);
+            if !store.get_chunk(&hash).is_ok_and(|got| *got == *data) {
+                failures.push(format!("{t}/{r} lost after the manifests"));
+            }
+        }
+    }
+    match failures.len() {
+        0 => "0 ok".into(),
+        n => format!("{n} failures: {}", failures[..n.min(5)].join("; ")),
+    }
 }
 
 fn rc(r: Result<(), i32>) -> String {

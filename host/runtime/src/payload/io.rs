@@ -121,9 +121,9 @@ impl HostState {
             Err(code) => return Ok(Err(code)),
         };
         let bytes = self.table.get(data)?.as_slice();
-        let written =
-            file.write_all(bytes)
-                .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
+        let written = file
+            .write_all(bytes)
+            .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
         Ok(written.map_err(io_error_code))
     }
 

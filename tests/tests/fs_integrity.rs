@@ -1,0 +1,146 @@
+//! Data integrity of the fs guest: the durable-before-manifest rule holds
+//! for chunks another writer left in place, and no namespace can reach into
+//! another one's chunk store or manifests.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kvwasm_host::config::Config;
+use kvwasm_host::{KvError, StoreHandle};
+use kvwasm_tests::{Probe, fs_uri, pattern, xxh3_key};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
+
+#[test]
+fn a_chunk_found_in_place_is_synced_before_the_next_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    // Another writer (instance or process) renamed this chunk into place
+    // and has not synced it yet: this handle cannot know it is durable.
+    let (theirs, mine) = ("0a11", "0b22");
+    std::fs::create_dir_all(dir.path().join("chunks/0")).unwrap();
+    std::fs::write(dir.path().join("chunks/0").join(theirs), "theirs").unwrap();
+
+    let (out, stderr) = Probe::new(PROBE, &fs_uri(dir.path())).run(&[
+        &format!("put-chunk:{theirs}=theirs"),
+        &format!("put-chunk:{mine}=mine"),
+        "put-manifest:m1=both",
+        // A warm save of the same chunks: nothing left to sync.
+        &format!("put-chunk:{theirs}=theirs"),
+        &format!("put-chunk:{mine}=mine"),
+        "put-manifest:m2=both",
+    ]);
+    assert_eq!(
+        out,
+        [
+            "open ok".to_owned(),
+            format!("put-chunk {theirs}=theirs -> 1"),
+            format!("put-chunk {mine}=mine -> 0"),
+            "put-manifest m1=both -> 0".into(),
+            format!("put-chunk {theirs}=theirs -> 1"),
+            format!("put-chunk {mine}=mine -> 1"),
+            "put-manifest m2=both -> 0".into(),
+        ],
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("put-manifest \"m1\": 2 chunks synced first"),
+        "the chunk found in place was synced with the new one: {stderr}"
+    );
+    assert!(
+        stderr.contains("put-manifest \"m2\": 0 chunks synced first"),
+        "a warm save syncs nothing again: {stderr}"
+    );
+}
+
+/// Handles on namespaces of one `builtin:fs` backend rooted at `dir/data`.
+fn fs_backend(dir: &Path) -> Arc<kvwasm_host::Backend> {
+    let text = "[backends.fs]\ncomponent = \"builtin:fs\"\ndir = \"data\"\n";
+    Arc::new(Config::parse(text, dir).unwrap().backend("fs").unwrap())
+}
+
+#[test]
+fn no_namespace_reaches_into_another_ones_chunks_or_manifests() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = fs_backend(dir.path());
+    let open = |ns: &str| StoreHandle::open(backend.clone(), ns).unwrap();
+    let data = dir.path().join("data");
+
+    // The empty namespace (llama.cpp's layout) and an ordinary nested one.
+    let victims = [("", open("")), ("team", open("team"))];
+    let chunk = pattern(4096, 7);
+    let hash = xxh3_key(&chunk);
+    let hex = hex::encode(hash);
+    // A second chunk in another fan-out directory.
+    let other = (8..)
+        .map(|seed| pattern(4096, seed))
+        .find(|c| hex::encode(xxh3_key(c))[..1] != hex[..1])
+        .unwrap();
+    let other_fan = hex::encode(xxh3_key(&other))[..1].to_owned();
+    for (_, store) in &victims {
+        assert!(!store.put_chunk(&hash, &chunk).unwrap());
+        assert!(!store.put_chunk(&xxh3_key(&other), &other).unwrap());
+        store.put_manifest("m", &hash).unwrap();
+    }
+
+    // Namespaces that look like the victims' chunk stores, in any case.
+    let fan = &hex[..1];
+    for ns in [
+        format!("chunks/{fan}"),
+        format!("team/chunks/{fan}"),
+        format!("CHUNKS/{fan}"),
+        format!("team/Chunks/{fan}"),
+        "chunks".to_owned(),
+        "team/chunks".to_owned(),
+    ] {
+        let attacker = open(&ns);
+        // The victims' chunk files are not its manifests...
+        assert!(
+            matches!(attacker.get_manifest(&hex), Err(KvError::NotFound)),
+            "{ns:?} read a chunk as a manifest"
+        );
+        // ...and writing manifests of those names, or named after the
+        // victims' fan-out directories, clobbers nothing.
+        attacker.put_manifest(&hex, b"clobbered").unwrap();
+        attacker.put_manifest(&other_fan, b"a manifest").unwrap();
+        assert_eq!(
+            attacker.get_manifest(&other_fan).unwrap().as_slice(),
+            b"a manifest"
+        );
+        // Its own chunks are its own, even the same hash.
+        assert!(!attacker.put_chunk(&hash, b"other bytes").unwrap());
+        for (name, victim) in &victims {
+            assert_eq!(
+                victim.get_chunk(&hash).unwrap().as_slice(),
+                chunk.as_slice(),
+                "{ns:?} clobbered {name:?}'s chunk"
+            );
+            assert_eq!(victim.get_manifest("m").unwrap().as_slice(), &hash);
+            assert!(victim.get_manifest(&hex).is_err(), "{ns:?} → {name:?}");
+        }
+    }
+
+    // Ordinary namespaces keep their plain paths; the escaped ones are
+    // out of every chunk store's way.
+    let chunk_file = |ns: &str| data.join(ns).join("chunks").join(fan).join(&hex);
+    assert_eq!(std::fs::read(chunk_file("team")).unwrap(), chunk);
+    assert_eq!(std::fs::read(chunk_file("")).unwrap(), chunk);
+    assert_eq!(
+        std::fs::read(chunk_file("..chunks")).unwrap(),
+        b"other bytes"
+    );
+    assert_eq!(
+        std::fs::read(chunk_file("team/..chunks")).unwrap(),
+        b"other bytes"
+    );
+    // Namespace `CHUNKS/<fan>`'s manifest named like the chunk.
+    let manifest = data.join("..CHUNKS").join(fan).join(&hex);
+    assert_eq!(std::fs::read(manifest).unwrap(), b"clobbered");
+    let mut fans: Vec<String> = std::fs::read_dir(data.join("chunks"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    fans.sort();
+    let mut expected = [fan.to_owned(), other_fan];
+    expected.sort();
+    assert_eq!(fans, expected, "only the victim's fan-out directories");
+}
