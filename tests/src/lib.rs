@@ -285,9 +285,10 @@ pub mod crash {
     /// across restarts.
     const SHARED_IDS: u64 = 32;
     /// Content ids an epoch draws from besides the shared ones: epoch `e`
-    /// uses `[e * WINDOW, (e + 2) * WINDOW)`, so every restart re-puts half of
-    /// the chunks the killed writer was putting (a torn chunk trusted by the
-    /// dedup check would be caught) and writes fresh ones.
+    /// uses `[e * WINDOW, (e + 2) * WINDOW)`. Each window overlaps the last
+    /// one by half, so a restarted writer puts again chunks the killed one
+    /// may have been writing (a torn chunk trusted as a dedup hit would be
+    /// caught), and fresh ones.
     const WINDOW: u64 = 192;
     const MAGIC: &str = "kvcrash-slot v1";
 

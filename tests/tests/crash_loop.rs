@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use kvwasm_tests::crash::{CheckReport, Rng};
+use kvwasm_tests::crash::{CheckReport, Rng, encode_manifest, parse_manifest};
 use kvwasm_tests::servers::RedisServer;
 use kvwasm_tests::{fs_uri, shim_path, write_config};
 
@@ -290,4 +290,24 @@ fn the_checker_catches_dangling_and_torn_manifests_of_a_broken_writer() {
         });
         eprintln!("{mode}: {kind} manifest caught at kill {}", caught + 1);
     }
+}
+
+/// The torn-manifest verdict is exact: the whole manifest parses to its
+/// chunks; every strict prefix, a splice of two versions, and a manifest of
+/// another slot are torn.
+#[test]
+fn a_manifest_parses_only_whole() {
+    let chunks: Vec<_> = (0u8..12).map(|i| ([i; 8], 4096 << (i % 7))).collect();
+    let old = encode_manifest("slot-1", "w/0", &chunks[..10]);
+    let new = encode_manifest("slot-1", "w/1", &chunks);
+    assert_eq!(parse_manifest("slot-1", &new), Ok(chunks.clone()));
+    for len in 0..new.len() {
+        assert!(
+            parse_manifest("slot-1", &new[..len]).is_err(),
+            "prefix {len}"
+        );
+    }
+    let splice = [&new[..new.len() / 2], &old[old.len() / 2..]].concat();
+    assert!(parse_manifest("slot-1", &splice).is_err());
+    assert!(parse_manifest("slot-2", &new).is_err());
 }
