@@ -447,9 +447,10 @@ pub mod crash {
         }
     }
 
-    /// Audit every slot through `store` as a restoring consumer would: each
-    /// visible manifest must parse completely, and every chunk it names must
-    /// be readable, of its length, and hash to its key. A missing manifest
+    /// Audit every slot through `store` as a restoring consumer would
+    /// (`get_manifest`, `prefetch_chunks`, `get_chunk`): each visible
+    /// manifest must parse completely, and every chunk it names must be
+    /// readable, of its length, and hash to its key. A missing manifest
     /// (-2) is fine; any other failure is a problem.
     pub fn check(store: &Handle<'_>) -> CheckReport {
         const NOT_FOUND: i32 = -2;
@@ -473,6 +474,10 @@ pub mod crash {
                     continue;
                 }
             };
+            // The restore path of a v2 consumer; a failed prefetch is only a
+            // lost hint (the gets below still decide).
+            let keys: Vec<&[u8]> = chunks.iter().map(|(key, _)| &key[..]).collect();
+            let _ = store.prefetch_chunks(&keys);
             for (key, len) in chunks {
                 let hex = hex::encode(key);
                 match store.get_chunk(&key) {
