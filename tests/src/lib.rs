@@ -270,3 +270,232 @@ pub fn http_server(
     });
     (addr, served)
 }
+
+/// The crash-loop workload (`kv-crash-writer`) and its checker, shared by
+/// the writer binary and `tests/crash_loop.rs`: llama.cpp-like slot saves
+/// whose manifests say exactly which chunks they need, so a store left
+/// behind by a killed consumer can be audited through the C ABI alone.
+pub mod crash {
+    use super::{Handle, pattern, xxh3_key};
+
+    /// Manifest names the writer uses (`slot-0` ..), reused so saves replace
+    /// and delete each other's manifests.
+    pub const SLOTS: usize = 8;
+    /// Content ids every epoch draws from: the dedup path across slots and
+    /// across restarts.
+    const SHARED_IDS: u64 = 32;
+    /// Content ids an epoch draws from besides the shared ones: epoch `e`
+    /// uses `[e * WINDOW, (e + 2) * WINDOW)`. Each window overlaps the last
+    /// one by half, so a restarted writer puts again chunks the killed one
+    /// may have been writing (a torn chunk trusted as a dedup hit would be
+    /// caught), and fresh ones.
+    const WINDOW: u64 = 192;
+    const MAGIC: &str = "kvcrash-slot v1";
+
+    pub fn slot_name(slot: usize) -> String {
+        format!("slot-{slot}")
+    }
+
+    /// SplitMix64: small, seedable, and the same on every platform.
+    #[derive(Clone, Debug)]
+    pub struct Rng(u64);
+
+    impl Rng {
+        pub fn new(seed: u64) -> Rng {
+            Rng(seed)
+        }
+
+        pub fn next_u64(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+
+        /// Uniform in `lo..hi` (`hi > lo`; the modulo bias is irrelevant here).
+        pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+            lo + self.next_u64() % (hi - lo)
+        }
+    }
+
+    /// The bytes of chunk content `id`: 4 KiB to 256 KiB, fixed per id.
+    pub fn chunk_content(id: u64) -> Vec<u8> {
+        let size = 4096usize << (Rng::new(id).next_u64() % 7);
+        pattern(size, id ^ 0xC4A5_11D0)
+    }
+
+    /// The content ids of one save in `epoch`: 8 to 32 chunks, a quarter
+    /// shared by every save, the rest from the epoch's window.
+    pub fn save_ids(rng: &mut Rng, epoch: u64) -> Vec<u64> {
+        let n = rng.range(8, 33);
+        (0..n)
+            .map(|_| {
+                if rng.range(0, 4) == 0 {
+                    rng.range(0, SHARED_IDS)
+                } else {
+                    SHARED_IDS + rng.range(epoch * WINDOW, (epoch + 2) * WINDOW)
+                }
+            })
+            .collect()
+    }
+
+    /// A chunk as a manifest names it: its key and length.
+    pub type ChunkRef = ([u8; 8], usize);
+
+    /// The manifest of slot `name`: a header, one line per chunk, and a
+    /// trailer with the line count and an xxh3 of everything before it, so
+    /// any prefix or mix of two versions fails [`parse_manifest`].
+    pub fn encode_manifest(name: &str, writer: &str, chunks: &[ChunkRef]) -> Vec<u8> {
+        let mut text = format!("{MAGIC}\nname {name}\nwriter {writer}\n");
+        for (key, len) in chunks {
+            text.push_str(&format!("chunk {} {len}\n", hex::encode(key)));
+        }
+        let sum = xxhash_rust::xxh3::xxh3_64(text.as_bytes());
+        text.push_str(&format!("end {} {sum:016x}\n", chunks.len()));
+        text.into_bytes()
+    }
+
+    /// The chunks a manifest of slot `name` names, or why it is torn.
+    pub fn parse_manifest(name: &str, bytes: &[u8]) -> Result<Vec<ChunkRef>, String> {
+        let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+        let body_end = text
+            .trim_end_matches('\n')
+            .rfind('\n')
+            .map(|at| at + 1)
+            .ok_or("no trailer")?;
+        let (body, trailer) = text.split_at(body_end);
+        let sum = xxhash_rust::xxh3::xxh3_64(body.as_bytes());
+        let mut lines = body.lines();
+        if lines.next() != Some(MAGIC) {
+            return Err("bad header".into());
+        }
+        if lines.next() != Some(&format!("name {name}")) {
+            return Err("names another slot".into());
+        }
+        if !lines.next().is_some_and(|l| l.starts_with("writer ")) {
+            return Err("no writer line".into());
+        }
+        let chunks = lines
+            .map(|line| {
+                let mut words = line.strip_prefix("chunk ")?.split(' ');
+                let key = hex::decode(words.next()?).ok()?.try_into().ok()?;
+                let len = words.next()?.parse().ok()?;
+                words.next().is_none().then_some((key, len))
+            })
+            .collect::<Option<Vec<ChunkRef>>>()
+            .ok_or("a malformed chunk line")?;
+        if trailer != format!("end {} {sum:016x}\n", chunks.len()) {
+            return Err(format!(
+                "trailer {:?} does not match the body",
+                trailer.trim_end()
+            ));
+        }
+        Ok(chunks)
+    }
+
+    /// The kinds of problem a [`CheckReport`] lists.
+    const PROBLEMS: [&str; 4] = ["torn", "dangling", "corrupt", "error"];
+
+    /// What the checker found in a store.
+    #[derive(Debug, Default)]
+    pub struct CheckReport {
+        /// Manifests that were visible (and so checked).
+        pub manifests: usize,
+        /// Chunk reads that returned the bytes their key is the hash of.
+        pub chunks: usize,
+        /// One line per problem: `torn`, `dangling`, `corrupt` or `error`,
+        /// then the slot and the details.
+        pub problems: Vec<String>,
+    }
+
+    impl CheckReport {
+        /// Problems of `kind` (`torn`, `dangling`, `corrupt`, `error`).
+        pub fn count(&self, kind: &str) -> usize {
+            self.problems
+                .iter()
+                .filter(|p| p.split(' ').next() == Some(kind))
+                .count()
+        }
+
+        /// Lines for a child to print; [`CheckReport::from_lines`] reads them.
+        pub fn to_lines(&self) -> Vec<String> {
+            let mut lines = self.problems.clone();
+            lines.push(format!(
+                "checked manifests={} chunks={}",
+                self.manifests, self.chunks
+            ));
+            lines
+        }
+
+        /// The report in a child's output (other lines are ignored); `None`
+        /// if it has no summary.
+        pub fn from_lines(lines: &str) -> Option<CheckReport> {
+            let mut report = CheckReport::default();
+            for line in lines.lines() {
+                if let Some(counts) = line.strip_prefix("checked manifests=") {
+                    let (manifests, chunks) = counts.split_once(" chunks=")?;
+                    report.manifests = manifests.parse().ok()?;
+                    report.chunks = chunks.parse().ok()?;
+                    return Some(report);
+                }
+                if PROBLEMS.contains(&line.split(' ').next().unwrap_or_default()) {
+                    report.problems.push(line.to_owned());
+                }
+            }
+            None
+        }
+    }
+
+    /// Audit every slot through `store` as a restoring consumer would
+    /// (`get_manifest`, `prefetch_chunks`, `get_chunk`): each visible
+    /// manifest must parse completely, and every chunk it names must be
+    /// readable, of its length, and hash to its key. A missing manifest
+    /// (-2) is fine; any other failure is a problem.
+    pub fn check(store: &Handle<'_>) -> CheckReport {
+        const NOT_FOUND: i32 = -2;
+        let mut report = CheckReport::default();
+        for name in (0..SLOTS).map(slot_name) {
+            let bytes = match store.get_manifest(&name) {
+                Ok(bytes) => bytes,
+                Err(NOT_FOUND) => continue,
+                Err(rc) => {
+                    report
+                        .problems
+                        .push(format!("error {name}: get_manifest -> {rc}"));
+                    continue;
+                }
+            };
+            report.manifests += 1;
+            let chunks = match parse_manifest(&name, &bytes) {
+                Ok(chunks) => chunks,
+                Err(why) => {
+                    report.problems.push(format!("torn {name}: {why}"));
+                    continue;
+                }
+            };
+            // The restore path of a v2 consumer; a failed prefetch is only a
+            // lost hint (the gets below still decide).
+            let keys: Vec<&[u8]> = chunks.iter().map(|(key, _)| &key[..]).collect();
+            let _ = store.prefetch_chunks(&keys);
+            for (key, len) in chunks {
+                let hex = hex::encode(key);
+                match store.get_chunk(&key) {
+                    Ok(data) if data.len() == len && xxh3_key(&data) == key => report.chunks += 1,
+                    Ok(data) => report.problems.push(format!(
+                        "corrupt {name}: chunk {hex} has {} bytes hashing to {}, expected {len}",
+                        data.len(),
+                        hex::encode(xxh3_key(&data))
+                    )),
+                    Err(NOT_FOUND) => report
+                        .problems
+                        .push(format!("dangling {name}: chunk {hex} is missing")),
+                    Err(rc) => report
+                        .problems
+                        .push(format!("error {name}: get_chunk {hex} -> {rc}")),
+                }
+            }
+        }
+        report
+    }
+}
