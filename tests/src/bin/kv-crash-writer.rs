@@ -12,6 +12,12 @@
 //!
 //! `kv-crash-writer LIB URI check`: audit the store with a fresh handle and
 //! print the report (`kvwasm_tests::crash::CheckReport`).
+//!
+//! `kv-crash-writer LIB URI publish-race THREADS SECONDS`: no kill needed.
+//! THREADS threads save small slots (three fresh chunks, then a manifest)
+//! on one handle; after each `put_manifest` a second handle reads the
+//! chunks back, as a concurrent restore would. Prints `missing T N HEX` for
+//! each chunk not visible after its manifest, then `raced saves=S missing=M`.
 
 use kv_store_abi::{Handle, Library};
 use kvwasm_tests::crash::{
@@ -58,8 +64,64 @@ fn main() {
                 }
             });
         }
+        ("publish-race", [threads, seconds]) => {
+            let reader = lib.open_store(uri).expect("open a second handle");
+            let (saves, missing) = publish_race(
+                &store,
+                &reader,
+                number(threads),
+                std::time::Duration::from_secs(number(seconds)),
+            );
+            println!("raced saves={saves} missing={missing}");
+        }
         _ => usage(),
     }
+}
+
+/// Save from `threads` threads on `store` for `time`, reading every save's
+/// chunks back through `reader` once its manifest is published. Returns
+/// (saves, chunks missing after their manifest).
+fn publish_race(
+    store: &Handle<'_>,
+    reader: &Handle<'_>,
+    threads: u64,
+    time: std::time::Duration,
+) -> (u64, u64) {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let end = std::time::Instant::now() + time;
+    let (saves, missing) = (AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|s| {
+        for thread in 0..threads {
+            let (saves, missing) = (&saves, &missing);
+            s.spawn(move || {
+                let name = format!("race-{thread}");
+                for save in 0.. {
+                    if std::time::Instant::now() >= end {
+                        break;
+                    }
+                    let keys: Vec<[u8; 8]> = (0..3)
+                        .map(|i| {
+                            let data = kvwasm_tests::pattern(64, thread << 40 | save << 2 | i);
+                            let key = kvwasm_tests::xxh3_key(&data);
+                            if let Err(rc) = store.put_chunk(&key, &data) {
+                                fail("put_chunk", rc);
+                            }
+                            key
+                        })
+                        .collect();
+                    ok(store.put_manifest(&name, &keys.concat()), "put_manifest");
+                    for key in keys {
+                        if reader.get_chunk(&key).is_err() {
+                            println!("missing {thread} {save} {}", hex::encode(key));
+                            missing.fetch_add(1, Relaxed);
+                        }
+                    }
+                    saves.fetch_add(1, Relaxed);
+                }
+            });
+        }
+    });
+    (saves.into_inner(), missing.into_inner())
 }
 
 /// Save (and now and then delete) slots until killed.
@@ -123,7 +185,8 @@ fn number(s: &str) -> u64 {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kv-crash-writer LIB URI (write SEED EPOCH [manifest-first|torn-manifest] | check)"
+        "usage: kv-crash-writer LIB URI (write SEED EPOCH [manifest-first|torn-manifest] \
+         | check | publish-race THREADS SECONDS)"
     );
     std::process::exit(2);
 }
