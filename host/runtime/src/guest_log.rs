@@ -2,7 +2,7 @@
 //! with the backend), and the last few lines are kept so that when the guest
 //! traps, the error can quote its last words, typically a Rust panic
 //! message. Writes never fail or block: a chatty guest costs host CPU, never
-//! a trap, and its lines reach the log at most once a second per backend
+//! a trap, and at most 50 of its lines a second per backend reach the log
 //! (the rest are counted).
 
 use std::collections::VecDeque;
@@ -16,6 +16,8 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 /// Longest line kept; longer lines are cut.
 const MAX_LINE: usize = 1024;
+/// Lines logged per second per backend; the rest are counted.
+const LINES_PER_SECOND: u32 = 50;
 /// Lines kept for trap reports.
 const KEPT_LINES: usize = 4;
 
@@ -50,8 +52,10 @@ impl GuestStderr {
                     continue;
                 }
                 if tracing::enabled!(tracing::Level::DEBUG)
-                    && let Some(suppressed) =
-                        crate::log_limit::admit(("guest stderr", &*self.backend))
+                    && let Some(suppressed) = crate::log_limit::admit_up_to(
+                        ("guest stderr", &*self.backend),
+                        LINES_PER_SECOND,
+                    )
                 {
                     tracing::debug!(backend = %self.backend, suppressed, "guest stderr: {line}");
                 }

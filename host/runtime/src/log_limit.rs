@@ -3,8 +3,9 @@
 //!
 //! * [`bounded`] cuts guest-supplied text to [`MAX_GUEST_TEXT`] bytes before
 //!   it reaches an error message or a log line;
-//! * [`admit`] lets one line per key through per [`INTERVAL`] and counts the
-//!   rest, which the next admitted line reports.
+//! * [`admit`] lets one line per key through per [`INTERVAL`] (or a few,
+//!   [`admit_up_to`]) and counts the rest, which the next admitted line
+//!   reports.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -37,13 +38,21 @@ pub fn bounded(mut text: String) -> String {
 }
 
 struct Slot {
-    last: Instant,
+    /// Start of the current interval.
+    since: Instant,
+    /// Lines admitted in it.
+    admitted: u32,
     suppressed: u64,
 }
 
 /// Whether a line for `key` may be written now: `Some(n)` with the number of
 /// lines suppressed since the last one, or `None` to drop this one.
 pub fn admit(key: impl Hash) -> Option<u64> {
+    admit_up_to(key, 1)
+}
+
+/// As [`admit`], letting up to `lines` lines through per interval.
+pub fn admit_up_to(key: impl Hash, lines: u32) -> Option<u64> {
     static SLOTS: LazyLock<Mutex<HashMap<u64, Slot>>> = LazyLock::new(Default::default);
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     key.hash(&mut hasher);
@@ -53,26 +62,21 @@ pub fn admit(key: impl Hash) -> Option<u64> {
     if slots.len() >= MAX_KEYS && !slots.contains_key(&key) {
         slots.clear();
     }
-    match slots.get_mut(&key) {
-        Some(slot) if now.duration_since(slot.last) < INTERVAL => {
-            slot.suppressed += 1;
-            None
-        }
-        Some(slot) => {
-            slot.last = now;
-            Some(std::mem::take(&mut slot.suppressed))
-        }
-        None => {
-            slots.insert(
-                key,
-                Slot {
-                    last: now,
-                    suppressed: 0,
-                },
-            );
-            Some(0)
-        }
+    let slot = slots.entry(key).or_insert(Slot {
+        since: now,
+        admitted: 0,
+        suppressed: 0,
+    });
+    if now.duration_since(slot.since) >= INTERVAL {
+        slot.since = now;
+        slot.admitted = 0;
     }
+    if slot.admitted >= lines {
+        slot.suppressed += 1;
+        return None;
+    }
+    slot.admitted += 1;
+    Some(std::mem::take(&mut slot.suppressed))
 }
 
 /// A warning, at most one line per `key` per [`INTERVAL`].
@@ -109,5 +113,8 @@ mod tests {
         assert_eq!(admit(("another key", line!())), Some(0));
         std::thread::sleep(INTERVAL);
         assert_eq!(admit(key), Some(1000));
+        let burst = ("burst", line!());
+        assert!((0..5).all(|_| admit_up_to(burst, 5).is_some()));
+        assert_eq!(admit_up_to(burst, 5), None);
     }
 }
