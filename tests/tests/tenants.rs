@@ -183,3 +183,48 @@ fn a_fuel_budget_stops_a_call_before_its_deadline() {
     let free = open_shared(backend, "free").unwrap();
     assert_eq!(text(&free, "alloc:8").unwrap(), "allocated");
 }
+
+#[test]
+fn a_tenant_blocked_in_host_calls_leaves_other_tenants_working() {
+    // The attack the epoch deadline could not stop: guests blocked inside
+    // host imports (a clock, a full pool). Four threads of one tenant hang,
+    // call after call; the other tenant's calls stay prompt.
+    let dir = tempfile::tempdir().unwrap();
+    let backend = hostile(
+        dir.path(),
+        "[backends.hostile.tenants.doomed]\ncall_timeout_ms = 200\n",
+    );
+    let doomed = open_shared(backend.clone(), "doomed").unwrap();
+    let healthy = open_shared(backend, "healthy").unwrap();
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                while started.elapsed() < Duration::from_secs(2) {
+                    let call = Instant::now();
+                    let result = doomed.get_manifest("sleep:3600000");
+                    assert!(
+                        matches!(result, Err(KvError::Timeout(200) | KvError::Unavailable(_))),
+                        "{:?}",
+                        result.map(|b| b.len())
+                    );
+                    assert!(
+                        call.elapsed() < Duration::from_millis(900),
+                        "{:?}",
+                        call.elapsed()
+                    );
+                }
+            });
+        }
+        let mut slowest = Duration::ZERO;
+        while started.elapsed() < Duration::from_secs(2) {
+            let call = Instant::now();
+            assert_eq!(text(&healthy, "ping").unwrap(), "pong");
+            slowest = slowest.max(call.elapsed());
+        }
+        assert!(
+            slowest < Duration::from_millis(150),
+            "slowest healthy call {slowest:?}"
+        );
+    });
+}
