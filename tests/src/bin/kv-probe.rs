@@ -5,7 +5,8 @@
 //! Lines: `open ok` / `open NULL`; `<op> <arg> -> <rc> [<utf8 output>]`.
 //! OPs: `get-manifest:NAME`, `put-manifest:NAME=TEXT`, `delete-manifest:NAME`,
 //! `put-chunk:HEX=TEXT`, `get-chunk:HEX`, `sleep:MS` (keeps the process alive),
-//! `pause` (waits for a line on stdin, so a test can act between steps).
+//! `pause` (waits for a line on stdin, so a test can act between steps),
+//! `open:URI` (opens a second store in the same process, kept open).
 
 use kv_store_abi::Library;
 
@@ -18,6 +19,7 @@ fn main() {
         return;
     };
     println!("open ok");
+    let mut others = Vec::new();
     for op in args {
         let (verb, arg) = op.split_once(':').unwrap_or((&op, ""));
         let show = |r: Result<kv_store_abi::Buffer, i32>| match r {
@@ -39,6 +41,13 @@ fn main() {
                 }
             }
             "get-chunk" => show(store.get_chunk(&unhex(arg))),
+            "open" => match lib.open_store(arg) {
+                Some(other) => {
+                    others.push(other);
+                    "ok".into()
+                }
+                None => "NULL".into(),
+            },
             "sleep" => {
                 let ms = arg.parse().expect("sleep:MILLISECONDS");
                 std::thread::sleep(std::time::Duration::from_millis(ms));
