@@ -64,6 +64,7 @@ impl Origin {
         }
         let host = uri
             .host()
+            .filter(|h| !h.is_empty())
             .ok_or_else(|| bad("no host"))?
             .to_ascii_lowercase();
         Ok(Origin {
