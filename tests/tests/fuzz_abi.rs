@@ -349,8 +349,9 @@ fn random_calls_through_the_c_abi_never_crash_and_match_a_model() {
     // reads the environment.
     unsafe { std::env::set_var("KVWASM_LOG", "error") };
     let vt = shim().vtable();
+    const CASES: u32 = 300;
     let config = ProptestConfig {
-        cases: 300,
+        cases: CASES,
         // Every case must be reproducible from its printed inputs.
         failure_persistence: None,
         ..ProptestConfig::default()
@@ -365,5 +366,5 @@ fn random_calls_through_the_c_abi_never_crash_and_match_a_model() {
         }
         check_model(vt, store.as_ptr(), &model)?;
     });
-    eprintln!("300 random call sequences in {:?}", started.elapsed());
+    eprintln!("{CASES} random call sequences in {:?}", started.elapsed());
 }
