@@ -99,6 +99,49 @@ fn only_granted_http_origins_are_reached() {
 }
 
 #[test]
+fn http_requests_with_userinfo_are_refused_even_to_a_granted_origin() {
+    let dir = tempfile::tempdir().unwrap();
+    let (granted, hits) = http_server("must not be reached with userinfo");
+    let config = hostile_config(dir.path(), &format!("http = [\"http://{granted}\"]\n"));
+    let with_user = format!("get-manifest:http:http://user@{granted}/x");
+    let with_password = format!("get-manifest:http:http://user:pw-s3cr3t@{granted}/x");
+    let (out, err) = run(&config, &[&with_user, &with_password, "get-manifest:ping"]);
+    assert!(out[1].ends_with("-> -4"), "user@: {} {err}", out[1]);
+    assert!(
+        out[2].ends_with("-> -4"),
+        "user:password@: {} {err}",
+        out[2]
+    );
+    assert!(
+        err.contains("HTTP request denied: userinfo (`user@`) in the authority"),
+        "{err}"
+    );
+    assert!(!err.contains("pw-s3cr3t"), "the password was logged: {err}");
+    assert_eq!(out[3], "get-manifest ping -> 0 pong");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "no request reached the server"
+    );
+}
+
+#[test]
+fn an_http_grant_with_userinfo_is_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(
+        dir.path(),
+        "http = [\"http://user:pw-s3cr3t@127.0.0.1:9\"]\n",
+    );
+    let started = std::time::Instant::now();
+    kvwasm_tests::assert_open_refused(
+        run(&config, &["get-manifest:ping"]),
+        started.elapsed(),
+        &["an http origin has no userinfo"],
+        "pw-s3cr3t",
+    );
+}
+
+#[test]
 fn only_granted_environment_variables_are_visible_and_values_are_not_logged() {
     let dir = tempfile::tempdir().unwrap();
     let config = hostile_config(dir.path(), "env = [\"KVWASM_TEST_TOKEN\"]\n");

@@ -279,3 +279,23 @@ fn a_trap_is_reported_as_out_of_memory_only_when_memory_ran_out() {
     );
     assert!(lines[1].contains("out of memory"), "{stderr}");
 }
+
+#[test]
+fn request_options_handed_to_the_host_are_released() {
+    // wasmtime-wasi-http 48 only reads the options a guest passes to
+    // `outgoing-handler.handle`; kvwasm's guard releases them, so a guest
+    // sending many requests does not run into `max_resources`.
+    let dir = tempfile::tempdir().unwrap();
+    let (server, hits) = kvwasm_tests::http_server("ok");
+    let config = hostile_config(
+        dir.path(),
+        &format!("http = [\"http://{server}\"]\nmax_resources = 32\n"),
+    );
+    let op = format!("get-manifest:http-opts:http://{server}/x");
+    let ops = vec![op.as_str(); 100];
+    let (out, stderr) = probe(&config).run(&ops);
+    for line in &out[1..] {
+        assert!(line.ends_with("-> 0 200 ok"), "{line}\n{stderr}");
+    }
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 100);
+}

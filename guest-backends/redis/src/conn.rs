@@ -59,17 +59,98 @@ pub(crate) struct Connection {
     stream: TcpStream,
     address: String,
     timeout: Duration,
-    /// Receive buffer: `received[start..end]` is read and not yet decoded.
-    /// It is zeroed only when it grows, never per read.
-    received: Vec<u8>,
-    start: usize,
-    end: usize,
+    replies: Replies,
 }
 
 /// Writes are sent in pieces of about this size while encoding.
 const WRITE_BATCH: usize = 256 << 10;
 /// Bytes asked of the socket per read.
 const READ_SIZE: usize = 256 << 10;
+/// Longest status, error or integer line, or bulk string header, accepted.
+const MAX_LINE: usize = 64 << 10;
+/// Longest bulk string accepted: Redis's own limit (`proto-max-bulk-len`).
+const MAX_BULK: u64 = 512 << 20;
+
+/// Bytes received and not yet decoded, and the replies decoded from them.
+/// Apart from the socket, so the decoding is tested natively.
+#[derive(Default)]
+pub(crate) struct Replies {
+    /// `received[start..end]` is read and not yet decoded. It is zeroed
+    /// only when it grows, never per read.
+    received: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Replies {
+    /// The next whole reply, or `None` until more bytes arrive. An error
+    /// leaves the stream in an unknown state: the connection is dropped.
+    pub(crate) fn next(&mut self) -> Result<Option<OwnedFrame>, String> {
+        let pending = &self.received[self.start..self.end];
+        check_header(pending)?;
+        match decode(pending) {
+            Ok(Some((frame, used))) => {
+                self.start += used;
+                Ok(Some(frame))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(format!("malformed reply: {e:?}")),
+        }
+    }
+
+    /// Free space for at least [`READ_SIZE`] more bytes, to read into; then
+    /// [`Replies::filled`] says how many were read.
+    pub(crate) fn spare(&mut self) -> &mut [u8] {
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        } else if self.start > self.received.len() / 2 {
+            self.received.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+        if self.received.len() - self.end < READ_SIZE {
+            let len = (self.received.len() * 2).max(self.end + READ_SIZE);
+            self.received.resize(len, 0);
+        }
+        &mut self.received[self.end..]
+    }
+
+    /// `n` bytes were read into [`Replies::spare`].
+    pub(crate) fn filled(&mut self, n: usize) {
+        self.end += n;
+    }
+}
+
+/// Refuse, before decoding, what no command kvwasm sends is answered with:
+/// arrays (the decoder recurses into nested ones, so a hostile server
+/// could overflow the stack), other reply types, endless lines, and bulk
+/// strings longer than Redis stores.
+fn check_header(pending: &[u8]) -> Result<(), String> {
+    let Some(&kind) = pending.first() else {
+        return Ok(());
+    };
+    if !matches!(kind, b'+' | b'-' | b':' | b'$') {
+        return Err(format!(
+            "unexpected reply type {:?}: no command kvwasm sends is answered with it",
+            char::from(kind)
+        ));
+    }
+    let head = &pending[..pending.len().min(MAX_LINE)];
+    let Some(eol) = head.windows(2).position(|w| w == b"\r\n") else {
+        if pending.len() >= MAX_LINE {
+            return Err(format!("a reply line longer than {MAX_LINE} bytes"));
+        }
+        return Ok(());
+    };
+    let bulk_len = std::str::from_utf8(&head[1..eol])
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok());
+    match bulk_len {
+        Some(len) if kind == b'$' && len > MAX_BULK => Err(format!(
+            "a bulk reply of {len} bytes, over the {MAX_BULK}-byte limit"
+        )),
+        _ => Ok(()),
+    }
+}
 
 impl Connection {
     /// Connect, then `AUTH` and `SELECT` as configured.
@@ -120,9 +201,7 @@ impl Connection {
             stream,
             address: address.clone(),
             timeout: endpoint.timeout,
-            received: Vec::new(),
-            start: 0,
-            end: 0,
+            replies: Replies::default(),
         };
         let mut hello: Vec<Vec<&[u8]>> = Vec::new();
         if let Some(password) = &endpoint.password {
@@ -200,40 +279,25 @@ impl Connection {
 
     fn next_reply(&mut self, deadline: Instant) -> Result<OwnedFrame, ConnError> {
         loop {
-            match decode(&self.received[self.start..self.end]) {
-                Ok(Some((frame, used))) => {
-                    self.start += used;
-                    return Ok(frame);
-                }
+            match self.replies.next() {
+                Ok(Some(frame)) => return Ok(frame),
                 Ok(None) => self.receive(deadline)?,
-                Err(e) => {
-                    return Err(self.failure(format!("malformed reply: {e:?}"), false));
-                }
+                Err(e) => return Err(self.failure(e, false)),
             }
         }
     }
 
-    /// Append at least one byte from the socket to `received`.
+    /// Append at least one byte from the socket to the replies.
     fn receive(&mut self, deadline: Instant) -> Result<(), ConnError> {
-        if self.start == self.end {
-            (self.start, self.end) = (0, 0);
-        } else if self.start > self.received.len() / 2 {
-            self.received.copy_within(self.start..self.end, 0);
-            (self.start, self.end) = (0, self.end - self.start);
-        }
-        if self.received.len() - self.end < READ_SIZE {
-            let len = (self.received.len() * 2).max(self.end + READ_SIZE);
-            self.received.resize(len, 0);
-        }
         loop {
             let wait = self.remaining(deadline)?;
             self.stream
                 .set_read_timeout(Some(wait))
                 .map_err(|e| self.io_failure("cannot set a read timeout", e))?;
-            match self.stream.read(&mut self.received[self.end..]) {
+            match self.stream.read(self.replies.spare()) {
                 Ok(0) => return Err(self.failure("the server closed the connection".into(), true)),
                 Ok(n) => {
-                    self.end += n;
+                    self.replies.filled(n);
                     return Ok(());
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -297,5 +361,129 @@ pub(crate) fn server_error(command: &str, message: &str) -> Error {
         Error::Unavailable(text)
     } else {
         Error::Io(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use redis_protocol::resp2::encode::encode;
+    use redis_protocol::resp2::types::Resp2Frame;
+
+    use super::*;
+
+    /// Feed `stream` as reads cut at `cuts` (taken modulo its length; a
+    /// read also ends where the spare room does), decoding after each read
+    /// as the connection does; stop at the first error.
+    fn feed(stream: &[u8], cuts: &[usize]) -> (Vec<OwnedFrame>, Option<String>) {
+        let mut ends: Vec<usize> = cuts.iter().map(|c| c % (stream.len() + 1)).collect();
+        ends.push(stream.len());
+        ends.sort_unstable();
+        let (mut replies, mut frames, mut at) = (Replies::default(), Vec::new(), 0);
+        for end in ends {
+            while at < end {
+                let room = replies.spare();
+                let n = room.len().min(end - at);
+                room[..n].copy_from_slice(&stream[at..at + n]);
+                replies.filled(n);
+                at += n;
+                loop {
+                    match replies.next() {
+                        Ok(Some(frame)) => frames.push(frame),
+                        Ok(None) => break,
+                        Err(e) => return (frames, Some(e)),
+                    }
+                }
+            }
+        }
+        (frames, None)
+    }
+
+    fn encoded(frames: &[OwnedFrame]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for frame in frames {
+            let at = out.len();
+            out.resize(at + frame.encode_len(false), 0);
+            encode(&mut out[at..], frame, false).unwrap();
+        }
+        out
+    }
+
+    /// The replies the commands kvwasm sends get (`+OK`, `-ERR …`, `:1`,
+    /// `$…`, `$-1`), with bulk strings up to past one read's size.
+    fn reply() -> impl Strategy<Value = OwnedFrame> {
+        prop_oneof![
+            "[ -~]{0,40}".prop_map(|s| OwnedFrame::SimpleString(s.into_bytes())),
+            "[ -~]{0,80}".prop_map(OwnedFrame::Error),
+            any::<i64>().prop_map(OwnedFrame::Integer),
+            Just(OwnedFrame::Null),
+            proptest::collection::vec(any::<u8>(), 0..2048).prop_map(OwnedFrame::BulkString),
+            (READ_SIZE - 8..READ_SIZE + 300_000, any::<u8>())
+                .prop_map(|(len, b)| OwnedFrame::BulkString(vec![b; len])),
+        ]
+    }
+
+    #[test]
+    fn deeply_nested_arrays_are_refused_before_decoding() {
+        // The decoder recurses once per level: this would overflow any stack.
+        let stream = b"*1\r\n".repeat(1_000_000);
+        let (frames, error) = feed(&stream, &[]);
+        assert!(frames.is_empty());
+        assert!(error.unwrap().contains("unexpected reply type '*'"));
+    }
+
+    #[test]
+    fn endless_lines_and_oversized_bulk_strings_are_refused() {
+        let (_, error) = feed(&vec![b'+'; MAX_LINE + 1], &[]);
+        assert!(error.unwrap().contains("longer than"));
+        let (_, error) = feed(b"$536870913\r\nxyz", &[]);
+        assert!(error.unwrap().contains("over the"));
+        // At the limit it is a reply still on its way.
+        assert_eq!(feed(b"$536870912\r\nxyz", &[]), (vec![], None));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// However the bytes are split across reads, every reply comes out
+        /// whole, in order, and nothing else.
+        #[test]
+        fn replies_split_anywhere_decode_exactly(
+            frames in proptest::collection::vec(reply(), 1..12),
+            cuts in proptest::collection::vec(any::<usize>(), 0..24),
+        ) {
+            let stream = encoded(&frames);
+            prop_assert_eq!(feed(&stream, &cuts), (frames, None));
+        }
+
+        /// A stream cut short yields the whole replies before the cut,
+        /// then waits: never an error, never a partial reply.
+        #[test]
+        fn truncated_streams_wait_for_more(
+            frames in proptest::collection::vec(reply(), 1..8),
+            cut in any::<usize>(),
+        ) {
+            let stream = encoded(&frames);
+            let cut = cut % stream.len();
+            let (got, error) = feed(&stream[..cut], &[]);
+            prop_assert_eq!(error, None);
+            prop_assert!(got.len() < frames.len());
+            prop_assert_eq!(&got[..], &frames[..got.len()]);
+        }
+
+        /// Garbage (random bytes, or random bytes after a valid type byte
+        /// and length): an error or a wait, never a panic or an abort.
+        #[test]
+        fn garbage_is_refused_or_awaited_never_a_crash(
+            head in prop_oneof![
+                Just(Vec::new()),
+                "[-+:$*%_,#!=(|~>][-0-9]{0,24}(\r\n)?".prop_map(String::into_bytes),
+            ],
+            tail in proptest::collection::vec(any::<u8>(), 0..512),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let stream = [head, tail].concat();
+            let _ = feed(&stream, &cuts);
+        }
     }
 }

@@ -61,39 +61,68 @@ pub(crate) struct Response {
     pub(crate) body: Vec<u8>,
 }
 
+/// Longest explanation quoted from a response, in characters: a service
+/// (or anything answering at its address) cannot flood the host's log.
+const REASON_CHARS: usize = 300;
+
 impl Response {
     /// The service's explanation: S3's `<Code>` and `<Message>`, or the
-    /// start of the body, or nothing (HEAD responses have no body).
+    /// start of the body, or nothing (HEAD responses have no body), at most
+    /// [`REASON_CHARS`] characters.
     pub(crate) fn reason(&self) -> String {
         let text = String::from_utf8_lossy(&self.body);
-        match error_fields(&text) {
+        let reason = match error_fields(&text) {
             (Some(code), Some(message)) => format!("{code}: {message}"),
             (Some(code), None) => code,
-            _ => text.chars().take(200).collect::<String>().trim().to_owned(),
-        }
+            _ => text.trim().to_owned(),
+        };
+        reason.chars().take(REASON_CHARS).collect()
     }
 }
 
-/// `Code` and `Message` of an S3 error document.
+/// `Code` and `Message` of an S3 error document. Their text may arrive in
+/// pieces: quick-xml reports each entity or character reference (`&amp;`,
+/// `&#233;`) as an event of its own, between the text around it.
 fn error_fields(xml: &str) -> (Option<String>, Option<String>) {
     use quick_xml::events::Event;
     let mut reader = quick_xml::Reader::from_str(xml);
     let (mut code, mut message) = (None, None);
-    let mut inside = None;
+    // The innermost open element and its text so far.
+    let mut inside: Option<(String, String)> = None;
     loop {
         match reader.read_event() {
-            Ok(Event::Start(tag)) => inside = Some(tag.local_name().as_ref().to_owned()),
+            Ok(Event::Start(tag)) => {
+                inside = Some((tag.local_name().as_ref().to_owned(), String::new()));
+            }
             Ok(Event::Text(text)) => {
-                let value = quick_xml::escape::unescape(&text.xml10_content())
-                    .map(|v| v.trim().to_owned())
-                    .ok();
-                match inside.as_deref() {
-                    Some("Code") => code = value,
-                    Some("Message") => message = value,
-                    _ => {}
+                if let Some((_, value)) = &mut inside {
+                    value.push_str(&text.xml10_content());
                 }
             }
-            Ok(Event::End(_)) => inside = None,
+            Ok(Event::GeneralRef(reference)) => {
+                if let Some((_, value)) = &mut inside {
+                    match reference.resolve_char_ref() {
+                        Ok(Some(c)) => value.push(c),
+                        Ok(None) => {
+                            match quick_xml::escape::resolve_predefined_entity(&reference) {
+                                Some(resolved) => value.push_str(resolved),
+                                None => value.push_str(&format!("&{};", &*reference)),
+                            }
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }
+            Ok(Event::End(_)) => {
+                if let Some((name, value)) = inside.take() {
+                    let value = Some(value.trim().to_owned());
+                    match name.as_str() {
+                        "Code" => code = value,
+                        "Message" => message = value,
+                        _ => {}
+                    }
+                }
+            }
             Ok(Event::Eof) | Err(_) => return (code, message),
             Ok(_) => {}
         }
@@ -327,4 +356,76 @@ fn transport_error(method: &str, origin: &str, code: &ErrorCode) -> Error {
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// An S3 error document, as services write it.
+    fn error_document(code: &str, message: &str) -> String {
+        use quick_xml::escape::escape;
+        format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{}</Code>\
+             <Message>{}</Message><Key>a/b</Key><RequestId>4442587FB7D0A2F9</RequestId></Error>",
+            escape(code),
+            escape(message)
+        )
+    }
+
+    fn response(body: impl Into<Vec<u8>>) -> Response {
+        Response {
+            status: 403,
+            body: body.into(),
+        }
+    }
+
+    #[test]
+    fn references_in_a_message_are_resolved() {
+        let body =
+            "<Error><Code>Bad</Code><Message>a &amp; b &lt;c&gt; &#233;&#x41;</Message></Error>";
+        assert_eq!(response(body).reason(), "Bad: a & b <c> éA");
+    }
+
+    #[test]
+    fn a_huge_message_is_cut_for_the_log() {
+        let reason = response(error_document("SlowDown", &"x".repeat(100_000))).reason();
+        assert_eq!(reason.len(), REASON_CHARS);
+        assert!(reason.starts_with("SlowDown: xxx"));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Whatever the service puts in `Code` and `Message` (quotes,
+        /// ampersands, angle brackets, any Unicode) is read back exactly.
+        #[test]
+        fn error_documents_are_read_back_exactly(
+            code in "[A-Za-z]{1,32}",
+            message in "\\PC{0,120}",
+        ) {
+            let (got_code, got_message) = error_fields(&error_document(&code, &message));
+            prop_assert_eq!(got_code.as_deref(), Some(code.as_str()));
+            prop_assert_eq!(got_message.as_deref(), Some(message.trim()));
+        }
+
+        /// Any body (garbage, truncated or huge XML): no panic, and the
+        /// reason stays short enough for a log line.
+        #[test]
+        fn any_body_gives_a_bounded_reason(
+            body in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..4096),
+                ("[A-Za-z]{1,8}", "\\PC{0,5000}", 0usize..6000).prop_map(|(code, message, cut)| {
+                    let mut doc = error_document(&code, &message).into_bytes();
+                    doc.truncate(cut);
+                    doc
+                }),
+                "(<[A-Za-z/!?]{0,3}|&[a-z#0-9]{0,4};?|[^<&]{0,5}){0,400}".prop_map(String::into_bytes),
+            ]
+        ) {
+            prop_assert!(response(body).reason().chars().count() <= REASON_CHARS);
+        }
+    }
 }

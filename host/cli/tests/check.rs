@@ -219,6 +219,19 @@ fn each_broken_backend_fails_exactly_the_rule_it_breaks() {
 }
 
 #[test]
+fn a_backend_that_ignores_bad_prefetch_arguments_passes_with_a_warning() {
+    let run = native("lenientprefetch");
+    assert_eq!(run.with("fail"), none(), "{:#}", run.json);
+    assert_eq!(run.with("warn"), set(&["prefetch-bad-arguments"]));
+    let detail = run.detail("prefetch-bad-arguments");
+    assert!(
+        detail.contains("hashes NULL, n 3) → 0") && detail.contains("hash_len 0, n 3) → 0"),
+        "{detail}"
+    );
+    assert!(run.ok, "a SHOULD warning does not fail the run");
+}
+
+#[test]
 fn a_crash_is_reported_as_the_failure_of_its_check() {
     let run = native("arenaalloc");
     let detail = run.detail("malloc-outputs");

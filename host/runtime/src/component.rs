@@ -244,5 +244,6 @@ fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
         wasmtime_wasi_config::WasiConfig::from(&*s.settings)
     })?;
     crate::capabilities::dirs::add_guards_to_linker(&mut linker)?;
+    crate::capabilities::http::add_guards_to_linker(&mut linker)?;
     Ok(slot.get_or_init(|| linker))
 }

@@ -263,7 +263,7 @@ mod tests {
         let engine = crate::engine::engine();
         let text = "(component (core module (memory 1) (memory 1)))";
         let err = Component::new(engine, wat::parse_str(text).unwrap()).unwrap_err();
-        assert!(format!("{err:#}").contains("multi-memory"), "{err:#}");
+        assert!(format!("{err:#}").contains("multiple memories"), "{err:#}");
     }
 
     #[test]

@@ -32,7 +32,18 @@ pub fn parse(uri: &str) -> Result<Target, String> {
         .ok_or_else(|| format!("URI {uri:?} does not start with wasm://"))?;
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     if rest.starts_with('/') && rest.len() > 1 {
-        return Ok(Target::EmbeddedFs(PathBuf::from(rest)));
+        // A directory below the root, without `..`: `wasm:///.` or
+        // `wasm:////` would otherwise grant the whole filesystem.
+        use std::path::Component;
+        let path = PathBuf::from(rest);
+        let parts: Vec<Component> = path.components().collect();
+        let below_root = parts.iter().any(|c| matches!(c, Component::Normal(_)));
+        if !below_root || parts.contains(&Component::ParentDir) {
+            return Err(format!(
+                "URI {uri:?}: the directory must be an absolute path below / without `..`"
+            ));
+        }
+        return Ok(Target::EmbeddedFs(path));
     }
     if rest.is_empty() || rest == "/" {
         return Err(format!(
@@ -107,6 +118,9 @@ mod tests {
             "wasm:/x",
             "wasm://",
             "wasm:///",
+            "wasm:///.",
+            "wasm:////",
+            "wasm:///tmp/../etc",
             "wasm://a b/c",
             "wasm://../x",
         ] {

@@ -11,6 +11,7 @@
 //! prints `0` if it could), `close-during-calls:NAME` (4 threads call
 //! `get_manifest(NAME)` on the handle while it is closed; prints each
 //! thread's last return code, which must be -10, and the handle is closed),
+//! `open:URI` (opens a second store in the same process, kept open),
 //! `vm-peak` (prints the process's peak address space in KiB), and
 //! `timed:<op>` (runs `<op>` and appends ` [<ms> ms]`).
 
@@ -25,6 +26,7 @@ fn main() {
         return;
     };
     println!("open ok");
+    let mut others = Vec::new();
     for op in args {
         // `timed:<op>` appends how long the call took: ` [<ms> ms]`.
         let (timed, op) = match op.strip_prefix("timed:") {
@@ -56,6 +58,13 @@ fn main() {
                 let hashes: Vec<&[u8]> = hashes.iter().map(Vec::as_slice).collect();
                 rc(store.prefetch_chunks(&hashes))
             }
+            "open" => match lib.open_store(arg) {
+                Some(other) => {
+                    others.push(other);
+                    "ok".into()
+                }
+                None => "NULL".into(),
+            },
             "sleep" => {
                 let ms = arg.parse().expect("sleep:MILLISECONDS");
                 std::thread::sleep(std::time::Duration::from_millis(ms));

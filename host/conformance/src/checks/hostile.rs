@@ -4,18 +4,19 @@
 use std::ffi::CString;
 use std::ptr::{null, null_mut};
 
-use kv_store_abi::KvStore;
+use kv_store_abi::{Handle, KvStore};
 
 use super::Check;
 use crate::Level;
-use crate::ctx::{Ctx, Outcome, violated};
+use crate::ctx::{Ctx, Finding, Outcome, violated};
 
 pub const HOSTILE_INPUTS: Check = Check {
     name: "hostile-inputs",
     level: Level::Must,
     rule: "Every bad input (NULL pointers with zero and non-zero lengths, hash_len 0, very long \
            names, names with '/' or '..') is answered with <0 and no crash; a backend must reject \
-           dangerous names itself.",
+           dangerous names itself. prefetch_chunks with NULL hashes or hash_len 0 must not \
+           crash either (its return code is the SHOULD `prefetch-bad-arguments`).",
     quick: true,
     run: hostile_inputs,
 };
@@ -103,17 +104,10 @@ fn hostile_inputs(ctx: &Ctx<'_>) -> Outcome {
             get_manifest(s, present_c.as_ptr(), &mut out, null_mut()),
         );
         expect_err("delete_manifest(name NULL)", delete_manifest(s, null()));
-        if let (true, Some(prefetch)) = (ctx.lib.has_prefetch(), vt.prefetch_chunks) {
-            expect_err(
-                "prefetch_chunks(hashes NULL, n 3)",
-                prefetch(s, null(), 8, 3),
-            );
-            expect_err(
-                "prefetch_chunks(hash_len 0, n 3)",
-                prefetch(s, hash.as_ptr(), 0, 3),
-            );
-        }
     }
+    // Bad prefetch arguments must not crash or break the handle; what they
+    // return is a SHOULD, judged by `prefetch-bad-arguments`.
+    let prefetched = prefetch_bad_calls(ctx, &h, &hash);
 
     // Names that would escape a directory or collide with the layout.
     let long = "x".repeat(64 * 1024);
@@ -168,8 +162,73 @@ fn hostile_inputs(ctx: &Ctx<'_>) -> Outcome {
     ctx.expect_manifest(&h, &present, b"present")?;
     let _ = h.delete_manifest(&present);
     Ok(format!(
-        "{} bad calls and {} hostile names rejected; put_chunk(data NULL, len 0) → {empty}; handle still works",
-        if ctx.lib.has_prefetch() { 17 } else { 15 },
-        names.len()
+        "15 bad calls and {} hostile names rejected; put_chunk(data NULL, len 0) → {empty}; \
+         {}; handle still works",
+        names.len(),
+        if prefetched.is_empty() {
+            "no prefetch_chunks (v1)".to_owned()
+        } else {
+            prefetched
+                .iter()
+                .map(|(what, rc)| format!("prefetch_chunks({what}) → {rc}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
     ))
+}
+
+/// Call `prefetch_chunks` with NULL hashes and with hash_len 0 (n_hashes 3
+/// each); empty on a v1 vtable.
+fn prefetch_bad_calls(ctx: &Ctx<'_>, h: &Handle<'_>, hash: &[u8]) -> Vec<(&'static str, i32)> {
+    let Some(prefetch) = ctx
+        .lib
+        .vtable()
+        .prefetch_chunks
+        .filter(|_| ctx.lib.has_prefetch())
+    else {
+        return Vec::new();
+    };
+    // SAFETY: a live handle; NULL hashes and hash_len 0 are the values under
+    // test, and `hash` is readable for the call that names it.
+    unsafe {
+        vec![
+            ("hashes NULL, n 3", prefetch(h.as_ptr(), null(), 8, 3)),
+            ("hash_len 0, n 3", prefetch(h.as_ptr(), hash.as_ptr(), 0, 3)),
+        ]
+    }
+}
+
+pub const PREFETCH_BAD_ARGUMENTS: Check = Check {
+    name: "prefetch-bad-arguments",
+    level: Level::Should,
+    rule: "prefetch_chunks with NULL hashes or hash_len 0 (and n_hashes > 0) should return <0. \
+           Prefetch is a non-fatal hint, so a backend that ignores such a call (returns 0) \
+           is not broken; it must not crash, and the handle keeps working.",
+    quick: true,
+    run: prefetch_bad_arguments,
+};
+
+fn prefetch_bad_arguments(ctx: &Ctx<'_>) -> Outcome {
+    if !ctx.lib.has_prefetch() {
+        return Err(Finding::NotApplicable(
+            "vtable version 1: no prefetch_chunks".into(),
+        ));
+    }
+    let h = ctx.open()?;
+    let (hash, data) = (ctx.key("c", 0, 8), ctx.data("c", 0, 1024));
+    ctx.put_new_chunk(&h, &hash, &data)?;
+    let accepted: Vec<String> = prefetch_bad_calls(ctx, &h, &hash)
+        .into_iter()
+        .filter(|(_, rc)| *rc >= 0)
+        .map(|(what, rc)| format!("prefetch_chunks({what}) → {rc}"))
+        .collect();
+    ctx.expect_chunk(&h, &hash, &data)?;
+    if accepted.is_empty() {
+        Ok("both rejected with <0; handle still works".into())
+    } else {
+        Err(violated(format!(
+            "accepted (harmless for a hint, but the caller is not told its arguments are bad): {}",
+            accepted.join("; ")
+        )))
+    }
 }

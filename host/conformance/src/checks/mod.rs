@@ -63,6 +63,7 @@ pub static CHECKS: &[Check] = &[
     threads::THREAD_SAFETY,
     chunks::PREFETCH,
     hostile::HOSTILE_INPUTS,
+    hostile::PREFETCH_BAD_ARGUMENTS,
     library::CLOSE_RELEASES,
     manifests::DURABLE_ACROSS_REOPEN,
 ];

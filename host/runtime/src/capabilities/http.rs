@@ -3,7 +3,9 @@
 //! The check runs in the host's outgoing-request hook, on the request the
 //! guest built, before any connection is made. A request to any other
 //! origin fails with `HTTP-request-denied`, which the guest sees as the
-//! error of its request.
+//! error of its request. So does any authority with userinfo
+//! (`http://user@host/`): credentials do not belong in a URL, and an
+//! origin is compared by host and port alone.
 
 use std::sync::Arc;
 
@@ -32,8 +34,17 @@ impl std::fmt::Display for Origin {
 }
 
 impl Origin {
-    /// Parse `http://host[:port]` or `https://host[:port]` (no path).
+    /// Parse `http://host[:port]` or `https://host[:port]` (no path, no
+    /// userinfo).
     pub fn parse(text: &str) -> Result<Origin, String> {
+        if has_userinfo(text) {
+            // Not echoed: the text before `@` may be a password.
+            return Err(
+                "an http origin has no userinfo (`user@`): credentials do not belong \
+                        in the config; grant them with `env`"
+                    .into(),
+            );
+        }
         let bad = |why: &str| format!("http origin {text:?}: {why}");
         let uri: http::Uri = text.parse().map_err(|e| bad(&format!("{e}")))?;
         let scheme = uri
@@ -53,6 +64,7 @@ impl Origin {
         }
         let host = uri
             .host()
+            .filter(|h| !h.is_empty())
             .ok_or_else(|| bad("no host"))?
             .to_ascii_lowercase();
         Ok(Origin {
@@ -62,8 +74,11 @@ impl Origin {
         })
     }
 
-    /// The origin of a request URI, if it has one.
+    /// The origin of a request URI, if it has one (none with userinfo).
     fn of(uri: &http::Uri) -> Option<Origin> {
+        if uri.authority().is_some_and(|a| has_userinfo(a.as_str())) {
+            return None;
+        }
         let scheme = uri.scheme_str()?.to_ascii_lowercase();
         let default_port = match scheme.as_str() {
             "http" => 80,
@@ -76,6 +91,13 @@ impl Origin {
             scheme,
         })
     }
+}
+
+/// Whether the authority in `text` (a URI or a bare authority) carries
+/// userinfo. Any `@` counts: `http` accepts one only as the userinfo
+/// separator, and an origin never needs one.
+fn has_userinfo(text: &str) -> bool {
+    text.contains('@')
 }
 
 impl HttpGrant {
@@ -112,7 +134,15 @@ impl WasiHttpHooks for HttpPolicy {
         _ = fut;
         if !self.grant.allows(request.uri()) {
             self.metrics.denial();
-            tracing::warn!(uri = %request.uri(), "HTTP request denied: origin not granted");
+            match request.uri().authority() {
+                // The URI is not logged: its userinfo may be a password.
+                Some(a) if has_userinfo(a.as_str()) => {
+                    tracing::warn!("HTTP request denied: userinfo (`user@`) in the authority")
+                }
+                _ => {
+                    tracing::warn!(uri = %request.uri(), "HTTP request denied: origin not granted")
+                }
+            }
             return Box::new(std::future::ready(Err(HttpError::HttpRequestDenied)));
         }
         Box::new(async move {
@@ -125,3 +155,46 @@ impl WasiHttpHooks for HttpPolicy {
         })
     }
 }
+
+/// `wasi:http/outgoing-handler.handle` as wasmtime-wasi-http implements it,
+/// but releasing the `request-options` resource the guest hands over: the
+/// stock function only reads it, so every request with options would keep
+/// one table entry until the instance reaches `max_resources`.
+pub(crate) fn add_guards_to_linker(
+    linker: &mut wasmtime::component::Linker<crate::state::HostState>,
+) -> wasmtime::Result<()> {
+    use wasmtime::component::Resource;
+    use wasmtime_wasi_http::WasiHttpView;
+    use wasmtime_wasi_http::p2::bindings::http::outgoing_handler::Host;
+    use wasmtime_wasi_http::p2::types::{HostFutureIncomingResponse, HostOutgoingRequest};
+    type Params = (
+        Resource<HostOutgoingRequest>,
+        Option<Resource<RequestOptions>>,
+    );
+    linker.allow_shadowing(true);
+    linker.instance(OUTGOING_HANDLER)?.func_wrap(
+        "handle",
+        |mut store: wasmtime::StoreContextMut<'_, crate::state::HostState>,
+         (request, options): Params| {
+            let state = store.data_mut();
+            let handed_over = options
+                .as_ref()
+                .map(|o| Resource::<RequestOptions>::new_own(o.rep()));
+            let sent: Result<Resource<HostFutureIncomingResponse>, _> =
+                state.http().handle(request, options);
+            if let Some(options) = handed_over {
+                let _ = state.table.delete(options);
+            }
+            match sent {
+                Ok(future) => Ok((Ok(future),)),
+                Err(e) => Ok((Err(e.downcast()?),)),
+            }
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// The interface [`add_guards_to_linker`] replaces a function of, as
+/// wasmtime-wasi-http 48 names it.
+const OUTGOING_HANDLER: &str = "wasi:http/outgoing-handler@0.2.12";

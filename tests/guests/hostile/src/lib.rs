@@ -17,6 +17,7 @@
 //! | `readfile:<path>`      | payload-io `read-file` of `path` beneath `/data`   |
 //! | `writefile:<path>`     | payload-io `write-file` of `path` beneath `/data`  |
 //! | `http:<url>`           | sends a wasi:http GET, returns the status and body |
+//! | `http-opts:<url>`      | the same, passing request options to the host      |
 //! | `tryalloc:<MiB>`       | asks for that much with `try_reserve`; survives a refusal |
 //! | `sleep:<ms>`           | blocks in a `monotonic-clock` pollable              |
 //! | `read-socket:<ip:port>`| connects and blocks reading a peer that never answers |
@@ -149,7 +150,8 @@ impl GuestStore for HostileStore {
                 let found = (host, 80).to_socket_addrs().map_err(io_error)?;
                 format!("{:?}", found.collect::<Vec<_>>()).into_bytes()
             }
-            Some(("http", url)) => http_get(url)?,
+            Some(("http", url)) => http_get(url, false)?,
+            Some(("http-opts", url)) => http_get(url, true)?,
             Some(("tryalloc", mib)) => {
                 let mut block: Vec<u8> = Vec::new();
                 match block.try_reserve(number::<usize>(mib, &name)? << 20) {
@@ -249,8 +251,9 @@ impl GuestStore for HostileStore {
     }
 }
 
-/// GET `url` (`http://host:port/path`) over wasi:http: `<status> <body>`.
-fn http_get(url: &str) -> Result<Vec<u8>> {
+/// GET `url` (`http://host:port/path`) over wasi:http: `<status> <body>`;
+/// `with_options` hands a `request-options` resource to the host too.
+fn http_get(url: &str, with_options: bool) -> Result<Vec<u8>> {
     use wasip2::http::outgoing_handler;
     use wasip2::http::types::{Fields, OutgoingRequest, Scheme};
     let bad = || Error::InvalidArgument(format!("bad url {url:?}"));
@@ -267,7 +270,8 @@ fn http_get(url: &str) -> Result<Vec<u8>> {
         .set_path_with_query(Some(&path))
         .map_err(|()| bad())?;
     let denied = |e: &dyn std::fmt::Debug| Error::Denied(format!("http request failed: {e:?}"));
-    let future = outgoing_handler::handle(request, None).map_err(|e| denied(&e))?;
+    let options = with_options.then(wasip2::http::types::RequestOptions::new);
+    let future = outgoing_handler::handle(request, options).map_err(|e| denied(&e))?;
     future.subscribe().block();
     let response = future
         .get()
