@@ -40,11 +40,32 @@
 //! - The notes describe only how the Mooncake adapter wraps a frame; unwrapping is ours
 //!   (see [`mooncake`]), and an envelope whose frame would not fit its u32 length is refused.
 //!
+//! # Example
+//!
+//! ```
+//! use kvwasm_mrdn::{DecodeError, Tier, decode, encode_into, frame_len};
+//!
+//! let body = b"hello disagg world";
+//! let mut buf = vec![0; frame_len(body.len())?];
+//! encode_into(Tier::ThinkComplete, body, &mut buf)?;
+//! let frame = decode(&buf)?; // strict; `frame.body` borrows `buf`
+//! assert_eq!((frame.tier, frame.body), (Tier::ThinkComplete, &body[..]));
+//!
+//! buf.push(0); // the reference ignores trailing bytes; strict mode does not
+//! assert_eq!(decode(&buf), Err(DecodeError::TrailingBytes { count: 1 }));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Hashing
 //!
-//! [`checksum`] hashes on the calling thread with the `blake3` crate's SIMD code. The crate's
-//! multithreaded `update_rayon` was measured on the 2-core CI machine (blake3 1.8.7, AVX-512,
-//! median of 11 interleaved runs, other tenants active): HASHING_FIGURES. It is not used.
+//! [`checksum`] hashes on the calling thread with the `blake3` crate's SIMD code (AVX-512 here,
+//! 4.2–6.1 GiB/s). Its multithreaded `update_rayon` is not used, because on this 2-core shared
+//! machine it is not reliably faster. Measured with `examples/rayon_threshold.rs` (blake3 1.8.7,
+//! median of 11 interleaved runs), 8 times while other engineers' builds ran, `update_rayon` over
+//! `update` was (median of the 8, range): 1 MiB 1.03× (0.83–1.59), 4 MiB 0.98× (0.87–1.45),
+//! 8 MiB 1.0× (0.78–1.75), 64 MiB 1.00× (0.98–1.35). An earlier series with a quieter second core
+//! gave 1.34–1.50× at 64 MiB. So it wins only while the other core is idle, and loses up to 22%
+//! when it is busy; it would also start a thread pool inside the inference engine's process.
 
 pub mod mooncake;
 
@@ -196,7 +217,8 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The frame checksum of `body`: its Blake3 digest truncated to 16 bytes.
+/// The frame checksum of `body`: its Blake3 digest truncated to 16 bytes, hashed on the calling
+/// thread (see "Hashing" above for why not `update_rayon`).
 pub fn checksum(body: &[u8]) -> [u8; CHECKSUM_LEN] {
     let digest = blake3::hash(body);
     let mut out = [0; CHECKSUM_LEN];
