@@ -26,6 +26,12 @@ proptest! {
             Ok(Target::EmbeddedFs(dir)) => {
                 prop_assert!(text.starts_with("wasm:///"), "{text:?}");
                 prop_assert!(dir.is_absolute(), "{text:?} → {dir:?}");
+                // Never the root itself, never `..`.
+                prop_assert!(dir.parent().is_some(), "{text:?} → {dir:?}");
+                prop_assert!(
+                    !dir.components().any(|c| c == std::path::Component::ParentDir),
+                    "{text:?} → {dir:?}"
+                );
             }
             Ok(Target::Named { backend, namespace }) => {
                 prop_assert!(!backend.is_empty(), "{text:?}");
@@ -41,12 +47,16 @@ proptest! {
                 }
             }
             Err(_) => {
-                // One trailing `/` is trimmed; then `/<something>` is a directory.
+                // One trailing `/` is trimmed; then `/<something>` is a
+                // directory, unless it is `/` itself or climbs with `..`.
                 let rest = text.strip_prefix("wasm://").map(|r| r.strip_suffix('/').unwrap_or(r));
-                prop_assert!(
-                    !rest.is_some_and(|r| r.starts_with('/') && r.len() > 1),
-                    "an absolute directory was refused: {text:?}"
-                );
+                let plain_dir = rest.is_some_and(|r| {
+                    let path = std::path::Path::new(r);
+                    r.starts_with('/')
+                        && path.components().any(|c| matches!(c, std::path::Component::Normal(_)))
+                        && !path.components().any(|c| c == std::path::Component::ParentDir)
+                });
+                prop_assert!(!plain_dir, "an absolute directory was refused: {text:?}");
             }
         }
     }
