@@ -115,7 +115,9 @@ pub fn validate_guest_path(path: &str) -> Result<(), String> {
 
 /// How a file or directory beneath a grant was opened.
 pub(crate) enum Opened {
-    File(std::fs::File),
+    /// A regular file, and its size when opened (one `fstat` serves both
+    /// the check and the caller).
+    File(std::fs::File, u64),
     Dir(std::fs::File),
 }
 
@@ -147,11 +149,12 @@ pub(crate) fn open_beneath(
         super::descriptors::refused(backend, "opening a file");
         return Err(ErrorCode::InsufficientMemory);
     }
-    let kind = file.metadata().map_err(io_error_code)?.file_type();
+    let meta = file.metadata().map_err(io_error_code)?;
+    let kind = meta.file_type();
     if kind.is_dir() {
         Ok(Opened::Dir(file))
     } else if kind.is_file() {
-        Ok(Opened::File(file))
+        Ok(Opened::File(file, meta.len()))
     } else {
         crate::log_limit::warn(
             ("non-regular file", backend),
@@ -324,8 +327,8 @@ fn open_at(
     // `allow_blocking_current_thread` is always on (see `Grants::wasi_ctx`).
     let descriptor = match opened {
         Opened::Dir(d) => Descriptor::Dir(Dir::new(d, dir.perms, mode, true)),
-        Opened::File(_) if wants_dir => return Ok(Err(ErrorCode::NotDirectory)),
-        Opened::File(f) => Descriptor::File(File::new(f, dir.perms, mode, true)),
+        Opened::File(..) if wants_dir => return Ok(Err(ErrorCode::NotDirectory)),
+        Opened::File(f, _) => Descriptor::File(File::new(f, dir.perms, mode, true)),
     };
     Ok(Ok(state.table.push(descriptor)?))
 }

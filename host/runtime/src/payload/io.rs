@@ -69,14 +69,10 @@ impl payload_io::Host for HostState {
         };
         let mut options = cap_primitives::fs::OpenOptions::new();
         options.read(true);
-        let file = match open_beneath(&dir.dir, &path, &mut options, true, &self.backend) {
-            Ok(Opened::File(file)) => file,
+        let (file, len) = match open_beneath(&dir.dir, &path, &mut options, true, &self.backend) {
+            Ok(Opened::File(file, len)) => (file, len),
             Ok(Opened::Dir(_)) => return Ok(Err(ErrorCode::IsDirectory)),
             Err(code) => return Ok(Err(code)),
-        };
-        let len = match file.metadata() {
-            Ok(meta) => meta.len(),
-            Err(e) => return Ok(Err(io_error_code(e))),
         };
         if len > self.limits.max_payload_bytes {
             return Ok(Err(ErrorCode::FileTooLarge));
@@ -116,7 +112,7 @@ impl HostState {
         let mut options = cap_primitives::fs::OpenOptions::new();
         options.write(true).create_new(true);
         let mut file = match open_beneath(&dir, path, &mut options, false, &self.backend) {
-            Ok(Opened::File(file)) => file,
+            Ok(Opened::File(file, _)) => file,
             Ok(Opened::Dir(_)) => return Ok(Err(ErrorCode::IsDirectory)),
             Err(code) => return Ok(Err(code)),
         };
