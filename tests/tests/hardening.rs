@@ -219,14 +219,18 @@ fn a_log_flood_stays_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let config = hostile_config(dir.path(), "");
     // 5 × 40 MiB error strings, 40 MiB of stderr lines (logged at debug:
-    // the probe runs with KVWASM_LOG=debug), and a trap storm whose
-    // refusals during back-off would each log a warning.
+    // the probe runs with KVWASM_LOG=debug), a trap storm whose refusals
+    // during back-off would each log a warning.
+    // Then 20 requests to an ungranted origin with 30 kB URIs, each denied.
+    let denied = format!("get-manifest:http:http://evil.example:81/{}", "A".repeat(30_000));
     let mut ops = vec!["get-manifest:errlog:40960"; 5];
     ops.push("get-manifest:stderr:40960");
+    ops.extend(std::iter::repeat_n(denied.as_str(), 20));
     ops.extend(std::iter::repeat_n("get-manifest:panic", 300));
     let (out, stderr) = probe(&config).run(&ops);
     assert_eq!(out.len(), ops.len() + 1, "{stderr}");
     assert!(out[1].ends_with("-> -1"), "{}", out[1]);
+    assert!(out[8].ends_with("-> -4"), "a denied request: {}", &out[8][..80]);
     assert!(
         stderr.len() < 256 << 10,
         "{} bytes of log for ~240 MiB of guest text",

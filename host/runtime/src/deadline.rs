@@ -74,12 +74,13 @@ impl Deadline {
 
 /// The runtime behind guests' asynchronous host imports (sockets, timers,
 /// HTTP). One worker thread drives its I/O and timer events; guest calls
-/// themselves run on the consumer's threads.
+/// themselves run on the consumer's threads. Name lookups run on its
+/// blocking pool (tokio's default size, threads started on demand and gone
+/// after 10 s idle), so lookups a deadline abandoned cannot starve others.
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
-            .max_blocking_threads(4)
             .thread_name("kvwasm-io")
             .enable_all()
             .build()

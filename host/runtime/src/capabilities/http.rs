@@ -134,13 +134,23 @@ impl WasiHttpHooks for HttpPolicy {
         _ = fut;
         if !self.grant.allows(request.uri()) {
             self.metrics.denial();
+            // Rate-limited per backend, and only the origin, cut short: the
+            // guest chooses the URI, and its userinfo may be a password.
+            let key = ("http denied", Arc::as_ptr(&self.metrics) as usize);
             match request.uri().authority() {
-                // The URI is not logged: its userinfo may be a password.
-                Some(a) if has_userinfo(a.as_str()) => {
-                    tracing::warn!("HTTP request denied: userinfo (`user@`) in the authority")
-                }
+                Some(a) if has_userinfo(a.as_str()) => crate::log_limit::warn(
+                    key,
+                    format_args!("HTTP request denied: userinfo (`user@`) in the authority"),
+                ),
                 _ => {
-                    tracing::warn!(uri = %request.uri(), "HTTP request denied: origin not granted")
+                    let origin = Origin::of(request.uri()).map_or_else(
+                        || "(no origin)".to_owned(),
+                        |o| crate::log_limit::bounded(o.to_string()),
+                    );
+                    crate::log_limit::warn(
+                        key,
+                        format_args!("HTTP request denied: origin not granted: {origin}"),
+                    )
                 }
             }
             return Box::new(std::future::ready(Err(HttpError::HttpRequestDenied)));

@@ -67,7 +67,10 @@ impl NetGrant {
             };
             if !ok {
                 metrics.denial();
-                tracing::warn!(%addr, use_ = ?use_, "network access denied: not a granted peer");
+                crate::log_limit::warn(
+                    ("net denied", Arc::as_ptr(&metrics) as usize),
+                    format_args!("network access denied: {addr} ({use_:?}) is not a granted peer"),
+                );
             }
             Box::pin(std::future::ready(ok))
         });

@@ -13,7 +13,7 @@
 //! return to the pool, so no other thread sees an instance back before its
 //! bookkeeping is.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::error::KvError;
 
@@ -24,14 +24,28 @@ struct Puts {
     last: u64,
 }
 
+/// Puts lost with their instance.
+#[derive(Clone, Copy, Debug)]
+struct Lost {
+    puts: Puts,
+    /// Once reported: the last manifest ticket issued then. Every manifest
+    /// call begun by that time, and covering these puts, fails too.
+    told_through: Option<u64>,
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Durability {
     /// Accepted `put_chunk` calls so far.
     puts: u64,
     /// Instance id → the puts it holds unflushed.
     unflushed: HashMap<u64, Puts>,
-    /// Puts lost with their instance, not yet reported to a manifest.
-    lost: Vec<Puts>,
+    /// Puts lost with their instance and not yet reported to every manifest
+    /// call that was in flight when they were first reported.
+    lost: Vec<Lost>,
+    /// `put_manifest` calls begun so far (each gets the next ticket).
+    tickets: u64,
+    /// Tickets of the `put_manifest` calls in flight.
+    in_flight: BTreeSet<u64>,
 }
 
 impl Durability {
@@ -63,8 +77,29 @@ impl Durability {
     /// `instance` is gone; whatever it held unflushed is lost.
     pub(super) fn instance_lost(&mut self, instance: u64) {
         if let Some(puts) = self.unflushed.remove(&instance) {
-            self.lost.push(puts);
+            self.lost.push(Lost {
+                puts,
+                told_through: None,
+            });
         }
+    }
+
+    /// A `put_manifest` call begins: its ticket.
+    pub(super) fn begin_manifest(&mut self) -> u64 {
+        self.tickets += 1;
+        self.in_flight.insert(self.tickets);
+        self.tickets
+    }
+
+    /// The `put_manifest` call with `ticket` ended. Losses every call that
+    /// could have named them has now been told of are forgotten.
+    pub(super) fn end_manifest(&mut self, ticket: u64) {
+        self.in_flight.remove(&ticket);
+        let oldest = self.in_flight.first().copied();
+        self.lost.retain(|l| match l.told_through {
+            Some(told) => oldest.is_some_and(|o| o <= told),
+            None => true,
+        });
     }
 
     /// Whether `instance` (not `own`) holds unflushed puts made at or
@@ -85,22 +120,43 @@ impl Durability {
             .any(|&id| self.is_due(id, own, cutoff))
     }
 
-    /// `Err` if puts made at or before `cutoff` were lost: reported once, to
-    /// this caller; losses of later puts are kept for later manifests.
-    pub(super) fn take_loss(&mut self, cutoff: u64) -> Result<(), KvError> {
-        let covered = self.lost.iter().filter(|p| p.first <= cutoff).count();
-        if covered == 0 {
+    /// `Err` if puts made at or before `cutoff` were lost, for the manifest
+    /// call with `ticket`. A loss fails the first manifest call covering it
+    /// and every other call already begun by then (another thread's
+    /// manifest may be the one naming the lost chunks); calls begun later
+    /// succeed. Lost puts past `cutoff` stay unreported for later calls.
+    pub(super) fn take_loss(&mut self, cutoff: u64, ticket: u64) -> Result<(), KvError> {
+        let mut hits = 0;
+        let mut later = Vec::new();
+        for lost in &mut self.lost {
+            if lost.puts.first > cutoff {
+                continue;
+            }
+            match lost.told_through {
+                Some(told) if ticket > told => continue,
+                Some(_) => hits += 1,
+                None => {
+                    hits += 1;
+                    if lost.puts.last > cutoff {
+                        later.push(Lost {
+                            puts: Puts {
+                                first: cutoff + 1,
+                                last: lost.puts.last,
+                            },
+                            told_through: None,
+                        });
+                        lost.puts.last = cutoff;
+                    }
+                    lost.told_through = Some(self.tickets);
+                }
+            }
+        }
+        self.lost.extend(later);
+        if hits == 0 {
             return Ok(());
         }
-        self.lost.retain_mut(|p| {
-            if p.first > cutoff {
-                return true;
-            }
-            p.first = cutoff + 1;
-            p.first <= p.last
-        });
         Err(KvError::Io(format!(
-            "{covered} backend instance(s) holding chunks put through this handle were lost \
+            "{hits} backend instance(s) holding chunks put through this handle were lost \
              (trap or deadline) before the chunks were durable; put the chunks again before \
              publishing a manifest"
         )))
@@ -112,7 +168,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_loss_fails_every_manifest_covering_it_once() {
+    fn a_loss_fails_every_manifest_in_flight_when_it_is_reported() {
         let mut d = Durability::default();
         d.put_accepted(1); // 1
         d.put_accepted(2); // 2
@@ -120,14 +176,33 @@ mod tests {
         assert!(d.is_due(1, 2, 1) && !d.is_due(1, 1, 3) && d.any_due(2, 3));
         d.flushed(2);
         assert!(!d.is_due(2, 1, 3));
-        d.instance_lost(1); // puts 1 and 3 lost
-        assert!(d.take_loss(0).is_ok(), "a manifest begun before the puts");
-        assert!(d.take_loss(2).is_err(), "covers put 1");
-        assert!(d.take_loss(2).is_ok(), "reported once");
-        assert!(d.take_loss(3).is_err(), "put 3 is still unreported");
-        assert!(d.take_loss(9).is_ok());
+        // Two manifest calls are in flight (say, two threads) when instance 1,
+        // holding puts 1 and 3, is lost.
+        let a = d.begin_manifest();
+        let b = d.begin_manifest();
+        d.instance_lost(1);
+        assert!(
+            d.take_loss(2, b).is_err(),
+            "the first to check covers put 1"
+        );
+        d.end_manifest(b);
+        assert!(
+            d.take_loss(2, a).is_err(),
+            "the other one, begun before, too"
+        );
+        d.end_manifest(a);
+        let c = d.begin_manifest();
+        assert!(d.take_loss(0, c).is_ok(), "a manifest covering no lost put");
+        assert!(d.take_loss(3, c).is_err(), "put 3 is still unreported");
+        d.end_manifest(c);
+        let e = d.begin_manifest();
+        assert!(d.take_loss(9, e).is_ok(), "begun after every report");
+        d.end_manifest(e);
         // A lost instance that held nothing unflushed loses nothing.
         d.instance_lost(7);
-        assert!(d.take_loss(9).is_ok());
+        let f = d.begin_manifest();
+        assert!(d.take_loss(9, f).is_ok());
+        d.end_manifest(f);
+        assert!(d.lost.is_empty() && d.in_flight.is_empty());
     }
 }

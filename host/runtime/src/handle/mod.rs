@@ -149,14 +149,15 @@ impl StoreHandle {
             |_| 0,
             |deadline| {
                 self.check_payload(data)?;
+                let call = self.pool.begin_manifest();
+                let cutoff = call.cutoff;
                 let _turn = self.pool.manifest_turn(deadline)?;
-                let cutoff = self.pool.lock().durability.cutoff();
                 let instance = self.checkout(deadline)?;
                 self.flush_others(instance.id(), cutoff, deadline)?;
                 // Checked after the flushes: an instance lost during them, or in
                 // another thread's call since the cutoff, is seen here. The
                 // instances still holding unflushed puts hold only later ones.
-                self.pool.lock().durability.take_loss(cutoff)?;
+                self.pool.lock().durability.take_loss(cutoff, call.ticket)?;
                 instance.run(CallKind::Flush, |i| i.put_manifest(deadline, name, data))
             },
         )

@@ -151,6 +151,20 @@ impl Pool {
         Ok(found.map(|instance| self.checked_out(instance)))
     }
 
+    /// A `put_manifest` call begins: its ticket (see
+    /// `Durability::take_loss`) and the cutoff of the puts it covers,
+    /// released when the guard drops.
+    pub(super) fn begin_manifest(&self) -> ManifestTicket<'_> {
+        let mut state = self.lock();
+        let ticket = state.durability.begin_manifest();
+        let cutoff = state.durability.cutoff();
+        ManifestTicket {
+            pool: self,
+            ticket,
+            cutoff,
+        }
+    }
+
     /// This handle's turn to publish a manifest (one at a time), held until
     /// the guard drops.
     pub(super) fn manifest_turn(&self, deadline: Deadline) -> Result<ManifestTurn<'_>, KvError> {
@@ -195,6 +209,20 @@ impl Pool {
         state.backoff.lost(&self.label);
         state.durability.instance_lost(id);
         self.changed.notify_all();
+    }
+}
+
+/// A `put_manifest` call in flight.
+pub(super) struct ManifestTicket<'p> {
+    pool: &'p Pool,
+    pub(super) ticket: u64,
+    /// Puts completed before the call began.
+    pub(super) cutoff: u64,
+}
+
+impl Drop for ManifestTicket<'_> {
+    fn drop(&mut self) {
+        self.pool.lock().durability.end_manifest(self.ticket);
     }
 }
 
