@@ -222,7 +222,10 @@ fn a_log_flood_stays_bounded() {
     // the probe runs with KVWASM_LOG=debug), a trap storm whose refusals
     // during back-off would each log a warning.
     // Then 20 requests to an ungranted origin with 30 kB URIs, each denied.
-    let denied = format!("get-manifest:http:http://evil.example:81/{}", "A".repeat(30_000));
+    let denied = format!(
+        "get-manifest:http:http://evil.example:81/{}",
+        "A".repeat(30_000)
+    );
     let mut ops = vec!["get-manifest:errlog:40960"; 5];
     ops.push("get-manifest:stderr:40960");
     ops.extend(std::iter::repeat_n(denied.as_str(), 20));
@@ -230,7 +233,11 @@ fn a_log_flood_stays_bounded() {
     let (out, stderr) = probe(&config).run(&ops);
     assert_eq!(out.len(), ops.len() + 1, "{stderr}");
     assert!(out[1].ends_with("-> -1"), "{}", out[1]);
-    assert!(out[8].ends_with("-> -4"), "a denied request: {}", &out[8][..80]);
+    assert!(
+        out[8].ends_with("-> -4"),
+        "a denied request: {}",
+        &out[8][..80]
+    );
     assert!(
         stderr.len() < 256 << 10,
         "{} bytes of log for ~240 MiB of guest text",
@@ -302,4 +309,22 @@ fn request_options_handed_to_the_host_are_released() {
         assert!(line.ends_with("-> 0 200 ok"), "{line}\n{stderr}");
     }
     assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 100);
+}
+
+#[test]
+fn directory_listings_are_refused_unless_granted() {
+    // wasmtime-wasi reads a whole listing into host memory, inline: a guest
+    // that filled its grant with entries could exceed its caps and its
+    // deadline. Off unless the operator grants `list_dirs`.
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "");
+    for i in 0..3 {
+        std::fs::write(dir.path().join(format!("data/f{i}")), b"x").unwrap();
+    }
+    let (out, stderr) = probe(&config).run(&["get-manifest:listdir"]);
+    assert!(out[1].starts_with("get-manifest listdir -> -"), "{out:?}");
+    assert!(stderr.contains("not granted: `list_dirs`"), "{stderr}");
+    let config = hostile_config(dir.path(), "list_dirs = true\n");
+    let (out, stderr) = probe(&config).run(&["get-manifest:listdir"]);
+    assert_eq!(out[1], "get-manifest listdir -> 0 3", "{stderr}");
 }

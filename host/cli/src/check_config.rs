@@ -53,6 +53,12 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
         let dirs: Vec<String> = g.dirs.iter().map(|d| d.describe()).collect();
         let origins: Vec<String> = g.http.origins.iter().map(|o| o.to_string()).collect();
         grant("dirs", &dirs);
+        if g.list_dirs {
+            grant(
+                "listing",
+                &["directory listings granted (list_dirs)".to_owned()],
+            );
+        }
         grant("net", &g.net.describe());
         grant("http", &origins);
         grant("env", &g.env.describe());

@@ -6,6 +6,7 @@
 //! sha256 = "9f86d0…"                # optional: refuse any other component bytes
 //! dir = "/srv/kv"                   # shorthand for one read-write dir at /data
 //! dirs = [{ host = "/srv/models", guest = "/models", read_only = true }]
+//! list_dirs = false                 # guest directory listings (default: denied)
 //! net = ["redis.internal:6379"]     # TCP peers, resolved by the host at load
 //! dns = false                       # guest name lookups (default: denied)
 //! http = ["http://127.0.0.1:9000"]  # wasi:http origins
@@ -80,6 +81,10 @@ pub struct BackendConfig {
     /// More directory grants.
     #[serde(default)]
     pub dirs: Vec<DirConfig>,
+    /// Let the guest list directories (`read-directory`). Off by default:
+    /// wasmtime-wasi reads a whole listing into host memory at once.
+    #[serde(default)]
+    pub list_dirs: bool,
     /// TCP peers, `host:port`.
     #[serde(default)]
     pub net: Vec<String>,
@@ -202,6 +207,7 @@ impl Config {
             .collect::<Result<_, _>>()?;
         Ok(Grants {
             dirs,
+            list_dirs: spec.list_dirs,
             net: NetGrant::resolve(&spec.net, spec.dns)?,
             http: Arc::new(HttpGrant { origins }),
             env: EnvGrant {

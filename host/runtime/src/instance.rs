@@ -64,6 +64,7 @@ impl Instance {
         table.set_max_capacity(limits.max_resources);
         let state = HostState {
             backend: backend.name.as_str().into(),
+            list_dirs: backend.grants.list_dirs,
             wasi,
             http: wasmtime_wasi_http::WasiHttpCtx::new(),
             http_policy: HttpPolicy {

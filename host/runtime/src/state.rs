@@ -16,6 +16,8 @@ use crate::limits::InstanceLimits;
 pub struct HostState {
     /// The backend's name, for log lines about what this guest was refused.
     pub(crate) backend: Arc<str>,
+    /// Whether `read-directory` is granted.
+    pub(crate) list_dirs: bool,
     pub(crate) wasi: WasiCtx,
     pub(crate) http: WasiHttpCtx,
     /// Checks every outgoing HTTP request against the grant.

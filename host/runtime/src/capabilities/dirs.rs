@@ -197,6 +197,10 @@ pub(crate) fn io_error_code(e: std::io::Error) -> ErrorCode {
 /// * `symlink-at` is refused: a link the guest plants inside its grant is
 ///   harmless to the host (which never follows it out) but not to another
 ///   program sharing the directory, such as a native backend;
+/// * `read-directory` is refused unless the backend sets `list_dirs`:
+///   wasmtime-wasi reads the whole listing (an `fstatat` per entry) into
+///   host memory, inline, so a guest that filled its grant with entries
+///   could hold host memory past its caps and overrun its deadline;
 /// * `create-tcp-socket` first checks the descriptor headroom.
 pub(crate) fn add_guards_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
@@ -229,6 +233,31 @@ pub(crate) fn add_guards_to_linker(linker: &mut Linker<HostState>) -> wasmtime::
                 ),
             );
             Ok((Err::<(), _>(ErrorCode::NotPermitted),))
+        },
+    )?;
+    fs.func_wrap_async(
+        "[method]descriptor.read-directory",
+        |mut store: StoreContextMut<'_, HostState>, (dir,): (Resource<Descriptor>,)| {
+            Box::new(async move {
+                use wasmtime_wasi::filesystem::WasiFilesystemView;
+                use wasmtime_wasi::p2::bindings::filesystem::types::HostDescriptor;
+                let state = store.data_mut();
+                if !state.list_dirs {
+                    let backend = state.backend.clone();
+                    crate::log_limit::warn(
+                        ("listing refused", backend.as_ref()),
+                        format_args!(
+                            "backend {backend:?}: refused to list a directory \
+                             (not granted: `list_dirs`)"
+                        ),
+                    );
+                    return Ok((Err(ErrorCode::NotPermitted),));
+                }
+                match state.filesystem().read_directory(dir).await {
+                    Ok(stream) => Ok((Ok(stream),)),
+                    Err(e) => Ok((Err(e.downcast()?),)),
+                }
+            })
         },
     )?;
     let mut tcp = linker.instance(SOCKETS_TCP_CREATE)?;

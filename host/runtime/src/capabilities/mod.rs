@@ -38,6 +38,8 @@ use crate::metrics::BackendMetrics;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Grants {
     pub dirs: Vec<DirGrant>,
+    /// Whether guests may list directories (see `dirs::add_guards_to_linker`).
+    pub list_dirs: bool,
     pub net: NetGrant,
     /// Shared with every instance's request hook.
     pub http: Arc<HttpGrant>,

@@ -26,6 +26,7 @@
 //! | `errlog:<KiB>`         | fails with an error message of that size           |
 //! | `stderr:<KiB>`         | writes that much to stderr, in lines, then `pong`  |
 //! | `slowclose:<ms>`       | makes this store's destructor block that long      |
+//! | `listdir`              | counts the entries of `/data`                      |
 //! | `symlink:<target>`     | creates `/data/link` pointing at `target`          |
 //! | anything else          | reads `/data/<name>` without validating the name   |
 //!
@@ -224,6 +225,11 @@ impl GuestStore for HostileStore {
                 self.slow_close_ms.set(number(ms, &name)?);
                 b"armed".to_vec()
             }
+            _ if name == "listdir" => std::fs::read_dir("/data")
+                .map_err(io_error)?
+                .count()
+                .to_string()
+                .into_bytes(),
             Some(("symlink", target)) => {
                 data_dir()?
                     .symlink_at(target, "link")
