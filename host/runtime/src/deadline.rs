@@ -49,11 +49,6 @@ impl Deadline {
         self.at.saturating_duration_since(Instant::now())
     }
 
-    /// Whether it has passed.
-    pub fn expired(&self) -> bool {
-        Instant::now() >= self.at
-    }
-
     /// The budget this deadline was given, in milliseconds.
     pub fn budget_ms(&self) -> u64 {
         self.budget_ms

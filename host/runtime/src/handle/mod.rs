@@ -124,12 +124,16 @@ impl StoreHandle {
     /// flushed and the get is tried once more.
     pub fn get_chunk(&self, hash: &[u8]) -> Result<MallocBuffer, KvError> {
         self.operation("get_chunk", 0, MallocBuffer::len, |deadline| {
-            let cutoff = self.pool.lock().durability.cutoff();
             let instance = self.checkout(deadline)?;
             let id = instance.id();
-            // Decided before the get: a flush by another thread that ends
-            // during it must not make its miss look final.
-            let others_hold_puts = self.pool.lock().durability.any_due(id, cutoff);
+            // Decided before the get (one lock, taken once the instance is
+            // ours): a flush by another thread that ends during the get must
+            // not make its miss look final.
+            let (cutoff, others_hold_puts) = {
+                let state = self.pool.lock();
+                let cutoff = state.durability.cutoff();
+                (cutoff, state.durability.any_due(id, cutoff))
+            };
             match instance.run(CallKind::Other, |i| i.get_chunk(deadline, hash)) {
                 Err(KvError::NotFound) if others_hold_puts => {
                     self.flush_others(id, cutoff, deadline)?;
