@@ -265,3 +265,25 @@ fn the_example_config_is_valid() {
     let config = Config::parse(EXAMPLE, Path::new("/etc/kvwasm")).unwrap();
     assert_eq!(config.backends["acme"].http, ["http://127.0.0.1:9000"]);
 }
+
+/// Found by `origin_parse_accepts_only_origins`: `http::Uri` accepts the
+/// host `a[`, whose canonical spelling did not parse back.
+#[test]
+fn origins_with_odd_hosts_are_refused() {
+    for bad in [
+        "http://a[:]#",
+        "http://a[:80",
+        "http://x%41y",
+        "http://[not-v6]",
+    ] {
+        assert!(Origin::parse(bad).is_err(), "{bad:?}");
+    }
+    for good in [
+        "http://s3.example:9000",
+        "https://[::1]:443",
+        "http://127.0.0.1",
+    ] {
+        let origin = Origin::parse(good).unwrap();
+        assert_eq!(Origin::parse(&origin.to_string()), Ok(origin), "{good:?}");
+    }
+}

@@ -67,6 +67,17 @@ impl Origin {
             .filter(|h| !h.is_empty())
             .ok_or_else(|| bad("no host"))?
             .to_ascii_lowercase();
+        // `http::Uri` lets odd hosts through (`a[`); an origin's host is a
+        // DNS name or an IP address (IPv6 in brackets), nothing else.
+        let valid = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+            None => host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_')),
+        };
+        if !valid {
+            return Err(bad("the host is not a DNS name or an IP address"));
+        }
         Ok(Origin {
             scheme,
             host,
