@@ -21,6 +21,23 @@ pub mod bindings {
     });
 }
 
+pub mod fabric_bindings {
+    //! Bindings for the `kvwasm:fabric/configured-fabric` world, sharing the
+    //! `payload` and `wasi:config` types of [`crate::bindings`], so a fabric
+    //! guest uses the same [`Payload`](crate::Payload) and
+    //! [`Settings`](crate::Settings) as a backend.
+    wit_bindgen::generate!({
+        path: ["../../wit", "../../wit/fabric"],
+        world: "kvwasm:fabric/configured-fabric",
+        with: {
+            "kvwasm:kv-store/types@0.1.0": crate::bindings::kvwasm::kv_store::types,
+            "wasi:config/store@0.2.0-rc.1": crate::bindings::wasi::config::store,
+        },
+        pub_export_macro: true,
+        export_macro_name: "export_fabric_bindings",
+    });
+}
+
 mod errors;
 mod payload;
 pub mod remote;
@@ -35,6 +52,8 @@ pub use errors::FsErrorExt;
 pub use payload::PayloadExt;
 pub use settings::Settings;
 
+pub use fabric_bindings::exports::kvwasm::fabric::transport::Guest as Fabric;
+
 /// Result of a backend call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -43,5 +62,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 macro_rules! export_backend {
     ($ty:ident) => {
         $crate::bindings::export_backend_bindings!($ty with_types_in $crate::bindings);
+    };
+}
+
+/// Export a fabric type that implements [`Fabric`].
+#[macro_export]
+macro_rules! export_fabric {
+    ($ty:ident) => {
+        $crate::fabric_bindings::export_fabric_bindings!($ty with_types_in $crate::fabric_bindings);
     };
 }
