@@ -1,0 +1,15 @@
+//! Slot handoff between two kvwasm stores over an MRDN fabric (docs/fabric-handoff.md).
+//!
+//! The sender (`kvwasm fabric send`, [`send`]) pushes frames through a fabric guest; the
+//! receiver (`kvwasm fabric serve`, [`serve`]) is trusted host code at the other end of the
+//! `tcp` guest's link ([`link`]). Frame bodies are [`handoff`] messages: a query for the
+//! chunks the receiver lacks, the chunks, then the manifest. Both ends verify every frame they
+//! receive (`kvwasm_mrdn`, strict mode) before acting on it.
+
+pub mod handoff;
+pub mod link;
+pub mod send;
+pub mod serve;
+
+pub use send::{SendError, SendOptions, SendReport, Transport, send};
+pub use serve::{Limits, Server, Stats};

@@ -1,0 +1,298 @@
+//! The server side of the link protocol (docs/fabric-handoff.md): the hello, requests decoded
+//! from a reader under the frame-size limit, and responses. Integers are little-endian.
+//!
+//! A client opens with `KVFL` + u32 version 1 and the server echoes it. Requests are an op byte
+//! (`1` PUSH u64 frame_len + frame, `2` PULL u64 handle, `3` RELEASE u64 handle), answered in
+//! order by a status byte (`0` OK, `1` NOT_FOUND, `2` REFUSED, `3` FAILED); OK carries a handle
+//! (PUSH), a u64 length and a frame (PULL) or nothing (RELEASE); an error carries a u16 length
+//! and at most [`MAX_MESSAGE_LEN`] bytes of UTF-8.
+
+use std::io::{self, Read, Write};
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// First four bytes of either side's hello.
+pub const HELLO_MAGIC: [u8; 4] = *b"KVFL";
+/// The only link version.
+pub const VERSION: u32 = 1;
+/// Longest error message a response carries, in bytes.
+pub const MAX_MESSAGE_LEN: usize = 1024;
+
+/// The hello both sides send.
+pub fn hello() -> [u8; 8] {
+    let mut out = [0; 8];
+    out[..4].copy_from_slice(&HELLO_MAGIC);
+    out[4..].copy_from_slice(&VERSION.to_le_bytes());
+    out
+}
+
+/// Request op bytes.
+pub mod op {
+    /// PUSH u64 frame_len, frame.
+    pub const PUSH: u8 = 1;
+    /// PULL u64 handle.
+    pub const PULL: u8 = 2;
+    /// RELEASE u64 handle.
+    pub const RELEASE: u8 = 3;
+}
+
+/// A response's status byte.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// The request succeeded.
+    Ok = 0,
+    /// No live handle by that number.
+    NotFound = 1,
+    /// A bad frame, a bad message or a limit.
+    Refused = 2,
+    /// The store failed.
+    Failed = 3,
+}
+
+/// A request's fixed part; a PUSH's frame follows it on the wire ([`read_frame`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// A frame of `frame_len` bytes follows.
+    Push {
+        /// The frame's length, already checked against the limit.
+        frame_len: usize,
+    },
+    /// Return the frame kept under `handle`.
+    Pull {
+        /// The handle.
+        handle: u64,
+    },
+    /// Forget `handle`.
+    Release {
+        /// The handle.
+        handle: u64,
+    },
+}
+
+/// Why the link cannot go on; the connection is closed after any of these.
+#[derive(Debug, Error)]
+pub enum LinkError {
+    /// The client's hello does not start with `KVFL`.
+    #[error("bad hello {found:02x?}, expected \"KVFL\"")]
+    BadHello {
+        /// The bytes found.
+        found: [u8; 4],
+    },
+    /// The client speaks another link version.
+    #[error("link version {found} is not supported (this server speaks {VERSION})")]
+    Version {
+        /// The version found.
+        found: u32,
+    },
+    /// An op byte naming no request: the stream cannot be resynchronised.
+    #[error("unknown request op {found}")]
+    UnknownOp {
+        /// The byte found.
+        found: u8,
+    },
+    /// A PUSH over the frame-size limit; its frame is not read.
+    #[error("frame of {len} bytes exceeds the limit of {max} bytes (--max-frame-mib)")]
+    FrameTooLarge {
+        /// The declared length.
+        len: u64,
+        /// The limit.
+        max: usize,
+    },
+    /// No request came for the idle timeout.
+    #[error("idle for more than {0:?} (--idle-timeout-s)")]
+    Idle(Duration),
+    /// The client stopped inside a request, or stopped reading responses, for the I/O timeout.
+    #[error("stalled for more than {0:?} in a request or a response (--io-timeout-ms)")]
+    Stalled(Duration),
+    /// The socket failed or closed mid-request.
+    #[error("link I/O: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl LinkError {
+    /// Whether the client should be told why (a protocol fault) rather than just dropped.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            LinkError::Idle(_) | LinkError::Stalled(_) | LinkError::Io(_) => None,
+            _ => Some(Status::Refused),
+        }
+    }
+}
+
+fn read_array<const N: usize>(r: &mut impl Read) -> io::Result<[u8; N]> {
+    let mut out = [0; N];
+    r.read_exact(&mut out)?;
+    Ok(out)
+}
+
+/// Reads and checks the client's hello.
+pub fn read_hello(r: &mut impl Read) -> Result<(), LinkError> {
+    let bytes: [u8; 8] = read_array(r)?;
+    let (magic, version) = bytes.split_at(4);
+    if magic != HELLO_MAGIC {
+        return Err(LinkError::BadHello {
+            found: magic.try_into().expect("4 bytes"),
+        });
+    }
+    let found = u32::from_le_bytes(version.try_into().expect("4 bytes"));
+    if found != VERSION {
+        return Err(LinkError::Version { found });
+    }
+    Ok(())
+}
+
+/// Reads the next request's fixed part; `None` at a clean end of stream before its op byte.
+/// A PUSH declaring more than `max_frame_len` bytes is [`LinkError::FrameTooLarge`].
+pub fn read_request(r: &mut impl Read, max_frame_len: usize) -> Result<Option<Request>, LinkError> {
+    let mut op = [0];
+    if r.read(&mut op)? == 0 {
+        return Ok(None);
+    }
+    let arg = u64::from_le_bytes(read_array(r)?);
+    match op[0] {
+        op::PUSH => match usize::try_from(arg) {
+            Ok(frame_len) if frame_len <= max_frame_len => Ok(Some(Request::Push { frame_len })),
+            _ => Err(LinkError::FrameTooLarge {
+                len: arg,
+                max: max_frame_len,
+            }),
+        },
+        op::PULL => Ok(Some(Request::Pull { handle: arg })),
+        op::RELEASE => Ok(Some(Request::Release { handle: arg })),
+        found => Err(LinkError::UnknownOp { found }),
+    }
+}
+
+/// Reads a PUSH's `frame_len` bytes into `buf` (replacing its contents, reusing its memory).
+pub fn read_frame(r: &mut impl Read, frame_len: usize, buf: &mut Vec<u8>) -> io::Result<()> {
+    buf.clear();
+    let got = r.take(frame_len as u64).read_to_end(buf)?;
+    if got < frame_len {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("connection closed after {got} of {frame_len} frame bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// OK to a PUSH: its handle.
+pub fn write_handle(w: &mut impl Write, handle: u64) -> io::Result<()> {
+    w.write_all(&[Status::Ok as u8])?;
+    w.write_all(&handle.to_le_bytes())
+}
+
+/// OK to a PULL: the frame.
+pub fn write_frame(w: &mut impl Write, frame: &[u8]) -> io::Result<()> {
+    w.write_all(&[Status::Ok as u8])?;
+    w.write_all(&(frame.len() as u64).to_le_bytes())?;
+    w.write_all(frame)
+}
+
+/// OK to a RELEASE.
+pub fn write_ok(w: &mut impl Write) -> io::Result<()> {
+    w.write_all(&[Status::Ok as u8])
+}
+
+/// An error response; `message` is cut to [`MAX_MESSAGE_LEN`] bytes on a character boundary.
+pub fn write_error(w: &mut impl Write, status: Status, message: &str) -> io::Result<()> {
+    let mut end = message.len().min(MAX_MESSAGE_LEN);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    w.write_all(&[status as u8])?;
+    w.write_all(&(end as u16).to_le_bytes())?;
+    w.write_all(&message.as_bytes()[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(bytes: &[u8]) -> Result<Option<Request>, LinkError> {
+        read_request(&mut &bytes[..], 100)
+    }
+
+    #[test]
+    fn requests_decode_with_the_frame_limit() {
+        let mut push = vec![op::PUSH];
+        push.extend_from_slice(&100u64.to_le_bytes());
+        assert_eq!(
+            request(&push).unwrap(),
+            Some(Request::Push { frame_len: 100 })
+        );
+        push[1] = 101;
+        assert!(matches!(
+            request(&push),
+            Err(LinkError::FrameTooLarge { len: 101, max: 100 })
+        ));
+        let mut huge = vec![op::PUSH];
+        huge.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(
+            request(&huge),
+            Err(LinkError::FrameTooLarge { .. })
+        ));
+        let mut pull = vec![op::PULL];
+        pull.extend_from_slice(&7u64.to_le_bytes());
+        assert_eq!(request(&pull).unwrap(), Some(Request::Pull { handle: 7 }));
+        pull[0] = op::RELEASE;
+        assert_eq!(
+            request(&pull).unwrap(),
+            Some(Request::Release { handle: 7 })
+        );
+        pull[0] = 9;
+        assert!(matches!(
+            request(&pull),
+            Err(LinkError::UnknownOp { found: 9 })
+        ));
+        assert_eq!(request(b"").unwrap(), None);
+        assert!(matches!(request(&pull[..5]), Err(LinkError::Io(_))));
+    }
+
+    #[test]
+    fn hello_is_checked() {
+        assert!(read_hello(&mut &hello()[..]).is_ok());
+        let mut v2 = hello();
+        v2[4] = 2;
+        assert!(matches!(
+            read_hello(&mut &v2[..]),
+            Err(LinkError::Version { found: 2 })
+        ));
+        assert!(matches!(
+            read_hello(&mut &b"HTTP/1.1"[..]),
+            Err(LinkError::BadHello { found }) if &found == b"HTTP"
+        ));
+    }
+
+    #[test]
+    fn frames_must_arrive_whole() {
+        let mut buf = vec![9; 3];
+        read_frame(&mut &b"abcdef"[..], 4, &mut buf).unwrap();
+        assert_eq!(buf, b"abcd");
+        assert_eq!(
+            read_frame(&mut &b"ab"[..], 4, &mut buf).unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+    }
+
+    #[test]
+    fn responses_have_their_layout_and_messages_are_capped() {
+        let mut out = Vec::new();
+        write_handle(&mut out, 5).unwrap();
+        write_frame(&mut out, b"xy").unwrap();
+        write_ok(&mut out).unwrap();
+        write_error(&mut out, Status::NotFound, "gone").unwrap();
+        assert_eq!(
+            out,
+            b"\x00\x05\0\0\0\0\0\0\0\x00\x02\0\0\0\0\0\0\0xy\x00\x01\x04\x00gone"
+        );
+        out.clear();
+        // 1023 ASCII bytes then a 2-byte character: the cut falls before it.
+        let long = "a".repeat(1023) + "\u{e9}" + &"b".repeat(100);
+        write_error(&mut out, Status::Refused, &long).unwrap();
+        assert_eq!(&out[..3], &[2, 0xff, 0x03]);
+        assert_eq!(out.len(), 3 + 1023);
+    }
+}

@@ -1,0 +1,395 @@
+//! `kvwasm fabric send`: hands a slot (a manifest and the chunks it names) from a source store
+//! to a `kvwasm fabric serve` at the other end of a fabric, sending only the chunks the
+//! receiver lacks (docs/fabric-handoff.md):
+//!
+//! 1. read the manifest; its chunk list is the demo manifest's keys, or a given list;
+//! 2. ask which chunks the receiver holds (KVQ1 → KVA1);
+//! 3. prefetch and send each missing chunk (KVC1), releasing each handle at once;
+//! 4. send the manifest (KVM1) and read it back: responses come in order, so this also surfaces
+//!    any earlier refused chunk;
+//! 5. report what was sent.
+//!
+//! Every frame is encoded into one reused buffer, and every frame pulled back is decoded
+//! strictly here, whatever the transport already checked.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use kvwasm_host::{KvError, StoreHandle};
+use kvwasm_mrdn::{DecodeError, DecodeMode, EncodeError, HEADER_LEN, Tier};
+use thiserror::Error;
+
+use crate::handoff::{self, Message, MessageError};
+
+/// Moves frames to the receiver: the fabric guest's `transport` interface, as the host exposes
+/// it (or a native client of the link protocol).
+pub trait Transport {
+    /// Why a call failed.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Sends one encoded frame; returns a handle for [`Transport::pull`].
+    fn push(&self, frame: &[u8]) -> Result<u64, Self::Error>;
+    /// The frame kept under `handle`.
+    fn pull(&self, handle: u64) -> Result<Vec<u8>, Self::Error>;
+    /// Forgets `handle`.
+    fn release(&self, handle: u64) -> Result<(), Self::Error>;
+}
+
+/// Most hashes per query frame: 65,536 × 65 bytes stays far below the receiver's default frame
+/// limit of 64 MiB (one query of the protocol's maximum, 2^20 hashes, may not).
+pub const QUERY_BATCH: usize = 1 << 16;
+/// Missing chunks prefetched from the source at a time.
+pub const PREFETCH_BATCH: usize = 256;
+
+/// What to send.
+#[derive(Debug, Clone)]
+pub struct SendOptions {
+    /// The manifest's name, in the source store and at the receiver.
+    pub manifest: String,
+    /// The chunks the manifest names; `None` reads them from the demo manifest format.
+    pub hashes: Option<Vec<Vec<u8>>>,
+    /// The tier every frame is labelled with.
+    pub tier: Tier,
+}
+
+/// What a send did (the JSON line of `kvwasm fabric send`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SendReport {
+    /// The manifest's name.
+    pub manifest: String,
+    /// Distinct chunks the manifest names.
+    pub chunks: usize,
+    /// Chunks sent (the receiver lacked them).
+    pub sent: usize,
+    /// Chunks the receiver already held.
+    pub skipped: usize,
+    /// Bytes of the chunks sent.
+    pub chunk_bytes_sent: u64,
+    /// Bytes of every frame pushed: queries, chunks, the manifest.
+    pub frame_bytes: u64,
+    /// Wall time of the whole send.
+    pub seconds: f64,
+}
+
+impl SendReport {
+    /// Chunk bytes sent per second, in MB (10^6 bytes).
+    pub fn mb_per_s(&self) -> f64 {
+        self.chunk_bytes_sent as f64 / 1e6 / self.seconds.max(1e-9)
+    }
+
+    /// The report as one JSON object.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "manifest": self.manifest,
+            "chunks": self.chunks,
+            "sent": self.sent,
+            "skipped": self.skipped,
+            "chunk_bytes_sent": self.chunk_bytes_sent,
+            "frame_bytes": self.frame_bytes,
+            "seconds": self.seconds,
+            "mb_per_s": self.mb_per_s(),
+        })
+    }
+}
+
+/// Why a send stopped. Nothing is rolled back: chunks already sent stay (they are
+/// content-addressed and harmless), and the manifest is only ever the last frame.
+#[derive(Debug, Error)]
+pub enum SendError<E: std::error::Error + 'static> {
+    /// The source store failed.
+    #[error("source store: {op}: {source}")]
+    Source {
+        /// The operation.
+        op: &'static str,
+        /// The store's error.
+        source: KvError,
+    },
+    /// The manifest's chunk list cannot be read.
+    #[error("manifest {name:?}: {why} (pass --hashes FILE for other manifest formats)")]
+    ManifestFormat {
+        /// The manifest.
+        name: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A handoff message cannot be encoded (a hash or name out of range).
+    #[error("cannot encode the {what}: {source}")]
+    Message {
+        /// The message.
+        what: &'static str,
+        /// Why.
+        source: MessageError,
+    },
+    /// A frame cannot be encoded (a body over 4 GiB).
+    #[error("cannot frame the {what}: {source}")]
+    Encode {
+        /// The message.
+        what: &'static str,
+        /// Why.
+        source: EncodeError,
+    },
+    /// The fabric failed.
+    #[error("fabric: {step}: {source}")]
+    Fabric {
+        /// What the sender was doing.
+        step: &'static str,
+        /// The transport's error.
+        source: E,
+    },
+    /// A frame pulled back fails strict decoding.
+    #[error("{step}: the fabric returned a bad frame: {source}")]
+    BadFrame {
+        /// What the sender was doing.
+        step: &'static str,
+        /// Why.
+        source: DecodeError,
+    },
+    /// A reply is a valid frame but not the expected message.
+    #[error("{step}: unexpected reply: {why}")]
+    BadReply {
+        /// What the sender was doing.
+        step: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// The chunk keys of a demo manifest (`kvwasm demo`): `b"ggsq"`, u32 version, u32 tokens,
+/// u32 count, then count × 8-byte keys, and nothing else.
+pub fn demo_manifest_hashes(manifest: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    let (header, keys) = manifest.split_at_checked(16).ok_or_else(|| {
+        format!(
+            "{} bytes, shorter than a demo manifest header",
+            manifest.len()
+        )
+    })?;
+    if &header[..4] != b"ggsq" {
+        return Err(format!(
+            "magic {:02x?} is not the demo manifest's \"ggsq\"",
+            &header[..4]
+        ));
+    }
+    let count = u32::from_le_bytes(header[12..16].try_into().expect("4 bytes")) as usize;
+    if keys.len() != count * 8 {
+        return Err(format!(
+            "header says {count} keys, but {} bytes of keys follow",
+            keys.len()
+        ));
+    }
+    Ok(keys.chunks(8).map(<[u8]>::to_vec).collect())
+}
+
+/// A `--hashes` file: one hex hash per line (blank lines ignored).
+pub fn parse_hash_list(text: &str) -> Result<Vec<Vec<u8>>, String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(i, line)| {
+            let hash = hex::decode(line.trim()).map_err(|e| format!("line {}: {e}", i + 1))?;
+            match hash.len() {
+                1..=handoff::MAX_HASH_LEN => Ok(hash),
+                n => Err(format!("line {}: a hash of {n} bytes (1..=64)", i + 1)),
+            }
+        })
+        .collect()
+}
+
+/// Sends the slot `options` names from `source` over `fabric`.
+pub fn send<T: Transport>(
+    source: &StoreHandle,
+    fabric: &T,
+    options: &SendOptions,
+) -> Result<SendReport, SendError<T::Error>> {
+    let started = Instant::now();
+    let name = options.manifest.as_str();
+    let tier = options.tier;
+    let src = |op| move |source| SendError::Source { op, source };
+    let net = |step| move |source| SendError::Fabric { step, source };
+
+    let manifest = source.get_manifest(name).map_err(src("get_manifest"))?;
+    let listed = match &options.hashes {
+        Some(hashes) => hashes.clone(),
+        None => {
+            demo_manifest_hashes(manifest.as_slice()).map_err(|why| SendError::ManifestFormat {
+                name: name.to_owned(),
+                why,
+            })?
+        }
+    };
+    let mut seen = HashSet::new();
+    let hashes: Vec<Vec<u8>> = listed
+        .into_iter()
+        .filter(|h| seen.insert(h.clone()))
+        .collect();
+
+    let mut buf = Vec::new();
+    let mut frame_bytes = 0u64;
+    let mut push = |buf: &Vec<u8>, step| {
+        frame_bytes += buf.len() as u64;
+        fabric.push(buf).map_err(net(step))
+    };
+
+    // 2. Ask: every query is pushed before the first answer is pulled.
+    let mut queries = Vec::new();
+    for batch in hashes.chunks(QUERY_BATCH) {
+        frame(&mut buf, tier, "query", |body| {
+            handoff::encode_query(batch.iter().map(Vec::as_slice), body)
+        })?;
+        queries.push((batch, push(&buf, "push query")?));
+    }
+    let mut missing = Vec::new();
+    for (batch, handle) in queries {
+        let reply = fabric.pull(handle).map_err(net("pull answer"))?;
+        match parse_reply(&reply, "pull answer")? {
+            Message::Answer(answer) if answer.len() == batch.len() => {
+                missing.extend(
+                    batch
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| !answer.has(*i))
+                        .map(|(_, h)| h),
+                );
+            }
+            other => return Err(bad_reply("pull answer", &other, "an answer for the query")),
+        }
+        fabric.release(handle).map_err(net("release answer"))?;
+    }
+
+    // 3. Send what is missing.
+    let mut chunk_bytes_sent = 0u64;
+    for batch in missing.chunks(PREFETCH_BATCH) {
+        let owned: Vec<Vec<u8>> = batch.iter().map(|h| h.to_vec()).collect();
+        source
+            .prefetch_chunks(&owned)
+            .map_err(src("prefetch_chunks"))?;
+        for hash in batch {
+            let data = source.get_chunk(hash).map_err(src("get_chunk"))?;
+            frame(&mut buf, tier, "chunk", |body| {
+                handoff::encode_chunk(hash, data.as_slice(), body)
+            })?;
+            let handle = push(&buf, "push chunk")?;
+            fabric.release(handle).map_err(net("release chunk"))?;
+            chunk_bytes_sent += data.len() as u64;
+        }
+    }
+
+    // 4. The manifest, read back.
+    frame(&mut buf, tier, "manifest", |body| {
+        handoff::encode_manifest(name, manifest.as_slice(), body)
+    })?;
+    let handle = push(&buf, "push manifest")?;
+    let reply = fabric.pull(handle).map_err(net("pull manifest"))?;
+    match parse_reply(&reply, "pull manifest")? {
+        Message::Manifest { name: got, data } if got == name && data == manifest.as_slice() => {}
+        other => {
+            return Err(bad_reply("pull manifest", &other, "the manifest as sent"));
+        }
+    }
+    fabric.release(handle).map_err(net("release manifest"))?;
+
+    Ok(SendReport {
+        manifest: name.to_owned(),
+        chunks: hashes.len(),
+        sent: missing.len(),
+        skipped: hashes.len() - missing.len(),
+        chunk_bytes_sent,
+        frame_bytes,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Replaces `buf` with the frame of the body `encode` appends.
+fn frame<E: std::error::Error>(
+    buf: &mut Vec<u8>,
+    tier: Tier,
+    what: &'static str,
+    encode: impl FnOnce(&mut Vec<u8>) -> Result<(), MessageError>,
+) -> Result<(), SendError<E>> {
+    buf.clear();
+    buf.resize(HEADER_LEN, 0);
+    encode(buf).map_err(|source| SendError::Message { what, source })?;
+    kvwasm_mrdn::seal_in_place(tier, buf).map_err(|source| SendError::Encode { what, source })
+}
+
+fn parse_reply<'a, E: std::error::Error>(
+    reply: &'a [u8],
+    step: &'static str,
+) -> Result<Message<'a>, SendError<E>> {
+    let frame = kvwasm_mrdn::decode_with(reply, DecodeMode::Strict)
+        .map_err(|source| SendError::BadFrame { step, source })?;
+    handoff::parse(frame.body).map_err(|e| SendError::BadReply {
+        step,
+        why: e.to_string(),
+    })
+}
+
+fn bad_reply<E: std::error::Error>(
+    step: &'static str,
+    got: &Message<'_>,
+    expected: &str,
+) -> SendError<E> {
+    let got = match got {
+        Message::Query(q) => format!("a query of {} hashes", q.len()),
+        Message::Answer(a) => format!("an answer of {} bits", a.len()),
+        Message::Chunk { hash, data } => {
+            format!("chunk {} ({} bytes)", hex::encode(hash), data.len())
+        }
+        Message::Manifest { name, data } => {
+            format!("manifest {name:?} ({} bytes)", data.len())
+        }
+    };
+    SendError::BadReply {
+        step,
+        why: format!("{got}, expected {expected}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demo_manifests_list_their_keys() {
+        let mut m = b"ggsq".to_vec();
+        for word in [4u32, 100, 2] {
+            m.extend_from_slice(&word.to_le_bytes());
+        }
+        m.extend_from_slice(b"aaaaaaaabbbbbbbb");
+        assert_eq!(
+            demo_manifest_hashes(&m).unwrap(),
+            [b"aaaaaaaa".to_vec(), b"bbbbbbbb".to_vec()]
+        );
+        assert!(
+            demo_manifest_hashes(&m[..m.len() - 1])
+                .unwrap_err()
+                .contains("2 keys")
+        );
+        assert!(
+            demo_manifest_hashes(b"kvcrash-slot v1\nname")
+                .unwrap_err()
+                .contains("magic")
+        );
+        assert!(
+            demo_manifest_hashes(b"ggsq")
+                .unwrap_err()
+                .contains("shorter")
+        );
+    }
+
+    #[test]
+    fn hash_lists_are_hex_lines() {
+        assert_eq!(
+            parse_hash_list("00ff\n\n  abcd \n").unwrap(),
+            [vec![0, 255], vec![0xab, 0xcd]]
+        );
+        assert!(
+            parse_hash_list("00\nxyz\n")
+                .unwrap_err()
+                .starts_with("line 2")
+        );
+        assert!(
+            parse_hash_list(&"00".repeat(65))
+                .unwrap_err()
+                .contains("65 bytes")
+        );
+    }
+}

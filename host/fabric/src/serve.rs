@@ -1,0 +1,581 @@
+//! `kvwasm fabric serve`: the receiving end of a handoff. Accepts link connections (a thread
+//! each, at most [`Limits::max_connections`]), verifies every pushed frame strictly and parses
+//! its handoff message **before** touching the store, then stores chunks and manifests and
+//! answers queries. Trusted host code facing an untrusted network peer: every length is checked
+//! against a limit before anything is allocated for it.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use kvwasm_host::{KvError, StoreHandle};
+use kvwasm_mrdn::{DecodeMode, HEADER_LEN, Tier};
+
+use crate::handoff::{self, Message};
+use crate::link::{self, LinkError, Request, Status};
+
+/// The server's limits (the flags of `kvwasm fabric serve`).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest frame a PUSH may carry; a larger one is refused and its connection closed
+    /// (`--max-frame-mib`). Also caps the answer bytes a connection keeps unreleased.
+    pub max_frame_bytes: usize,
+    /// Connections served at once; more are refused at once (`--max-connections`).
+    pub max_connections: usize,
+    /// A connection with no request for this long is closed (`--idle-timeout-s`).
+    pub idle_timeout: Duration,
+    /// A connection stalled this long inside a request, or not reading its responses, is
+    /// closed (`--io-timeout-ms`).
+    pub io_timeout: Duration,
+    /// Live handles per connection; a PUSH over it is refused.
+    pub max_live_handles: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_frame_bytes: 64 << 20,
+            max_connections: 16,
+            idle_timeout: Duration::from_secs(300),
+            io_timeout: Duration::from_millis(30_000),
+            max_live_handles: 1 << 20,
+        }
+    }
+}
+
+/// Counters of a server (all connections so far) or of one connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Connections accepted (including those refused as over the cap).
+    pub connections: u64,
+    /// PUSHes verified and acted on.
+    pub frames_ok: u64,
+    /// PUSHes refused: a bad frame or message, a limit, poisoning.
+    pub frames_refused: u64,
+    /// PUSHes the store failed.
+    pub frames_failed: u64,
+    /// Chunks the store did not already hold.
+    pub chunks_stored: u64,
+    /// Bytes of those chunks.
+    pub chunk_bytes_stored: u64,
+    /// Queries answered.
+    pub queries: u64,
+    /// Manifests published.
+    pub manifests_stored: u64,
+}
+
+/// What a [`Stats`] counts.
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    Connection,
+    FrameOk,
+    Refused,
+    Failed,
+    ChunkStored(u64),
+    Query,
+    Manifest,
+}
+
+impl Stats {
+    fn apply(&mut self, event: Event) {
+        match event {
+            Event::Connection => self.connections += 1,
+            Event::FrameOk => self.frames_ok += 1,
+            Event::Refused => self.frames_refused += 1,
+            Event::Failed => self.frames_failed += 1,
+            Event::ChunkStored(bytes) => {
+                self.chunks_stored += 1;
+                self.chunk_bytes_stored += bytes;
+            }
+            Event::Query => self.queries += 1,
+            Event::Manifest => self.manifests_stored += 1,
+        }
+    }
+}
+
+/// The server-wide [`Stats`], updated by every connection thread.
+#[derive(Debug, Default)]
+struct Counters([AtomicU64; 8]);
+
+impl Counters {
+    fn apply(&self, event: Event) {
+        let add = |i: usize, n: u64| self.0[i].fetch_add(n, Ordering::Relaxed);
+        match event {
+            Event::Connection => add(0, 1),
+            Event::FrameOk => add(1, 1),
+            Event::Refused => add(2, 1),
+            Event::Failed => add(3, 1),
+            Event::ChunkStored(bytes) => {
+                add(4, 1);
+                add(5, bytes)
+            }
+            Event::Query => add(6, 1),
+            Event::Manifest => add(7, 1),
+        };
+    }
+
+    fn snapshot(&self) -> Stats {
+        let get = |i: usize| self.0[i].load(Ordering::Relaxed);
+        Stats {
+            connections: get(0),
+            frames_ok: get(1),
+            frames_refused: get(2),
+            frames_failed: get(3),
+            chunks_stored: get(4),
+            chunk_bytes_stored: get(5),
+            queries: get(6),
+            manifests_stored: get(7),
+        }
+    }
+}
+
+struct Shared {
+    store: Arc<StoreHandle>,
+    limits: Limits,
+    counters: Counters,
+    active: AtomicUsize,
+}
+
+/// A bound `kvwasm fabric serve` listener.
+pub struct Server {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Listen on `addr` (port 0 picks one; see [`Server::local_addr`]) for frames to store
+    /// into `store`.
+    pub fn bind(
+        addr: impl ToSocketAddrs,
+        store: Arc<StoreHandle>,
+        limits: Limits,
+    ) -> io::Result<Server> {
+        Ok(Server {
+            listener: TcpListener::bind(addr)?,
+            shared: Arc::new(Shared {
+                store,
+                limits,
+                counters: Counters::default(),
+                active: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Counters of every connection so far.
+    pub fn stats(&self) -> Stats {
+        self.shared.counters.snapshot()
+    }
+
+    /// Serve connections until the process ends. A failed accept (out of file descriptors,
+    /// say) is logged and retried after a pause, so it never ends the server.
+    pub fn run(&self) -> io::Result<()> {
+        tracing::info!(addr = %self.local_addr()?, "fabric server listening");
+        for stream in self.listener.incoming() {
+            match stream {
+                Ok(stream) => self.admit(stream),
+                Err(e) => {
+                    tracing::warn!("fabric server: accept failed: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn admit(&self, stream: TcpStream) {
+        let shared = &self.shared;
+        shared.counters.apply(Event::Connection);
+        let max = shared.limits.max_connections;
+        if shared.active.fetch_add(1, Ordering::AcqRel) >= max {
+            shared.active.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!("fabric server: refusing a connection, {max} already open");
+            // Non-blocking: the accept loop never waits on a client it refuses.
+            let mut stream = stream;
+            let _ = stream.set_nonblocking(true);
+            let _ = link::write_error(
+                &mut stream,
+                Status::Refused,
+                &format!("server busy: {max} connections open (--max-connections)"),
+            );
+            return;
+        }
+        let slot = Slot(shared.clone());
+        let spawned = std::thread::Builder::new()
+            .name("kvwasm-fabric-conn".into())
+            .spawn(move || serve_connection(stream, &slot.0));
+        if let Err(e) = spawned {
+            tracing::warn!("fabric server: cannot start a connection thread: {e}");
+        }
+    }
+}
+
+/// One admitted connection; frees its place when its thread ends (or never starts).
+struct Slot(Arc<Shared>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn serve_connection(stream: TcpStream, shared: &Shared) {
+    let peer = stream
+        .peer_addr()
+        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    let mut conn = Connection::new(&stream, shared);
+    let result = conn.run();
+    let t = conn.tally;
+    let totals = shared.counters.snapshot();
+    let end = match &result {
+        Ok(()) => "closed by the client".to_owned(),
+        Err(e) => e.to_string(),
+    };
+    tracing::info!(
+        %peer,
+        frames_ok = t.frames_ok,
+        frames_refused = t.frames_refused,
+        frames_failed = t.frames_failed,
+        chunks_stored = t.chunks_stored,
+        chunk_bytes_stored = t.chunk_bytes_stored,
+        queries = t.queries,
+        manifests_stored = t.manifests_stored,
+        total_frames_ok = totals.frames_ok,
+        total_frames_refused = totals.frames_refused,
+        total_chunk_bytes_stored = totals.chunk_bytes_stored,
+        "fabric connection ended: {end}"
+    );
+}
+
+/// What a live handle keeps: an answer as encoded, or what to read back for a PULL.
+enum Kept {
+    Answer(Vec<u8>),
+    Chunk { tier: Tier, hash: Vec<u8> },
+    Manifest { tier: Tier, name: String },
+}
+
+/// Why a PUSH or PULL was not done; answered to the client, the connection goes on.
+type Refusal = (Status, String);
+
+fn refused(why: impl std::fmt::Display) -> Refusal {
+    (Status::Refused, why.to_string())
+}
+
+fn failed(op: &str) -> impl FnOnce(KvError) -> Refusal + '_ {
+    move |e| (Status::Failed, format!("{op}: {e}"))
+}
+
+/// Longest a connection ended for a protocol fault keeps discarding input (see
+/// `Connection::fatal`).
+const LINGER: Duration = Duration::from_secs(2);
+
+/// How many hashes of stored chunks a connection remembers (to answer queries without a
+/// read); past it, queries read the store.
+const MAX_REMEMBERED: usize = 1 << 20;
+
+struct Connection<'a> {
+    shared: &'a Shared,
+    stream: &'a TcpStream,
+    reader: BufReader<&'a TcpStream>,
+    writer: BufWriter<&'a TcpStream>,
+    read_timeout: Option<Duration>,
+    /// The number the next PUSH gets (refused or not).
+    next_handle: u64,
+    live: HashMap<u64, Kept>,
+    kept_answer_bytes: usize,
+    stored: HashSet<Vec<u8>>,
+    /// Some PUSH was refused or failed: manifests are refused from now on.
+    poisoned: bool,
+    /// The PUSHed frame being handled, reused.
+    frame: Vec<u8>,
+    /// A PULL's freshly encoded frame, reused.
+    out: Vec<u8>,
+    tally: Stats,
+}
+
+impl<'a> Connection<'a> {
+    fn new(stream: &'a TcpStream, shared: &'a Shared) -> Connection<'a> {
+        Connection {
+            shared,
+            stream,
+            reader: BufReader::with_capacity(64 << 10, stream),
+            writer: BufWriter::with_capacity(64 << 10, stream),
+            read_timeout: None,
+            next_handle: 1,
+            live: HashMap::new(),
+            kept_answer_bytes: 0,
+            stored: HashSet::new(),
+            poisoned: false,
+            frame: Vec::new(),
+            out: Vec::new(),
+            tally: Stats::default(),
+        }
+    }
+
+    fn record(&mut self, event: Event) {
+        self.tally.apply(event);
+        self.shared.counters.apply(event);
+    }
+
+    fn set_read_timeout(&mut self, timeout: Duration) -> io::Result<()> {
+        if self.read_timeout != Some(timeout) {
+            self.stream.set_read_timeout(Some(timeout))?;
+            self.read_timeout = Some(timeout);
+        }
+        Ok(())
+    }
+
+    /// Tells the client why the link ends (when it is a protocol fault), then ends it.
+    ///
+    /// Closing a socket with unread input resets it, and a reset may destroy the answer before
+    /// the client reads it (an oversized PUSH is refused before its body is read). So the
+    /// server shuts its side down and discards input until the client closes too, for at most
+    /// [`LINGER`]: a client writing a frame it cannot finish reads why instead of a reset.
+    fn fatal(&mut self, error: LinkError) -> Result<(), LinkError> {
+        if let Some(status) = error.status() {
+            let told = link::write_error(&mut self.writer, status, &error.to_string())
+                .and_then(|()| self.writer.flush())
+                .and_then(|()| self.stream.shutdown(std::net::Shutdown::Write));
+            if told.is_ok() {
+                let until = std::time::Instant::now() + LINGER;
+                let mut sink = [0; 64 << 10];
+                while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+                    let drained = self
+                        .set_read_timeout(left.max(Duration::from_millis(1)))
+                        .and_then(|()| self.reader.get_mut().read(&mut sink));
+                    if !matches!(drained, Ok(1..)) {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(error)
+    }
+
+    fn run(&mut self) -> Result<(), LinkError> {
+        let io_timeout = self.shared.limits.io_timeout;
+        self.serve().map_err(|e| match e {
+            LinkError::Io(e) if is_timeout(&e) => LinkError::Stalled(io_timeout),
+            e => e,
+        })
+    }
+
+    fn serve(&mut self) -> Result<(), LinkError> {
+        let limits = &self.shared.limits;
+        let (io_timeout, idle_timeout) = (limits.io_timeout, limits.idle_timeout);
+        let max_frame = limits.max_frame_bytes;
+        self.stream.set_nodelay(true)?;
+        self.stream.set_write_timeout(Some(io_timeout))?;
+        self.set_read_timeout(io_timeout)?;
+        if let Err(e) = link::read_hello(&mut self.reader) {
+            return self.fatal(e);
+        }
+        self.writer.write_all(&link::hello())?;
+        loop {
+            if self.reader.buffer().is_empty() {
+                // About to wait for the client: what it is owed goes out first.
+                self.writer.flush()?;
+                self.set_read_timeout(idle_timeout)?;
+                match self.reader.fill_buf() {
+                    Ok([]) => return Ok(()),
+                    Ok(_) => {}
+                    Err(e) if is_timeout(&e) => return Err(LinkError::Idle(idle_timeout)),
+                    Err(e) => return Err(e.into()),
+                }
+                self.set_read_timeout(io_timeout)?;
+            }
+            let request = match link::read_request(&mut self.reader, max_frame) {
+                Ok(Some(request)) => request,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    if matches!(e, LinkError::FrameTooLarge { .. }) {
+                        self.record(Event::Refused);
+                    }
+                    return self.fatal(e);
+                }
+            };
+            match request {
+                Request::Push { frame_len } => {
+                    link::read_frame(&mut self.reader, frame_len, &mut self.frame)?;
+                    let handle = self.next_handle;
+                    self.next_handle += 1;
+                    match self.push() {
+                        Ok(kept) => {
+                            self.live.insert(handle, kept);
+                            self.record(Event::FrameOk);
+                            link::write_handle(&mut self.writer, handle)?;
+                        }
+                        Err((status, why)) => {
+                            tracing::debug!(handle, "fabric PUSH {status:?}: {why}");
+                            self.poisoned = true;
+                            self.record(if status == Status::Failed {
+                                Event::Failed
+                            } else {
+                                Event::Refused
+                            });
+                            link::write_error(&mut self.writer, status, &why)?;
+                        }
+                    }
+                }
+                Request::Pull { handle } => match self.pull(handle) {
+                    Ok(()) => link::write_frame(&mut self.writer, &self.out)?,
+                    Err((status, why)) => link::write_error(&mut self.writer, status, &why)?,
+                },
+                Request::Release { handle } => match self.live.remove(&handle) {
+                    Some(kept) => {
+                        if let Kept::Answer(frame) = kept {
+                            self.kept_answer_bytes -= frame.len();
+                        }
+                        link::write_ok(&mut self.writer)?;
+                    }
+                    None => link::write_error(
+                        &mut self.writer,
+                        Status::NotFound,
+                        &format!("no live handle {handle} on this connection"),
+                    )?,
+                },
+            }
+        }
+    }
+
+    /// Verifies the pushed frame and its message, then acts on it.
+    fn push(&mut self) -> Result<Kept, Refusal> {
+        if self.live.len() >= self.shared.limits.max_live_handles {
+            return Err(refused(format!(
+                "{} live handles on this connection; release some",
+                self.live.len()
+            )));
+        }
+        let bytes = std::mem::take(&mut self.frame);
+        let result = self.act(&bytes);
+        self.frame = bytes;
+        result
+    }
+
+    fn act(&mut self, bytes: &[u8]) -> Result<Kept, Refusal> {
+        let frame = kvwasm_mrdn::decode_with(bytes, DecodeMode::Strict)
+            .map_err(|e| refused(format!("bad frame: {e}")))?;
+        let message =
+            handoff::parse(frame.body).map_err(|e| refused(format!("bad message: {e}")))?;
+        let shared = self.shared;
+        let store = &shared.store;
+        match message {
+            Message::Query(query) => {
+                let len = HEADER_LEN + 8 + query.len().div_ceil(8);
+                let max = shared.limits.max_frame_bytes;
+                if self.kept_answer_bytes + len > max {
+                    return Err(refused(format!(
+                        "unreleased answers on this connection would exceed {max} bytes"
+                    )));
+                }
+                let mut present = Vec::with_capacity(query.len());
+                for hash in query.hashes() {
+                    present.push(self.stored.contains(hash) || holds(store, hash)?);
+                }
+                let mut answer = Vec::with_capacity(len);
+                sealed(frame.tier, &mut answer, |body| {
+                    handoff::encode_answer(present.len(), |i| present[i], body)
+                })?;
+                self.kept_answer_bytes += answer.len();
+                self.record(Event::Query);
+                Ok(Kept::Answer(answer))
+            }
+            Message::Chunk { hash, data } => {
+                let already = store.put_chunk(hash, data).map_err(failed("put_chunk"))?;
+                if !already {
+                    self.record(Event::ChunkStored(data.len() as u64));
+                }
+                if self.stored.len() < MAX_REMEMBERED {
+                    self.stored.insert(hash.to_vec());
+                }
+                Ok(Kept::Chunk {
+                    tier: frame.tier,
+                    hash: hash.to_vec(),
+                })
+            }
+            Message::Manifest { name, data } => {
+                if self.poisoned {
+                    return Err(refused("an earlier frame on this connection failed"));
+                }
+                store
+                    .put_manifest(name, data)
+                    .map_err(failed("put_manifest"))?;
+                self.record(Event::Manifest);
+                Ok(Kept::Manifest {
+                    tier: frame.tier,
+                    name: name.to_owned(),
+                })
+            }
+            Message::Answer(_) => Err(refused("an answer (KVA1) is not a request")),
+        }
+    }
+
+    /// Puts the frame kept under `handle` into `self.out`, read back from the store.
+    fn pull(&mut self, handle: u64) -> Result<(), Refusal> {
+        let store = &self.shared.store;
+        let out = &mut self.out;
+        match self.live.get(&handle) {
+            None => {
+                return Err((
+                    Status::NotFound,
+                    format!("no live handle {handle} on this connection"),
+                ));
+            }
+            Some(Kept::Answer(frame)) => {
+                out.clear();
+                out.extend_from_slice(frame);
+            }
+            Some(Kept::Chunk { tier, hash }) => {
+                let data = store.get_chunk(hash).map_err(failed("get_chunk"))?;
+                sealed(*tier, out, |body| {
+                    handoff::encode_chunk(hash, data.as_slice(), body)
+                })?;
+            }
+            Some(Kept::Manifest { tier, name }) => {
+                let data = store.get_manifest(name).map_err(failed("get_manifest"))?;
+                sealed(*tier, out, |body| {
+                    handoff::encode_manifest(name, data.as_slice(), body)
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a socket error is its read or write timeout running out.
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Whether the store holds `hash` (kv_store_v1 has no presence check: a read, a miss is no).
+fn holds(store: &StoreHandle, hash: &[u8]) -> Result<bool, Refusal> {
+    match store.get_chunk(hash) {
+        Ok(_) => Ok(true),
+        Err(KvError::NotFound) => Ok(false),
+        Err(e) => Err(failed("get_chunk")(e)),
+    }
+}
+
+/// Replaces `out` with the frame (`tier`) of the body `encode` appends; a body that cannot be
+/// framed (the store returned more than a frame holds) is a store failure.
+fn sealed(
+    tier: Tier,
+    out: &mut Vec<u8>,
+    encode: impl FnOnce(&mut Vec<u8>) -> Result<(), handoff::MessageError>,
+) -> Result<(), Refusal> {
+    let failed = |e: &dyn std::fmt::Display| (Status::Failed, format!("framing the reply: {e}"));
+    out.clear();
+    out.resize(HEADER_LEN, 0);
+    encode(out).map_err(|e| failed(&e))?;
+    kvwasm_mrdn::seal_in_place(tier, out).map_err(|e| failed(&e))
+}
