@@ -8,7 +8,9 @@ use wasmtime::component::{HasSelf, Linker};
 
 use crate::artifact_cache::{self, Origin};
 use crate::bindings::kvwasm::kv_store::{payload_io, types};
+use crate::bindings::fabric::FabricPre;
 use crate::bindings::{BackendExportsPre, BackendInfo};
+use crate::error::KvError;
 use crate::engine::{Metering, engine, engine_for};
 use crate::state::HostState;
 
@@ -93,6 +95,30 @@ impl std::fmt::Display for ComponentSource {
     }
 }
 
+/// What kind of guest a component is, by what it exports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestKind {
+    /// Exports `kvwasm:kv-store/store`: a storage backend.
+    KvStore,
+    /// Exports `kvwasm:fabric/transport`: a fabric guest.
+    Fabric,
+}
+
+impl std::fmt::Display for GuestKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GuestKind::KvStore => "kv-store backend",
+            GuestKind::Fabric => "fabric",
+        })
+    }
+}
+
+/// A component's exports, typed for its kind and pre-linked.
+enum Exports {
+    KvStore(BackendExportsPre<HostState>),
+    Fabric(FabricPre<HostState>),
+}
+
 /// A compiled component, linked against the host and ready to instantiate.
 pub struct LoadedComponent {
     /// BLAKE3 of the component bytes.
@@ -103,8 +129,9 @@ pub struct LoadedComponent {
     pub size: usize,
     /// How the compiled code was obtained.
     pub origin: Origin,
-    pub(crate) pre: BackendExportsPre<HostState>,
-    /// What the guest says about itself; asked once, on first instantiation.
+    pre: Exports,
+    /// What a kv-store guest says about itself; asked once, on first
+    /// instantiation.
     pub(crate) info: OnceLock<BackendInfo>,
     /// The engine the code was compiled for.
     pub(crate) engine: &'static wasmtime::Engine,
@@ -141,11 +168,17 @@ impl LoadedComponent {
         let engine = engine_for(metering);
         let (component, origin) = artifact_cache::load(engine, &bytes, &hash)?;
         let pre = linker(metering)?.instantiate_pre(&component)?;
-        let pre = BackendExportsPre::new(pre).map_err(|e| {
-            wasmtime::format_err!(
-                "{source} is not a kv-store backend (it must export kvwasm:kv-store/store): {e}"
-            )
-        })?;
+        let pre = match BackendExportsPre::new(pre.clone()) {
+            Ok(store) => Exports::KvStore(store),
+            Err(not_store) => match FabricPre::new(pre) {
+                Ok(fabric) => Exports::Fabric(fabric),
+                Err(not_fabric) => wasmtime::bail!(
+                    "{source} is neither a kv-store backend (exporting \
+                     kvwasm:kv-store/store: {not_store}) nor a fabric (exporting \
+                     kvwasm:fabric/transport: {not_fabric})"
+                ),
+            },
+        };
         tracing::debug!(%source, ?origin, size = bytes.len(), "component loaded");
         let sha256 = sha256_hex(&bytes);
         let component = Arc::new(LoadedComponent {
@@ -167,6 +200,40 @@ impl LoadedComponent {
     }
 }
 
+impl LoadedComponent {
+    /// Which kind of guest this is.
+    pub fn kind(&self) -> GuestKind {
+        match self.pre {
+            Exports::KvStore(_) => GuestKind::KvStore,
+            Exports::Fabric(_) => GuestKind::Fabric,
+        }
+    }
+
+    /// The kv-store exports, or an error naming what the component is.
+    pub(crate) fn store_pre(&self) -> Result<&BackendExportsPre<HostState>, KvError> {
+        match &self.pre {
+            Exports::KvStore(pre) => Ok(pre),
+            Exports::Fabric(_) => Err(KvError::Host(
+                "the component is a fabric, not a kv-store backend: configure it under \
+                 [fabrics.NAME], not [backends.NAME]"
+                    .into(),
+            )),
+        }
+    }
+
+    /// The fabric exports, or an error naming what the component is.
+    pub(crate) fn fabric_pre(&self) -> Result<&FabricPre<HostState>, KvError> {
+        match &self.pre {
+            Exports::Fabric(pre) => Ok(pre),
+            Exports::KvStore(_) => Err(KvError::Host(
+                "the component is a kv-store backend, not a fabric: configure it under \
+                 [backends.NAME], not [fabrics.NAME]"
+                    .into(),
+            )),
+        }
+    }
+}
+
 /// What an operator reads before granting anything (`kvwasm inspect`).
 #[derive(Clone, Debug)]
 pub struct Description {
@@ -184,6 +251,13 @@ impl Description {
         self.exports
             .iter()
             .any(|e| e.starts_with("kvwasm:kv-store/store@"))
+    }
+
+    /// Whether it exports the fabric `transport` interface.
+    pub fn is_fabric(&self) -> bool {
+        self.exports
+            .iter()
+            .any(|e| e.starts_with("kvwasm:fabric/transport@"))
     }
 }
 
