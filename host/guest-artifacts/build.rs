@@ -15,6 +15,7 @@ const BACKENDS: &[(&str, &str)] = &[
     ("kvwasm-guest-memory", "MEMORY"),
     ("kvwasm-guest-redis", "REDIS"),
     ("kvwasm-guest-s3", "S3"),
+    ("kvwasm-fabric-synthetic", "SYNTHETIC"),
 ];
 const TEST_GUESTS: &[(&str, &str)] = &[
     ("kvwasm-guest-hostile", "HOSTILE"),
