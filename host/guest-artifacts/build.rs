@@ -19,6 +19,7 @@ const BACKENDS: &[(&str, &str)] = &[
 ];
 const TEST_GUESTS: &[(&str, &str)] = &[
     ("kvwasm-guest-hostile", "HOSTILE"),
+    ("kvwasm-fabric-hostile", "HOSTILE_FABRIC"),
     ("kvwasm-guest-buffered", "BUFFERED"),
     ("kvwasm-vendor-starter", "VENDOR_STARTER"),
 ];
