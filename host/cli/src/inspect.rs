@@ -28,7 +28,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let imports = |prefix: &str| d.imports.iter().any(|i| i.starts_with(prefix));
     let kind = if d.is_fabric() {
         match imports("wasi:config/store@") {
-            true => "fabric, world kvwasm:fabric/configured-fabric (configure under [fabrics.NAME])",
+            true => {
+                "fabric, world kvwasm:fabric/configured-fabric (configure under [fabrics.NAME])"
+            }
             false => "fabric, world kvwasm:fabric/fabric (configure under [fabrics.NAME])",
         }
     } else if !d.is_kv_store_backend() {

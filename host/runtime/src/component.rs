@@ -7,18 +7,18 @@ use std::sync::{Arc, Mutex, OnceLock};
 use wasmtime::component::{HasSelf, Linker};
 
 use crate::artifact_cache::{self, Origin};
-use crate::bindings::kvwasm::kv_store::{payload_io, types};
 use crate::bindings::fabric::FabricPre;
+use crate::bindings::kvwasm::kv_store::{payload_io, types};
 use crate::bindings::{BackendExportsPre, BackendInfo};
-use crate::error::KvError;
 use crate::engine::{Metering, engine, engine_for};
+use crate::error::KvError;
 use crate::state::HostState;
 
 /// Where a component's bytes come from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ComponentSource {
     /// Embedded in this build (`builtin:fs`, `builtin:memory`,
-    /// `builtin:redis`, `builtin:s3`).
+    /// `builtin:redis`, `builtin:s3`; fabrics `builtin:synthetic`).
     Builtin(Builtin),
     /// A `.wasm` file.
     File(std::path::PathBuf),
@@ -36,6 +36,9 @@ pub enum Builtin {
     /// `guest-backends/s3`: needs `http`, `env` credentials and
     /// `settings.endpoint` / `settings.bucket`.
     S3,
+    /// `guest-backends/synthetic`: the reference's in-memory fabric
+    /// (`nixl-synth`), for tests and demos.
+    Synthetic,
 }
 
 impl Builtin {
@@ -46,6 +49,7 @@ impl Builtin {
             Builtin::Memory => "memory",
             Builtin::Redis => "redis",
             Builtin::S3 => "s3",
+            Builtin::Synthetic => "synthetic",
         }
     }
 
@@ -55,6 +59,7 @@ impl Builtin {
             Builtin::Memory => kvwasm_guest_artifacts::MEMORY,
             Builtin::Redis => kvwasm_guest_artifacts::REDIS,
             Builtin::S3 => kvwasm_guest_artifacts::S3,
+            Builtin::Synthetic => kvwasm_guest_artifacts::SYNTHETIC,
         }
     }
 
@@ -67,7 +72,13 @@ impl Builtin {
     }
 
     /// Every builtin.
-    pub const ALL: [Builtin; 4] = [Builtin::Fs, Builtin::Memory, Builtin::Redis, Builtin::S3];
+    pub const ALL: [Builtin; 5] = [
+        Builtin::Fs,
+        Builtin::Memory,
+        Builtin::Redis,
+        Builtin::S3,
+        Builtin::Synthetic,
+    ];
 }
 
 impl std::str::FromStr for ComponentSource {
@@ -79,7 +90,11 @@ impl std::str::FromStr for ComponentSource {
                 .find(|b| b.name() == name)
                 .map(ComponentSource::Builtin)
                 .ok_or_else(|| {
-                    format!("unknown builtin component {name:?} (known: fs, memory, redis, s3)")
+                    let known: Vec<_> = Builtin::ALL.iter().map(|b| b.name()).collect();
+                    format!(
+                        "unknown builtin component {name:?} (known: {})",
+                        known.join(", ")
+                    )
                 }),
             None => Ok(ComponentSource::File(s.into())),
         }

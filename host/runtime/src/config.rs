@@ -202,10 +202,7 @@ impl Config {
             ));
         }
         if component.kind() != kind {
-            return Err(format!(
-                "{source} is a {}, not a {kind}",
-                component.kind()
-            ));
+            return Err(format!("{source} is a {}, not a {kind}", component.kind()));
         }
         let grants = self.grants(spec)?;
         for dir in grants.dirs.iter().filter(|d| !d.read_only) {

@@ -116,17 +116,22 @@ impl Fabric {
 
     /// The guest's label (`nixl-synth`, `tcp`...), cut to a bounded length.
     pub fn label(&self) -> Result<String, KvError> {
-        self.operation(0, |_| 0, |state, deadline| {
-            let instance = self.instance(state, deadline)?;
-            let guest = instance.bindings.kvwasm_fabric_transport();
-            let outcome = sandbox::run(&mut instance.store, deadline, instance.fuel, async |s| {
-                guest
-                    .call_label(s)
-                    .await
-                    .map(|l| Ok::<_, KvError>(crate::log_limit::bounded(l)))
-            });
-            self.settle(state, outcome)
-        })
+        self.operation(
+            0,
+            |_| 0,
+            |state, deadline| {
+                let instance = self.instance(state, deadline)?;
+                let guest = instance.bindings.kvwasm_fabric_transport();
+                let outcome =
+                    sandbox::run(&mut instance.store, deadline, instance.fuel, async |s| {
+                        guest
+                            .call_label(s)
+                            .await
+                            .map(|l| Ok::<_, KvError>(crate::log_limit::bounded(l)))
+                    });
+                self.settle(state, outcome)
+            },
+        )
     }
 
     /// Hand one encoded frame to the guest; returns a host handle for
@@ -153,30 +158,38 @@ impl Fabric {
                 self.policy.limits.max_payload_mib
             )));
         }
-        self.operation(frame.len(), |_| 0, |state, deadline| {
-            if state.handles.len() >= MAX_LIVE_HANDLES {
-                return Err(KvError::Limit(format!(
-                    "{MAX_LIVE_HANDLES} frames are already pushed and not released"
-                )));
-            }
-            let instance = self.instance(state, deadline)?;
-            let guest = instance.bindings.kvwasm_fabric_transport();
-            let outcome = sandbox::run(&mut instance.store, deadline, instance.fuel, async |s| {
-                payload::lend(s, frame, async |s, frame| guest.call_push(s, frame).await).await?
-            });
-            let guest_handle = self.settle(state, outcome)?;
-            let handle = state.next_handle;
-            state.next_handle += 1;
-            state.handles.insert(
-                handle,
-                Pushed {
-                    generation: state.generation,
-                    guest_handle,
-                    header: frame[..HEADER_LEN].try_into().expect("header checked above"),
-                },
-            );
-            Ok(handle)
-        })
+        self.operation(
+            frame.len(),
+            |_| 0,
+            |state, deadline| {
+                if state.handles.len() >= MAX_LIVE_HANDLES {
+                    return Err(KvError::Limit(format!(
+                        "{MAX_LIVE_HANDLES} frames are already pushed and not released"
+                    )));
+                }
+                let instance = self.instance(state, deadline)?;
+                let guest = instance.bindings.kvwasm_fabric_transport();
+                let outcome =
+                    sandbox::run(&mut instance.store, deadline, instance.fuel, async |s| {
+                        payload::lend(s, frame, async |s, frame| guest.call_push(s, frame).await)
+                            .await?
+                    });
+                let guest_handle = self.settle(state, outcome)?;
+                let handle = state.next_handle;
+                state.next_handle += 1;
+                state.handles.insert(
+                    handle,
+                    Pushed {
+                        generation: state.generation,
+                        guest_handle,
+                        header: frame[..HEADER_LEN]
+                            .try_into()
+                            .expect("header checked above"),
+                    },
+                );
+                Ok(handle)
+            },
+        )
     }
 
     /// The frame the guest returns for `handle`, verified. It may be a
@@ -194,46 +207,58 @@ impl Fabric {
     }
 
     fn pull_checked(&self, handle: u64, echo: bool) -> Result<VerifiedFrame, KvError> {
-        self.operation(0, |f: &VerifiedFrame| f.bytes.len(), |state, deadline| {
-            let pushed = self.live(state, handle)?;
-            let instance = self.instance(state, deadline)?;
-            let guest = instance.bindings.kvwasm_fabric_transport();
-            let outcome = sandbox::run(&mut instance.store, deadline, instance.fuel, async |s| {
-                match guest.call_pull(&mut *s, pushed.guest_handle).await? {
-                    Ok(frame) => Ok(Ok(payload::take(s, frame)?)),
-                    Err(e) => Ok(Err(e)),
+        self.operation(
+            0,
+            |f: &VerifiedFrame| f.bytes.len(),
+            |state, deadline| {
+                let pushed = self.live(state, handle)?;
+                let instance = self.instance(state, deadline)?;
+                let guest = instance.bindings.kvwasm_fabric_transport();
+                let outcome = sandbox::run(
+                    &mut instance.store,
+                    deadline,
+                    instance.fuel,
+                    async |s| match guest.call_pull(&mut *s, pushed.guest_handle).await? {
+                        Ok(frame) => Ok(Ok(payload::take(s, frame)?)),
+                        Err(e) => Ok(Err(e)),
+                    },
+                );
+                let bytes = self.settle(state, outcome)?;
+                let fail = |what: String| {
+                    KvError::Io(format!(
+                        "fabric {:?} returned a bad frame for handle {handle}: {what}",
+                        self.policy.name
+                    ))
+                };
+                let tier = kvwasm_mrdn::decode_with(bytes.as_slice(), DecodeMode::Strict)
+                    .map_err(|e| fail(e.to_string()))?
+                    .tier;
+                if echo && bytes.as_slice()[..HEADER_LEN] != pushed.header {
+                    return Err(fail("not the frame pushed under it".into()));
                 }
-            });
-            let bytes = self.settle(state, outcome)?;
-            let fail = |what: String| {
-                KvError::Io(format!(
-                    "fabric {:?} returned a bad frame for handle {handle}: {what}",
-                    self.policy.name
-                ))
-            };
-            let tier = kvwasm_mrdn::decode_with(bytes.as_slice(), DecodeMode::Strict)
-                .map_err(|e| fail(e.to_string()))?
-                .tier;
-            if echo && bytes.as_slice()[..HEADER_LEN] != pushed.header {
-                return Err(fail("not the frame pushed under it".into()));
-            }
-            Ok(VerifiedFrame { bytes, tier })
-        })
+                Ok(VerifiedFrame { bytes, tier })
+            },
+        )
     }
 
     /// Tell the guest to forget `handle`; the host forgets it whatever the
     /// guest answers.
     pub fn release(&self, handle: u64) -> Result<(), KvError> {
-        self.operation(0, |_| 0, |state, deadline| {
-            let pushed = self.live(state, handle)?;
-            state.handles.remove(&handle);
-            let instance = self.instance(state, deadline)?;
-            let guest = instance.bindings.kvwasm_fabric_transport();
-            let outcome = sandbox::run(&mut instance.store, deadline, instance.fuel, async |s| {
-                guest.call_release(s, pushed.guest_handle).await
-            });
-            self.settle(state, outcome)
-        })
+        self.operation(
+            0,
+            |_| 0,
+            |state, deadline| {
+                let pushed = self.live(state, handle)?;
+                state.handles.remove(&handle);
+                let instance = self.instance(state, deadline)?;
+                let guest = instance.bindings.kvwasm_fabric_transport();
+                let outcome =
+                    sandbox::run(&mut instance.store, deadline, instance.fuel, async |s| {
+                        guest.call_release(s, pushed.guest_handle).await
+                    });
+                self.settle(state, outcome)
+            },
+        )
     }
 
     /// Handles pushed and not yet released.
