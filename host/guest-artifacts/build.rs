@@ -15,9 +15,11 @@ const BACKENDS: &[(&str, &str)] = &[
     ("kvwasm-guest-memory", "MEMORY"),
     ("kvwasm-guest-redis", "REDIS"),
     ("kvwasm-guest-s3", "S3"),
+    ("kvwasm-fabric-synthetic", "SYNTHETIC"),
 ];
 const TEST_GUESTS: &[(&str, &str)] = &[
     ("kvwasm-guest-hostile", "HOSTILE"),
+    ("kvwasm-fabric-hostile", "HOSTILE_FABRIC"),
     ("kvwasm-guest-buffered", "BUFFERED"),
     ("kvwasm-vendor-starter", "VENDOR_STARTER"),
 ];

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use kvwasm_host::config::{self, Config};
 use kvwasm_host::limits::Limits;
 
-/// Validate a config file and print every backend's effective grants.
+/// Validate a config file and print every backend's and fabric's effective grants.
 ///
 /// Components are loaded and their pins checked, peers resolved, limits and
 /// tenant limits shown.
 /// Environment variables are shown by name and whether they are set, never
-/// by value. Exit status 1 if any backend is broken.
+/// by value. Exit status 1 if any backend or fabric is broken.
 #[derive(clap::Args)]
 #[command(verbatim_doc_comment, visible_alias = "run-check-config")]
 pub struct CheckConfigArgs {
@@ -25,14 +25,23 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
     };
     let config = Config::load(&path).map_err(anyhow::Error::msg)?;
     println!(
-        "config {}: {} backend(s)",
+        "config {}: {} backend(s), {} fabric(s)",
         path.display(),
-        config.backends.len()
+        config.backends.len(),
+        config.fabrics.len()
     );
+    let backends = config
+        .backends
+        .iter()
+        .map(|(name, spec)| ("backends", name, spec, config.backend(name)));
+    let fabrics = config
+        .fabrics
+        .iter()
+        .map(|(name, spec)| ("fabrics", name, spec, config.fabric(name)));
     let mut broken = 0;
-    for (name, spec) in &config.backends {
-        println!("\n[backends.{name}]");
-        let backend = match config.backend(name) {
+    for (table, name, spec, built) in backends.chain(fabrics) {
+        println!("\n[{table}.{name}]");
+        let backend = match built {
             Ok(b) => b,
             Err(e) => {
                 broken += 1;
@@ -64,13 +73,17 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
         grant("env", &g.env.describe());
         grant("settings", &g.settings.describe());
         println!("  limits     {}", limits(&backend.limits));
-        println!(
-            "             max instances per handle {}, max concurrent calls {}",
-            backend.max_instances,
-            backend
-                .max_concurrent_calls
-                .map_or("unlimited".to_string(), |n| n.to_string())
-        );
+        let calls = backend
+            .max_concurrent_calls
+            .map_or("unlimited".to_string(), |n| n.to_string());
+        if table == "fabrics" {
+            println!("             one instance, max concurrent calls {calls}");
+        } else {
+            println!(
+                "             max instances per handle {}, max concurrent calls {calls}",
+                backend.max_instances
+            );
+        }
         for (tenant, l) in &backend.tenant_limits {
             println!("  tenant     {tenant}: {}", limits(l));
         }
@@ -78,7 +91,7 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
     Ok(if broken == 0 {
         std::process::ExitCode::SUCCESS
     } else {
-        eprintln!("kvwasm: {broken} backend(s) cannot be loaded");
+        eprintln!("kvwasm: {broken} backend(s) or fabric(s) cannot be loaded");
         std::process::ExitCode::FAILURE
     })
 }

@@ -11,7 +11,8 @@ use kvwasm_host::component::{ComponentSource, describe};
 #[derive(clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct InspectArgs {
-    /// A .wasm component, or builtin:fs / builtin:memory.
+    /// A .wasm component (a kv-store backend or a fabric), or builtin:NAME
+    /// (fs, memory, redis, s3, synthetic, tcp).
     file: String,
 }
 
@@ -25,8 +26,16 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         d.sha256, d.sha256
     );
     let imports = |prefix: &str| d.imports.iter().any(|i| i.starts_with(prefix));
-    let kind = if !d.is_kv_store_backend() {
-        "not a kv-store backend (no kvwasm:kv-store/store export)"
+    let kind = if d.is_fabric() {
+        match imports("wasi:config/store@") {
+            true => {
+                "fabric, world kvwasm:fabric/configured-fabric (configure under [fabrics.NAME])"
+            }
+            false => "fabric, world kvwasm:fabric/fabric (configure under [fabrics.NAME])",
+        }
+    } else if !d.is_kv_store_backend() {
+        "neither a kv-store backend nor a fabric (no kvwasm:kv-store/store or \
+         kvwasm:fabric/transport export)"
     } else {
         match (
             imports("kvwasm:kv-store/payload-io@"),

@@ -49,3 +49,18 @@ impl From<GuestError> for KvError {
 pub(crate) type BackendExports = FilesystemBackend;
 /// [`BackendExports`] pre-linked against the host, ready to instantiate.
 pub(crate) type BackendExportsPre<T> = FilesystemBackendPre<T>;
+
+/// Host bindings for `wit/fabric` (`kvwasm:fabric/fabric`): the exports of
+/// a fabric guest. Its one import, the `payload` resource, is the kv-store
+/// one above, so both guest kinds share one linker.
+pub(crate) mod fabric {
+    wasmtime::component::bindgen!({
+        path: ["../../wit", "../../wit/fabric"],
+        world: "kvwasm:fabric/fabric",
+        with: {
+            "kvwasm:kv-store/types": crate::bindings::kvwasm::kv_store::types,
+        },
+        exports: { default: async },
+        require_store_data_send: true,
+    });
+}

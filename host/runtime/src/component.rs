@@ -7,16 +7,18 @@ use std::sync::{Arc, Mutex, OnceLock};
 use wasmtime::component::{HasSelf, Linker};
 
 use crate::artifact_cache::{self, Origin};
+use crate::bindings::fabric::FabricPre;
 use crate::bindings::kvwasm::kv_store::{payload_io, types};
 use crate::bindings::{BackendExportsPre, BackendInfo};
 use crate::engine::{Metering, engine, engine_for};
+use crate::error::KvError;
 use crate::state::HostState;
 
 /// Where a component's bytes come from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ComponentSource {
     /// Embedded in this build (`builtin:fs`, `builtin:memory`,
-    /// `builtin:redis`, `builtin:s3`).
+    /// `builtin:redis`, `builtin:s3`; fabrics `builtin:synthetic`).
     Builtin(Builtin),
     /// A `.wasm` file.
     File(std::path::PathBuf),
@@ -34,6 +36,9 @@ pub enum Builtin {
     /// `guest-backends/s3`: needs `http`, `env` credentials and
     /// `settings.endpoint` / `settings.bucket`.
     S3,
+    /// `guest-backends/synthetic`: the reference's in-memory fabric
+    /// (`nixl-synth`), for tests and demos.
+    Synthetic,
 }
 
 impl Builtin {
@@ -44,6 +49,7 @@ impl Builtin {
             Builtin::Memory => "memory",
             Builtin::Redis => "redis",
             Builtin::S3 => "s3",
+            Builtin::Synthetic => "synthetic",
         }
     }
 
@@ -53,6 +59,7 @@ impl Builtin {
             Builtin::Memory => kvwasm_guest_artifacts::MEMORY,
             Builtin::Redis => kvwasm_guest_artifacts::REDIS,
             Builtin::S3 => kvwasm_guest_artifacts::S3,
+            Builtin::Synthetic => kvwasm_guest_artifacts::SYNTHETIC,
         }
     }
 
@@ -65,7 +72,13 @@ impl Builtin {
     }
 
     /// Every builtin.
-    pub const ALL: [Builtin; 4] = [Builtin::Fs, Builtin::Memory, Builtin::Redis, Builtin::S3];
+    pub const ALL: [Builtin; 5] = [
+        Builtin::Fs,
+        Builtin::Memory,
+        Builtin::Redis,
+        Builtin::S3,
+        Builtin::Synthetic,
+    ];
 }
 
 impl std::str::FromStr for ComponentSource {
@@ -77,7 +90,11 @@ impl std::str::FromStr for ComponentSource {
                 .find(|b| b.name() == name)
                 .map(ComponentSource::Builtin)
                 .ok_or_else(|| {
-                    format!("unknown builtin component {name:?} (known: fs, memory, redis, s3)")
+                    let known: Vec<_> = Builtin::ALL.iter().map(|b| b.name()).collect();
+                    format!(
+                        "unknown builtin component {name:?} (known: {})",
+                        known.join(", ")
+                    )
                 }),
             None => Ok(ComponentSource::File(s.into())),
         }
@@ -93,6 +110,30 @@ impl std::fmt::Display for ComponentSource {
     }
 }
 
+/// What kind of guest a component is, by what it exports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestKind {
+    /// Exports `kvwasm:kv-store/store`: a storage backend.
+    KvStore,
+    /// Exports `kvwasm:fabric/transport`: a fabric guest.
+    Fabric,
+}
+
+impl std::fmt::Display for GuestKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GuestKind::KvStore => "kv-store backend",
+            GuestKind::Fabric => "fabric",
+        })
+    }
+}
+
+/// A component's exports, typed for its kind and pre-linked.
+enum Exports {
+    KvStore(BackendExportsPre<HostState>),
+    Fabric(FabricPre<HostState>),
+}
+
 /// A compiled component, linked against the host and ready to instantiate.
 pub struct LoadedComponent {
     /// BLAKE3 of the component bytes.
@@ -103,8 +144,9 @@ pub struct LoadedComponent {
     pub size: usize,
     /// How the compiled code was obtained.
     pub origin: Origin,
-    pub(crate) pre: BackendExportsPre<HostState>,
-    /// What the guest says about itself; asked once, on first instantiation.
+    pre: Exports,
+    /// What a kv-store guest says about itself; asked once, on first
+    /// instantiation.
     pub(crate) info: OnceLock<BackendInfo>,
     /// The engine the code was compiled for.
     pub(crate) engine: &'static wasmtime::Engine,
@@ -141,11 +183,17 @@ impl LoadedComponent {
         let engine = engine_for(metering);
         let (component, origin) = artifact_cache::load(engine, &bytes, &hash)?;
         let pre = linker(metering)?.instantiate_pre(&component)?;
-        let pre = BackendExportsPre::new(pre).map_err(|e| {
-            wasmtime::format_err!(
-                "{source} is not a kv-store backend (it must export kvwasm:kv-store/store): {e}"
-            )
-        })?;
+        let pre = match BackendExportsPre::new(pre.clone()) {
+            Ok(store) => Exports::KvStore(store),
+            Err(not_store) => match FabricPre::new(pre) {
+                Ok(fabric) => Exports::Fabric(fabric),
+                Err(not_fabric) => wasmtime::bail!(
+                    "{source} is neither a kv-store backend (exporting \
+                     kvwasm:kv-store/store: {not_store}) nor a fabric (exporting \
+                     kvwasm:fabric/transport: {not_fabric})"
+                ),
+            },
+        };
         tracing::debug!(%source, ?origin, size = bytes.len(), "component loaded");
         let sha256 = sha256_hex(&bytes);
         let component = Arc::new(LoadedComponent {
@@ -167,6 +215,40 @@ impl LoadedComponent {
     }
 }
 
+impl LoadedComponent {
+    /// Which kind of guest this is.
+    pub fn kind(&self) -> GuestKind {
+        match self.pre {
+            Exports::KvStore(_) => GuestKind::KvStore,
+            Exports::Fabric(_) => GuestKind::Fabric,
+        }
+    }
+
+    /// The kv-store exports, or an error naming what the component is.
+    pub(crate) fn store_pre(&self) -> Result<&BackendExportsPre<HostState>, KvError> {
+        match &self.pre {
+            Exports::KvStore(pre) => Ok(pre),
+            Exports::Fabric(_) => Err(KvError::Host(
+                "the component is a fabric, not a kv-store backend: configure it under \
+                 [fabrics.NAME], not [backends.NAME]"
+                    .into(),
+            )),
+        }
+    }
+
+    /// The fabric exports, or an error naming what the component is.
+    pub(crate) fn fabric_pre(&self) -> Result<&FabricPre<HostState>, KvError> {
+        match &self.pre {
+            Exports::Fabric(pre) => Ok(pre),
+            Exports::KvStore(_) => Err(KvError::Host(
+                "the component is a kv-store backend, not a fabric: configure it under \
+                 [backends.NAME], not [fabrics.NAME]"
+                    .into(),
+            )),
+        }
+    }
+}
+
 /// What an operator reads before granting anything (`kvwasm inspect`).
 #[derive(Clone, Debug)]
 pub struct Description {
@@ -184,6 +266,13 @@ impl Description {
         self.exports
             .iter()
             .any(|e| e.starts_with("kvwasm:kv-store/store@"))
+    }
+
+    /// Whether it exports the fabric `transport` interface.
+    pub fn is_fabric(&self) -> bool {
+        self.exports
+            .iter()
+            .any(|e| e.starts_with("kvwasm:fabric/transport@"))
     }
 }
 

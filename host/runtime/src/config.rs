@@ -23,6 +23,11 @@
 //! [backends.acme.tenants.alice]     # limits for wasm://acme/alice/...
 //! memory_limit_mib = 64
 //! call_timeout_ms = 2000
+//!
+//! [fabrics.tcp]                     # a fabric guest: the same keys and sandbox,
+//! component = "builtin:tcp"         # one instance, no tenants
+//! net = ["10.0.0.7:7070"]
+//! settings = { peer = "10.0.0.7:7070" }
 //! ```
 //!
 //! Relative paths are relative to the config file's directory, or to the
@@ -42,7 +47,7 @@ use crate::capabilities::dirs::DirConfig;
 use crate::capabilities::http::Origin;
 use crate::capabilities::settings::SettingValue;
 use crate::capabilities::{DATA_DIR, EnvGrant, Grants, HttpGrant, NetGrant, SettingsGrant};
-use crate::component::{ComponentSource, LoadedComponent};
+use crate::component::{ComponentSource, GuestKind, LoadedComponent};
 use crate::engine::Metering;
 use crate::limits::{Limits, LimitsConfig};
 
@@ -56,6 +61,11 @@ pub struct Config {
     /// Backends by name, as used in `wasm://<name>/...`.
     #[serde(default)]
     pub backends: BTreeMap<String, BackendConfig>,
+    /// Fabric guests by name (`kvwasm fabric send --fabric <name>`): the
+    /// same keys and the same sandbox as backends; one instance each, no
+    /// tenants.
+    #[serde(default)]
+    pub fabrics: BTreeMap<String, BackendConfig>,
     /// `base_dir`: where relative paths start, if not at the file itself
     /// (lets tools such as `kvwasm check` run a copy of an operator's file).
     #[serde(rename = "base_dir", default)]
@@ -133,6 +143,11 @@ impl Config {
                 .validate()
                 .map_err(|e| format!("[backends.{name}]: {e}"))?;
         }
+        for (name, fabric) in &config.fabrics {
+            fabric
+                .validate_fabric()
+                .map_err(|e| format!("[fabrics.{name}]: {e}"))?;
+        }
         Ok(config)
     }
 
@@ -151,7 +166,24 @@ impl Config {
             let known: Vec<_> = self.backends.keys().map(String::as_str).collect();
             format!("no backend {name:?} in the config (configured: {known:?})")
         })?;
-        let fail = |e: String| format!("backend {name:?}: {e}");
+        self.guest(name, spec, GuestKind::KvStore)
+            .map_err(|e| format!("backend {name:?}: {e}"))
+    }
+
+    /// Build the fabric called `name`, in the same sandbox as a backend. Its
+    /// [`Backend::name`] is `fabrics.<name>` (logs and metrics).
+    pub fn fabric(&self, name: &str) -> Result<Backend, String> {
+        let spec = self.fabrics.get(name).ok_or_else(|| {
+            let known: Vec<_> = self.fabrics.keys().map(String::as_str).collect();
+            format!("no fabric {name:?} in the config (configured: {known:?})")
+        })?;
+        self.guest(&format!("fabrics.{name}"), spec, GuestKind::Fabric)
+            .map_err(|e| format!("fabric {name:?}: {e}"))
+    }
+
+    /// Load `spec`'s component (checking its pin and its kind), resolve its
+    /// grants and limits.
+    fn guest(&self, name: &str, spec: &BackendConfig, kind: GuestKind) -> Result<Backend, String> {
         let source = self.component_source(spec)?;
         let metered = spec.fuel.is_some() || spec.tenants.values().any(|t| t.fuel.is_some());
         let metering = if metered {
@@ -160,19 +192,22 @@ impl Config {
             Metering::Off
         };
         let component = LoadedComponent::load_for(&source, metering)
-            .map_err(|e| fail(format!("cannot load {source}: {e:#}")))?;
+            .map_err(|e| format!("cannot load {source}: {e:#}"))?;
         if let Some(pin) = &spec.sha256
             && !pin.eq_ignore_ascii_case(&component.sha256)
         {
-            return Err(fail(format!(
+            return Err(format!(
                 "{source} has sha256 {}, but the config pins {pin}: refusing to load it",
                 component.sha256
-            )));
+            ));
         }
-        let grants = self.grants(spec).map_err(fail)?;
+        if component.kind() != kind {
+            return Err(format!("{source} is a {}, not a {kind}", component.kind()));
+        }
+        let grants = self.grants(spec)?;
         for dir in grants.dirs.iter().filter(|d| !d.read_only) {
             std::fs::create_dir_all(&dir.host)
-                .map_err(|e| fail(format!("cannot create {}: {e}", dir.host.display())))?;
+                .map_err(|e| format!("cannot create {}: {e}", dir.host.display()))?;
         }
         let limits = spec.limits();
         let mut backend = Backend::new(name, source, component, grants);
@@ -266,6 +301,18 @@ impl BackendConfig {
             max_resources: self.max_resources,
         }
         .over(&Limits::default())
+    }
+
+    /// As [`BackendConfig::validate`], for a `[fabrics.<name>]` table: a
+    /// fabric runs one instance for its one sender, and has no tenants.
+    fn validate_fabric(&self) -> Result<(), String> {
+        if !self.tenants.is_empty() {
+            return Err("a fabric has no tenants".into());
+        }
+        if self.max_instances.is_some() {
+            return Err("a fabric runs one instance; max_instances does not apply".into());
+        }
+        self.validate()
     }
 
     /// Everything that can be checked without touching the system.

@@ -9,27 +9,18 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use wasmtime::Store;
 use wasmtime::component::ResourceAny;
-use wasmtime::{Store, Trap};
 
 use crate::backend::Backend;
 use crate::bindings::exports::kvwasm::kv_store::store::{Error as GuestError, GuestStore};
 use crate::bindings::{BackendExports, PutOutcome};
-use crate::capabilities::http::HttpPolicy;
 use crate::deadline::{self, Deadline};
-use crate::engine::Metering;
 use crate::error::KvError;
-use crate::guest_log::GuestStderr;
 use crate::payload::{self, MallocBuffer};
+pub(crate) use crate::sandbox::Outcome;
+use crate::sandbox::{self, arm};
 use crate::state::HostState;
-
-/// How a call into a guest ended.
-pub(crate) enum Outcome<T> {
-    /// The guest returned (a value or its own error); the instance is healthy.
-    Returned(Result<T, KvError>),
-    /// The instance trapped or was abandoned at the deadline: drop it.
-    Lost(KvError),
-}
 
 /// A live guest instance with its opened `store` resource.
 pub(crate) struct Instance {
@@ -54,60 +45,25 @@ impl Instance {
         deadline: Deadline,
     ) -> Result<Instance, KvError> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-        let limits = backend.limits_for(namespace);
-        let stderr = GuestStderr::new(&backend.name);
-        let wasi = backend
-            .grants
-            .wasi_ctx(stderr.clone(), &backend.metrics)
-            .map_err(|e| KvError::host("cannot apply the backend's grants", e))?;
-        let mut table = wasmtime::component::ResourceTable::new();
-        table.set_max_capacity(limits.max_resources);
-        let state = HostState {
-            backend: backend.name.as_str().into(),
-            list_dirs: backend.grants.list_dirs,
-            wasi,
-            http: wasmtime_wasi_http::WasiHttpCtx::new(),
-            http_policy: HttpPolicy {
-                grant: backend.grants.http.clone(),
-                metrics: backend.metrics.clone(),
-            },
-            settings: backend.config_vars.clone(),
-            table,
-            limits: limits.instance_limits(),
-            stderr,
-        };
-        let mut store = Store::new(backend.component.engine, state);
-        store.limiter(|s| &mut s.limits);
-        // On a metered engine every call needs a budget; tenants that set
-        // none get an unlimited one.
-        let fuel = match backend.component.metering {
-            Metering::Fuel => Some(limits.fuel.unwrap_or(u64::MAX)),
-            Metering::Off => None,
-        };
-        arm(&mut store, deadline, fuel);
-        let started = deadline::block_on(deadline, async {
-            let bindings = backend
-                .component
-                .pre
-                .instantiate_async(&mut store)
-                .await
-                .map_err(|e| lost(&store, e, deadline))?;
+        let pre = backend.component.store_pre()?;
+        let (mut store, fuel) = sandbox::new_store(backend, namespace)?;
+        let started = sandbox::run(&mut store, deadline, fuel, async |store| {
+            let bindings = pre.instantiate_async(&mut *store).await?;
             let guest = bindings.kvwasm_kv_store_store();
             if backend.component.info.get().is_none() {
-                let info = guest
-                    .call_info(&mut store)
-                    .await
-                    .map_err(|e| lost(&store, e, deadline))?;
+                let info = guest.call_info(&mut *store).await?;
                 let _ = backend.component.info.set(info);
             }
-            let handle = guest
+            Ok(guest
                 .store()
-                .call_open(&mut store, namespace)
-                .await
-                .map_err(|e| lost(&store, e, deadline))??;
-            Ok((bindings, handle))
+                .call_open(&mut *store, namespace)
+                .await?
+                .map(|handle| (bindings, handle)))
         });
-        let (bindings, handle) = started.unwrap_or(Err(KvError::Timeout(deadline.budget_ms())))?;
+        let (bindings, handle) = match started {
+            Outcome::Returned(result) => result?,
+            Outcome::Lost(err) => return Err(err),
+        };
         Ok(Instance {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             store,
@@ -123,14 +79,11 @@ impl Instance {
         deadline: Deadline,
         f: impl AsyncFnOnce(&GuestStore, &mut Store<HostState>, ResourceAny) -> CallResult<T>,
     ) -> Outcome<T> {
-        arm(&mut self.store, deadline, self.fuel);
         let guest = self.bindings.kvwasm_kv_store_store().store();
-        let store = &mut self.store;
-        match deadline::block_on(deadline, f(&guest, store, self.handle)) {
-            None => Outcome::Lost(KvError::Timeout(deadline.budget_ms())),
-            Some(Ok(result)) => Outcome::Returned(result.map_err(KvError::from)),
-            Some(Err(err)) => Outcome::Lost(lost(&self.store, err, deadline)),
-        }
+        let handle = self.handle;
+        sandbox::run(&mut self.store, deadline, self.fuel, async |store| {
+            f(&guest, store, handle).await
+        })
     }
 
     pub(crate) fn put_chunk(
@@ -220,50 +173,5 @@ impl Instance {
                 ),
             ),
         }
-    }
-}
-
-/// Arm the epoch deadline and the fuel budget for the next call, and start
-/// it with a clean out-of-memory flag.
-fn arm(store: &mut Store<HostState>, deadline: Deadline, fuel: Option<u64>) {
-    store.set_epoch_deadline(deadline.epoch_ticks());
-    store.data_mut().limits.memory_denied = false;
-    if let Some(fuel) = fuel {
-        store
-            .set_fuel(fuel)
-            .expect("fuel is set only on a metered backend's engine");
-    }
-}
-
-/// Describe a trap (or other fatal error) that ended an instance, in one
-/// line: the trap code, not the wasm backtrace.
-fn lost(store: &Store<HostState>, err: wasmtime::Error, deadline: Deadline) -> KvError {
-    let trap = err.downcast_ref::<Trap>();
-    if trap == Some(&Trap::Interrupt) {
-        return KvError::Timeout(deadline.budget_ms());
-    }
-    if trap == Some(&Trap::OutOfFuel) {
-        return KvError::Limit("the call used up its fuel budget".into());
-    }
-    if let Some(wasmtime::component::ResourceTableError::Full) = err.downcast_ref() {
-        return KvError::Limit(format!(
-            "the instance already holds its maximum of {} resources (files, sockets, \
-             payloads...; `max_resources`)",
-            store.data().table.max_capacity()
-        ));
-    }
-    let mut what = trap.map_or_else(
-        || crate::log_limit::bounded(format!("{err:#}")),
-        Trap::to_string,
-    );
-    if let Some(words) = store.data().stderr.last_words() {
-        what = format!("{what}; guest stderr: {words}");
-    }
-    if store.data().limits.memory_denied {
-        KvError::Trapped(format!(
-            "out of memory: the memory limit was reached ({what})"
-        ))
-    } else {
-        KvError::Trapped(what)
     }
 }

@@ -25,6 +25,7 @@ pub mod config;
 pub mod deadline;
 pub mod engine;
 mod error;
+pub mod fabric;
 mod guest_log;
 pub mod handle;
 mod instance;
@@ -32,6 +33,7 @@ pub mod limits;
 pub mod log_limit;
 pub mod metrics;
 mod payload;
+mod sandbox;
 mod state;
 pub mod uri;
 
