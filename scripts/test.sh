@@ -20,7 +20,7 @@ cargo clippy --release --workspace --all-targets --locked -- -D warnings
 step "guest unit and property tests (native): guest-support, Redis replies, S3 errors, fabrics"
 (cd guest-backends && cargo test --release --locked -p kvwasm-guest-support)
 # --lib: the guests' cdylib targets do not link natively (export names).
-(cd guest-backends && cargo test --release --locked -p kvwasm-guest-redis -p kvwasm-guest-s3 -p kvwasm-fabric-synthetic -p kvwasm-fabric-tcp --lib)
+(cd guest-backends && cargo test --release --locked -p kvwasm-guest-redis -p kvwasm-guest-s3 -p kvwasm-fabric-synthetic -p kvwasm-fabric-tcp -p kvwasm-fabric-hostile --lib)
 
 step "cargo test --release --workspace"
 cargo test --release --workspace --locked
