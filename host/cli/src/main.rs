@@ -6,6 +6,7 @@ mod check_config;
 mod compile;
 mod consumer;
 mod demo;
+mod fabric;
 mod inspect;
 mod metrics;
 
@@ -41,6 +42,7 @@ enum Command {
     CheckConfig(check_config::CheckConfigArgs),
     Metrics(metrics::MetricsArgs),
     Compile(compile::CompileArgs),
+    Fabric(fabric::FabricArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -60,6 +62,7 @@ fn main() -> std::process::ExitCode {
         Command::CheckConfig(args) => check_config::run(args),
         Command::Metrics(args) => metrics::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Compile(args) => compile::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Fabric(args) => fabric::run(args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -34,6 +34,26 @@ pub trait Transport {
     fn release(&self, handle: u64) -> Result<(), Self::Error>;
 }
 
+/// The host's fabric guests. Pulled frames were verified by the host; [`send`] decodes them
+/// again anyway. Only answers and the manifest are pulled, so copying them out is cheap.
+impl Transport for kvwasm_host::fabric::Fabric {
+    type Error = KvError;
+
+    fn push(&self, frame: &[u8]) -> Result<u64, KvError> {
+        kvwasm_host::fabric::Fabric::push(self, frame)
+    }
+
+    fn pull(&self, handle: u64) -> Result<Vec<u8>, KvError> {
+        Ok(kvwasm_host::fabric::Fabric::pull(self, handle)?
+            .as_bytes()
+            .to_vec())
+    }
+
+    fn release(&self, handle: u64) -> Result<(), KvError> {
+        kvwasm_host::fabric::Fabric::release(self, handle)
+    }
+}
+
 /// Most hashes per query frame: 65,536 × 65 bytes stays far below the receiver's default frame
 /// limit of 64 MiB (one query of the protocol's maximum, 2^20 hashes, may not).
 pub const QUERY_BATCH: usize = 1 << 16;
@@ -91,17 +111,18 @@ impl SendReport {
     }
 }
 
-/// Why a send stopped. Nothing is rolled back: chunks already sent stay (they are
+/// Why a send stopped; each message carries its cause (no `source()` chain, so `{:#}` does
+/// not print it twice). Nothing is rolled back: chunks already sent stay (they are
 /// content-addressed and harmless), and the manifest is only ever the last frame.
 #[derive(Debug, Error)]
 pub enum SendError<E: std::error::Error + 'static> {
     /// The source store failed.
-    #[error("source store: {op}: {source}")]
+    #[error("source store: {op}: {error}")]
     Source {
         /// The operation.
         op: &'static str,
         /// The store's error.
-        source: KvError,
+        error: KvError,
     },
     /// The manifest's chunk list cannot be read.
     #[error("manifest {name:?}: {why} (pass --hashes FILE for other manifest formats)")]
@@ -112,36 +133,36 @@ pub enum SendError<E: std::error::Error + 'static> {
         why: String,
     },
     /// A handoff message cannot be encoded (a hash or name out of range).
-    #[error("cannot encode the {what}: {source}")]
+    #[error("cannot encode the {what}: {error}")]
     Message {
         /// The message.
         what: &'static str,
         /// Why.
-        source: MessageError,
+        error: MessageError,
     },
     /// A frame cannot be encoded (a body over 4 GiB).
-    #[error("cannot frame the {what}: {source}")]
+    #[error("cannot frame the {what}: {error}")]
     Encode {
         /// The message.
         what: &'static str,
         /// Why.
-        source: EncodeError,
+        error: EncodeError,
     },
     /// The fabric failed.
-    #[error("fabric: {step}: {source}")]
+    #[error("fabric: {step}: {error}")]
     Fabric {
         /// What the sender was doing.
         step: &'static str,
         /// The transport's error.
-        source: E,
+        error: E,
     },
     /// A frame pulled back fails strict decoding.
-    #[error("{step}: the fabric returned a bad frame: {source}")]
+    #[error("{step}: the fabric returned a bad frame: {error}")]
     BadFrame {
         /// What the sender was doing.
         step: &'static str,
         /// Why.
-        source: DecodeError,
+        error: DecodeError,
     },
     /// A reply is a valid frame but not the expected message.
     #[error("{step}: unexpected reply: {why}")]
@@ -202,8 +223,8 @@ pub fn send<T: Transport>(
     let started = Instant::now();
     let name = options.manifest.as_str();
     let tier = options.tier;
-    let src = |op| move |source| SendError::Source { op, source };
-    let net = |step| move |source| SendError::Fabric { step, source };
+    let src = |op| move |error| SendError::Source { op, error };
+    let net = |step| move |error| SendError::Fabric { step, error };
 
     let manifest = source.get_manifest(name).map_err(src("get_manifest"))?;
     let listed = match &options.hashes {
@@ -306,8 +327,8 @@ fn frame<E: std::error::Error>(
 ) -> Result<(), SendError<E>> {
     buf.clear();
     buf.resize(HEADER_LEN, 0);
-    encode(buf).map_err(|source| SendError::Message { what, source })?;
-    kvwasm_mrdn::seal_in_place(tier, buf).map_err(|source| SendError::Encode { what, source })
+    encode(buf).map_err(|error| SendError::Message { what, error })?;
+    kvwasm_mrdn::seal_in_place(tier, buf).map_err(|error| SendError::Encode { what, error })
 }
 
 fn parse_reply<'a, E: std::error::Error>(
@@ -315,7 +336,7 @@ fn parse_reply<'a, E: std::error::Error>(
     step: &'static str,
 ) -> Result<Message<'a>, SendError<E>> {
     let frame = kvwasm_mrdn::decode_with(reply, DecodeMode::Strict)
-        .map_err(|source| SendError::BadFrame { step, source })?;
+        .map_err(|error| SendError::BadFrame { step, error })?;
     handoff::parse(frame.body).map_err(|e| SendError::BadReply {
         step,
         why: e.to_string(),

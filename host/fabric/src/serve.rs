@@ -230,6 +230,7 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
     let peer = stream
         .peer_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    tracing::info!(%peer, "fabric connection from {peer}");
     let mut conn = Connection::new(&stream, shared);
     let result = conn.run();
     let t = conn.tally;

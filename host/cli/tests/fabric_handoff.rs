@@ -1,0 +1,228 @@
+//! `kvwasm fabric send` → `tcp` fabric guest → `kvwasm fabric serve`, end to end: two
+//! `kvwasm` processes on loopback hand over a 1 GiB slot, then hand it over again sending
+//! nothing, and a fabric without its `net` grant cannot reach the receiver at all.
+//!
+//! Here rather than in tests/tests: only this package's tests get `CARGO_BIN_EXE_kvwasm`, a
+//! `kvwasm` cargo rebuilds before running them.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Instant;
+
+use kvwasm_host::KvError;
+use kvwasm_tests::{fs_uri, pattern, write_config, xxh3_key};
+
+const KVWASM: &str = env!("CARGO_BIN_EXE_kvwasm");
+const MIB: usize = 1 << 20;
+
+/// A running `kvwasm fabric serve`, killed when dropped.
+struct Receiver {
+    child: Child,
+    addr: String,
+}
+
+impl Receiver {
+    fn start(into: &Path, log: &Path) -> Receiver {
+        let mut child = Command::new(KVWASM)
+            .args(["fabric", "serve", "--listen", "127.0.0.1:0", "--into"])
+            .arg(fs_uri(into))
+            .env_remove("KVWASM_CONFIG")
+            .env("KVWASM_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .expect("start kvwasm fabric serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "serve printed {line:?}: {}",
+                    std::fs::read_to_string(log).unwrap()
+                )
+            })
+            .to_owned();
+        Receiver { child, addr }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A config with `[fabrics.tcp]`: the tcp guest, peer `addr`, granted `net` unless `grant` is
+/// false.
+fn config(dir: &Path, addr: &str, grant: bool) -> std::path::PathBuf {
+    let net = if grant {
+        format!("net = [{addr:?}]\n")
+    } else {
+        String::new()
+    };
+    write_config(
+        dir,
+        &format!(
+            "[fabrics.tcp]\ncomponent = {:?}\n{net}settings = {{ peer = {addr:?} }}\n",
+            kvwasm_guest_artifacts::TCP_PATH
+        ),
+    )
+}
+
+fn send(config: &Path, from: &Path) -> Output {
+    Command::new(KVWASM)
+        .args([
+            "fabric",
+            "send",
+            "--manifest",
+            "slot",
+            "--fabric",
+            "tcp",
+            "--from",
+        ])
+        .arg(fs_uri(from))
+        .env("KVWASM_CONFIG", config)
+        .output()
+        .expect("run kvwasm fabric send")
+}
+
+/// The JSON line of a successful send.
+fn report(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "send failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout:?}"))
+}
+
+/// Chunk `i` of the test slot.
+fn chunk(i: usize, len: usize) -> Vec<u8> {
+    pattern(len, 0xF00D + i as u64)
+}
+
+/// Fills `dir` with a demo-format slot of `count` distinct chunks of `len` bytes; returns its
+/// manifest.
+fn fill(dir: &Path, count: usize, len: usize) -> Vec<u8> {
+    let store = kvwasm_host::open(&fs_uri(dir)).unwrap();
+    let mut manifest = b"ggsq".to_vec();
+    for word in [4, 4096, count as u32] {
+        manifest.extend_from_slice(&word.to_le_bytes());
+    }
+    for i in 0..count {
+        let data = chunk(i, len);
+        let key = xxh3_key(&data);
+        assert!(!store.put_chunk(&key, &data).unwrap(), "chunk {i} repeats");
+        manifest.extend_from_slice(&key);
+    }
+    store.put_manifest("slot", &manifest).unwrap();
+    manifest
+}
+
+#[test]
+fn a_one_gib_slot_crosses_two_processes_and_a_second_send_sends_nothing() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (a, b) = (scratch.path().join("a"), scratch.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let started = Instant::now();
+    let manifest = fill(&a, 1024, MIB);
+    let filled = started.elapsed();
+    let receiver = Receiver::start(&b, &scratch.path().join("serve.log"));
+    let config = config(scratch.path(), &receiver.addr, true);
+
+    let first = report(&send(&config, &a));
+    assert_eq!(first["manifest"], "slot");
+    assert_eq!(
+        (first["chunks"].as_u64(), first["sent"].as_u64()),
+        (Some(1024), Some(1024))
+    );
+    assert_eq!(first["skipped"], 0);
+    assert_eq!(first["chunk_bytes_sent"], 1u64 << 30);
+    let frame_bytes = first["frame_bytes"].as_u64().unwrap();
+    assert!(
+        frame_bytes > 1 << 30 && frame_bytes < (1 << 30) + (1 << 20),
+        "{first}"
+    );
+
+    let landed = kvwasm_host::open(&fs_uri(&b)).unwrap();
+    assert_eq!(
+        landed.get_manifest("slot").unwrap().as_slice(),
+        &manifest[..]
+    );
+    for (i, key) in manifest[16..].chunks(8).enumerate() {
+        let got = landed.get_chunk(key).unwrap();
+        assert!(got.as_slice() == chunk(i, MIB), "chunk {i} differs");
+    }
+
+    let second = report(&send(&config, &a));
+    assert_eq!(
+        (second["sent"].as_u64(), second["skipped"].as_u64()),
+        (Some(0), Some(1024))
+    );
+    assert_eq!(second["chunk_bytes_sent"], 0);
+    eprintln!(
+        "fill {:.1} s; first send {:.2} s ({:.0} MB/s); second send {:.2} s; total {:.1} s",
+        filled.as_secs_f64(),
+        first["seconds"].as_f64().unwrap(),
+        first["mb_per_s"].as_f64().unwrap(),
+        second["seconds"].as_f64().unwrap(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn a_fabric_without_its_net_grant_reaches_nothing_and_nothing_lands() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (a, b) = (scratch.path().join("a"), scratch.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let manifest = fill(&a, 4, 4096);
+    let log = scratch.path().join("serve.log");
+    let receiver = Receiver::start(&b, &log);
+
+    let out = send(&config(scratch.path(), &receiver.addr, false), &a);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(out.stdout.is_empty());
+    assert!(
+        stderr.contains("fabric: push query: unavailable"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&receiver.addr), "{stderr}");
+    assert!(stderr.contains("not granted in `net`"), "{stderr}");
+    let error = stderr.lines().find(|l| l.starts_with("kvwasm: ")).unwrap();
+    assert_eq!(
+        error.matches("cannot connect").count(),
+        1,
+        "said once: {error}"
+    );
+
+    let target = kvwasm_host::open(&fs_uri(&b)).unwrap();
+    assert!(matches!(
+        target.get_manifest("slot"),
+        Err(KvError::NotFound)
+    ));
+    for key in manifest[16..].chunks(8) {
+        assert!(matches!(target.get_chunk(key), Err(KvError::NotFound)));
+    }
+    // The receiver never saw a connection.
+    drop(receiver);
+    assert!(
+        !std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("fabric connection from")
+    );
+
+    // Granted, the same send works (so the grant was the only thing missing).
+    let receiver = Receiver::start(&b, &log);
+    let ok = report(&send(&config(scratch.path(), &receiver.addr, true), &a));
+    assert_eq!(ok["sent"], 4);
+}
