@@ -236,10 +236,14 @@ pub fn send<T: Transport>(
             })?
         }
     };
+    // Each chunk once, in the order first listed.
     let mut seen = HashSet::new();
+    let first: Vec<bool> = listed.iter().map(|h| seen.insert(h.as_slice())).collect();
+    drop(seen);
     let hashes: Vec<Vec<u8>> = listed
         .into_iter()
-        .filter(|h| seen.insert(h.clone()))
+        .zip(first)
+        .filter_map(|(hash, first)| first.then_some(hash))
         .collect();
 
     let mut buf = Vec::new();
@@ -255,32 +259,31 @@ pub fn send<T: Transport>(
         frame(&mut buf, tier, "query", |body| {
             handoff::encode_query(batch.iter().map(Vec::as_slice), body)
         })?;
-        queries.push((batch, push(&buf, "push query")?));
+        queries.push((batch.len(), push(&buf, "push query")?));
     }
-    let mut missing = Vec::new();
-    for (batch, handle) in queries {
+    let mut held = Vec::with_capacity(hashes.len());
+    for (len, handle) in queries {
         let reply = fabric.pull(handle).map_err(net("pull answer"))?;
         match parse_reply(&reply, "pull answer")? {
-            Message::Answer(answer) if answer.len() == batch.len() => {
-                missing.extend(
-                    batch
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, _)| !answer.has(*i))
-                        .map(|(_, h)| h),
-                );
+            Message::Answer(answer) if answer.len() == len => {
+                held.extend((0..len).map(|i| answer.has(i)));
             }
             other => return Err(bad_reply("pull answer", &other, "an answer for the query")),
         }
         fabric.release(handle).map_err(net("release answer"))?;
     }
+    let chunks = hashes.len();
+    let missing: Vec<Vec<u8>> = hashes
+        .into_iter()
+        .zip(held)
+        .filter_map(|(hash, held)| (!held).then_some(hash))
+        .collect();
 
     // 3. Send what is missing.
     let mut chunk_bytes_sent = 0u64;
     for batch in missing.chunks(PREFETCH_BATCH) {
-        let owned: Vec<Vec<u8>> = batch.iter().map(|h| h.to_vec()).collect();
         source
-            .prefetch_chunks(&owned)
+            .prefetch_chunks(batch)
             .map_err(src("prefetch_chunks"))?;
         for hash in batch {
             let data = source.get_chunk(hash).map_err(src("get_chunk"))?;
@@ -309,9 +312,9 @@ pub fn send<T: Transport>(
 
     Ok(SendReport {
         manifest: name.to_owned(),
-        chunks: hashes.len(),
+        chunks,
         sent: missing.len(),
-        skipped: hashes.len() - missing.len(),
+        skipped: chunks - missing.len(),
         chunk_bytes_sent,
         frame_bytes,
         seconds: started.elapsed().as_secs_f64(),

@@ -326,6 +326,8 @@ impl<'a> Connection<'a> {
     }
 
     fn set_read_timeout(&mut self, timeout: Duration) -> io::Result<()> {
+        // A zero timeout is an error to the socket API: the shortest one instead.
+        let timeout = timeout.max(Duration::from_millis(1));
         if self.read_timeout != Some(timeout) {
             self.stream.set_read_timeout(Some(timeout))?;
             self.read_timeout = Some(timeout);
@@ -373,7 +375,8 @@ impl<'a> Connection<'a> {
         let (io_timeout, idle_timeout) = (limits.io_timeout, limits.idle_timeout);
         let max_frame = limits.max_frame_bytes;
         self.stream.set_nodelay(true)?;
-        self.stream.set_write_timeout(Some(io_timeout))?;
+        self.stream
+            .set_write_timeout(Some(io_timeout.max(Duration::from_millis(1))))?;
         self.set_read_timeout(io_timeout)?;
         if let Err(e) = link::read_hello(&mut self.reader) {
             return self.fatal(e);

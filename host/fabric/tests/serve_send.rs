@@ -493,3 +493,127 @@ fn connections_over_the_cap_are_refused_until_one_closes() {
     }
     assert!(server.stats().connections >= 3);
 }
+
+#[test]
+fn other_manifest_formats_are_sent_with_a_hash_list() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = open(a.path());
+    // 32-byte hashes, listed with a repeat; the manifest is opaque text.
+    let slot: Vec<(Vec<u8>, Vec<u8>)> = (0..5u64)
+        .map(|i| (kvwasm_tests::hash_of_len(32, i), pattern(3000, 50 + i)))
+        .collect();
+    for (hash, data) in &slot {
+        source.put_chunk(hash, data).unwrap();
+    }
+    source
+        .put_manifest("crash-slot", b"not a demo manifest")
+        .unwrap();
+    let (addr, _server) = start(b.path(), Limits::default());
+
+    let demo = send(
+        &source,
+        &LinkTransport::connect(addr),
+        &options("crash-slot"),
+    );
+    let err = demo.unwrap_err().to_string();
+    assert!(err.contains("is not the demo manifest's"), "{err}");
+    assert!(err.contains("--hashes"), "{err}");
+
+    let mut listed: Vec<Vec<u8>> = slot.iter().map(|(h, _)| h.clone()).collect();
+    listed.push(slot[2].0.clone());
+    let options = SendOptions {
+        hashes: Some(listed),
+        ..options("crash-slot")
+    };
+    let report = send(&source, &LinkTransport::connect(addr), &options).unwrap();
+    assert_eq!((report.chunks, report.sent), (5, 5));
+    let landed = open(b.path());
+    for (hash, data) in &slot {
+        assert_eq!(landed.get_chunk(hash).unwrap().as_slice(), &data[..]);
+    }
+    assert_eq!(
+        landed.get_manifest("crash-slot").unwrap().as_slice(),
+        b"not a demo manifest"
+    );
+}
+
+/// A fabric that hands back `pulled(frame)` instead of what the receiver sent, and counts
+/// pushes.
+struct Tamper<F> {
+    link: LinkTransport,
+    pulled: F,
+    pushes: std::sync::atomic::AtomicUsize,
+}
+
+impl<F: Fn(Vec<u8>) -> Vec<u8>> Transport for Tamper<F> {
+    type Error = LinkError;
+
+    fn push(&self, frame: &[u8]) -> Result<u64, LinkError> {
+        self.pushes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.link.push(frame)
+    }
+
+    fn pull(&self, handle: u64) -> Result<Vec<u8>, LinkError> {
+        self.link.pull(handle).map(&self.pulled)
+    }
+
+    fn release(&self, handle: u64) -> Result<(), LinkError> {
+        self.link.release(handle)
+    }
+}
+
+#[test]
+fn the_sender_decodes_every_reply_strictly() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = open(a.path());
+    let slot = chunks(4, 1000, 21);
+    for (key, data) in &slot {
+        source.put_chunk(key, data).unwrap();
+    }
+    let manifest = demo_manifest(&slot);
+    source.put_manifest("slot", &manifest).unwrap();
+    let (addr, _server) = start(b.path(), Limits::default());
+    let run = |pulled: fn(Vec<u8>) -> Vec<u8>| {
+        let fabric = Tamper {
+            link: LinkTransport::connect(addr),
+            pulled,
+            pushes: Default::default(),
+        };
+        let err = send(&source, &fabric, &options("slot")).unwrap_err();
+        (err.to_string(), fabric.pushes.into_inner())
+    };
+
+    // A bit flipped in the answer: caught, and nothing but the query was pushed.
+    let (err, pushes) = run(|mut f| {
+        f[HEADER_LEN + 8] ^= 1;
+        f
+    });
+    assert!(
+        err.starts_with("pull answer: the fabric returned a bad frame: checksum mismatch"),
+        "{err}"
+    );
+    assert_eq!(pushes, 1);
+    // A valid frame, but an answer to another query.
+    let (err, pushes) = run(|_| frame(b"KVA1\x05\0\0\0\0"));
+    assert_eq!(
+        err,
+        "pull answer: unexpected reply: an answer of 5 bits, expected an answer for the query"
+    );
+    assert_eq!(pushes, 1);
+    let target = open(b.path());
+    assert!(slot.iter().all(|(key, _)| absent(&target, key)));
+    // The manifest read back differs from the one sent: the send fails.
+    let (err, pushes) = run(|f| {
+        let body = &kvwasm_mrdn::decode(&f).unwrap().body;
+        match handoff::parse(body).unwrap() {
+            handoff::Message::Manifest { .. } => manifest_frame("slot", b"other bytes"),
+            _ => f,
+        }
+    });
+    assert_eq!(
+        err,
+        "pull manifest: unexpected reply: manifest \"slot\" (11 bytes), expected the manifest as sent"
+    );
+    assert_eq!(pushes, 1 + 4 + 1);
+}
