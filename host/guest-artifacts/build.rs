@@ -16,6 +16,7 @@ const BACKENDS: &[(&str, &str)] = &[
     ("kvwasm-guest-redis", "REDIS"),
     ("kvwasm-guest-s3", "S3"),
     ("kvwasm-fabric-synthetic", "SYNTHETIC"),
+    ("kvwasm-fabric-tcp", "TCP"),
 ];
 const TEST_GUESTS: &[(&str, &str)] = &[
     ("kvwasm-guest-hostile", "HOSTILE"),

@@ -1,7 +1,7 @@
 //! The guest backends as WebAssembly components, built by `build.rs`.
 //!
 //! `FS`, `MEMORY`, `REDIS` and `S3` are the backends the shim embeds, and
-//! `SYNTHETIC` the fabric it embeds. With the `test-guests` feature,
+//! `SYNTHETIC` and `TCP` the fabrics. With the `test-guests` feature,
 //! `HOSTILE`, `HOSTILE_FABRIC` and `BUFFERED` (tests/guests/) and
 //! `VENDOR_STARTER` (examples/vendor-starter) exist too.
 
