@@ -47,7 +47,9 @@ pub fn frame_verify(reps: usize, quick: bool) -> Vec<Pair> {
     FRAME_SIZES
         .iter()
         .flat_map(|&size| {
-            let body: Vec<u8> = (0..size).map(|i| (i as u8).wrapping_mul(31) ^ 0x5a).collect();
+            let body: Vec<u8> = (0..size)
+                .map(|i| (i as u8).wrapping_mul(31) ^ 0x5a)
+                .collect();
             let count = (total / size).max(1);
             let bytes = (count * size) as f64;
             let mut frame = vec![0u8; kvwasm_mrdn::frame_len(size).expect("small body")];
