@@ -39,6 +39,7 @@ pub mod fabric_bindings {
 }
 
 mod errors;
+pub mod frames;
 mod payload;
 pub mod remote;
 pub mod settings;

@@ -10,13 +10,11 @@
 //! |---|---|---|
 //! | `label` | `nixl-synth` | the telemetry label: `nixl-synth` or `mooncake-synth` (the reference's two synthetic fabrics) |
 
-mod frames;
-
 use std::cell::RefCell;
 
 use kvwasm_guest_support::{Error, Fabric, Payload, PayloadExt, Settings, export_fabric};
 
-use frames::Frames;
+use kvwasm_guest_support::frames::Frames;
 
 /// The labels the reference gives its synthetic fabrics.
 const LABELS: [&str; 2] = ["nixl-synth", "mooncake-synth"];

@@ -51,6 +51,10 @@ pub struct BenchArgs {
     /// Run only these sections (comma-separated; default: all).
     #[arg(long, value_enum, value_delimiter = ',', value_name = "SECTIONS")]
     only: Vec<Section>,
+    /// Measure the MRDN fabric path instead (frame and verify against raw
+    /// blake3; the tcp handoff against raw loopback TCP).
+    #[arg(long)]
+    fabric: bool,
     /// Internal: time dlopen and the first open in this fresh process.
     #[arg(long, hide = true)]
     open_probe: bool,
@@ -70,6 +74,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             kvwasm_bench::open_probe(lib, uri).map_err(anyhow::Error::msg)?
         );
         return Ok(());
+    }
+    if args.fabric {
+        return bench_fabric(&args);
     }
     let targets = if args.targets.is_empty() {
         default_targets(&args)?
@@ -172,4 +179,16 @@ fn default_media() -> Vec<Medium> {
         path: "/var/tmp".into(),
     });
     media
+}
+
+/// `--fabric`: every pair of the fabric benchmark, as a Markdown table.
+fn bench_fabric(args: &BenchArgs) -> anyhow::Result<()> {
+    let reps = if args.quick { 1 } else { args.reps.max(1) };
+    let pairs = kvwasm_bench::fabric::frame_verify(reps, args.quick);
+    print!("{}", kvwasm_bench::fabric::markdown(&pairs, reps));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&pairs)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }

@@ -327,18 +327,39 @@ pub fn encode_into(tier: Tier, body: &[u8], out: &mut [u8]) -> Result<usize, Enc
     let out = out
         .get_mut(..needed)
         .ok_or(EncodeError::BufferTooSmall { needed, available })?;
-    out[..HEADER_LEN].copy_from_slice(&Header::for_body(tier, body)?.to_bytes());
-    out[HEADER_LEN..].copy_from_slice(body);
+    let (header, dst) = out.split_at_mut(HEADER_LEN);
+    let header_of_body = Header {
+        tier,
+        body_len: body.len() as u32, // frame_len checked the bound
+        checksum: copy_and_checksum(body, dst),
+    };
+    header.copy_from_slice(&header_of_body.to_bytes());
     Ok(needed)
+}
+
+/// Bytes copied, then hashed while still in cache, per step of
+/// [`copy_and_checksum`]: a power of two, so Blake3 hashes whole subtrees.
+const COPY_BLOCK: usize = 64 << 10;
+
+/// Copy `body` into `dst` (the same length) and return its checksum, in one
+/// pass over memory: each block is hashed right after it is copied, while
+/// it is in cache, instead of copying 16 MiB and reading it all again.
+fn copy_and_checksum(body: &[u8], dst: &mut [u8]) -> [u8; CHECKSUM_LEN] {
+    let mut hasher = blake3::Hasher::new();
+    for (src, dst) in body.chunks(COPY_BLOCK).zip(dst.chunks_mut(COPY_BLOCK)) {
+        dst.copy_from_slice(src);
+        hasher.update(dst);
+    }
+    let mut out = [0; CHECKSUM_LEN];
+    out.copy_from_slice(&hasher.finalize().as_bytes()[..CHECKSUM_LEN]);
+    out
 }
 
 /// Appends the frame of `body` to `out`.
 pub fn encode_to_vec(tier: Tier, body: &[u8], out: &mut Vec<u8>) -> Result<(), EncodeError> {
-    let header = Header::for_body(tier, body)?;
-    out.reserve(frame_len(body.len())?);
-    out.extend_from_slice(&header.to_bytes());
-    out.extend_from_slice(body);
-    Ok(())
+    let at = out.len();
+    out.resize(at + frame_len(body.len())?, 0);
+    encode_into(tier, body, &mut out[at..]).map(|_| ())
 }
 
 /// The frame of `body`, in a new buffer.

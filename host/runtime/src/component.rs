@@ -18,7 +18,7 @@ use crate::state::HostState;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ComponentSource {
     /// Embedded in this build (`builtin:fs`, `builtin:memory`,
-    /// `builtin:redis`, `builtin:s3`; fabrics `builtin:synthetic`).
+    /// `builtin:redis`, `builtin:s3`; fabrics `builtin:synthetic`, `builtin:tcp`).
     Builtin(Builtin),
     /// A `.wasm` file.
     File(std::path::PathBuf),
@@ -39,6 +39,9 @@ pub enum Builtin {
     /// `guest-backends/synthetic`: the reference's in-memory fabric
     /// (`nixl-synth`), for tests and demos.
     Synthetic,
+    /// `guest-backends/tcp`: moves frames to one granted peer running
+    /// `kvwasm fabric serve`; needs `net` and `settings.peer`.
+    Tcp,
 }
 
 impl Builtin {
@@ -50,6 +53,7 @@ impl Builtin {
             Builtin::Redis => "redis",
             Builtin::S3 => "s3",
             Builtin::Synthetic => "synthetic",
+            Builtin::Tcp => "tcp",
         }
     }
 
@@ -60,6 +64,7 @@ impl Builtin {
             Builtin::Redis => kvwasm_guest_artifacts::REDIS,
             Builtin::S3 => kvwasm_guest_artifacts::S3,
             Builtin::Synthetic => kvwasm_guest_artifacts::SYNTHETIC,
+            Builtin::Tcp => kvwasm_guest_artifacts::TCP,
         }
     }
 
@@ -72,12 +77,13 @@ impl Builtin {
     }
 
     /// Every builtin.
-    pub const ALL: [Builtin; 5] = [
+    pub const ALL: [Builtin; 6] = [
         Builtin::Fs,
         Builtin::Memory,
         Builtin::Redis,
         Builtin::S3,
         Builtin::Synthetic,
+        Builtin::Tcp,
     ];
 }
 

@@ -17,14 +17,11 @@
 //!
 //! Label `hostile`. No settings.
 
-#[path = "../../../../guest-backends/synthetic/src/frames.rs"]
-mod frames;
-
 use std::cell::RefCell;
 
 use kvwasm_guest_support::{Error, Fabric, Payload, PayloadExt, export_fabric};
 
-use frames::Frames;
+use kvwasm_guest_support::frames::Frames;
 
 /// Bytes of the MRDN header before the body.
 const HEADER: usize = 32;

@@ -1,11 +1,11 @@
-//! The synthetic fabric's store: pushed frames in guest memory under
-//! handles counted from 1. Shared (by `#[path]`) with the test-only
-//! hostile fabric, which must behave the same outside its commands; a
-//! dependency on this crate would also link its component exports.
+//! An in-memory frame store for fabric guests: pushed frames in guest
+//! memory under handles counted from 1, as the reference's synthetic fabric
+//! keeps them. The synthetic fabric is this store; the test-only hostile
+//! fabric is this store plus its commands.
 
 use std::collections::HashMap;
 
-use kvwasm_guest_support::Error;
+use crate::Error;
 
 /// Frames by handle.
 #[derive(Default)]
