@@ -69,8 +69,7 @@ fn config(dir: &Path, addr: &str, grant: bool) -> std::path::PathBuf {
     write_config(
         dir,
         &format!(
-            "[fabrics.tcp]\ncomponent = {:?}\n{net}settings = {{ peer = {addr:?} }}\n",
-            kvwasm_guest_artifacts::TCP_PATH
+            "[fabrics.tcp]\ncomponent = \"builtin:tcp\"\n{net}settings = {{ peer = {addr:?} }}\n"
         ),
     )
 }
