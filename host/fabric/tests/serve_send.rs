@@ -617,3 +617,37 @@ fn the_sender_decodes_every_reply_strictly() {
     );
     assert_eq!(pushes, 1 + 4 + 1);
 }
+
+#[test]
+fn live_handles_and_unreleased_answers_are_capped_per_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        max_live_handles: 3,
+        max_frame_bytes: 100,
+        ..Limits::default()
+    };
+    let (addr, _server) = start(dir.path(), limits);
+    let mut link = Link::connect(addr);
+    let mut query = Vec::new();
+    handoff::encode_query([&b"q"[..]].into_iter(), &mut query).unwrap();
+    let query = frame(&query); // its answer frame is 41 bytes
+    assert!(link.push(&query).is_ok());
+    assert!(link.push(&query).is_ok());
+    let (status, message) = link.push(&query).unwrap_err();
+    assert_eq!(status, REFUSED);
+    assert_eq!(
+        message,
+        "unreleased answers on this connection would exceed 100 bytes"
+    );
+    link.release(1).unwrap();
+    assert_eq!(link.push(&query).unwrap(), 4u64.to_le_bytes());
+    assert!(link.push(&chunk_frame(b"c", b"")).is_ok()); // 3 live: 2, 4, 5
+    let (status, message) = link.push(&chunk_frame(b"d", b"")).unwrap_err();
+    assert_eq!(status, REFUSED);
+    assert_eq!(message, "3 live handles on this connection; release some");
+    link.release(5).unwrap();
+    assert_eq!(
+        link.push(&chunk_frame(b"d", b"")).unwrap(),
+        7u64.to_le_bytes()
+    );
+}
