@@ -165,17 +165,37 @@ pub fn read_request(r: &mut impl Read, max_frame_len: usize) -> Result<Option<Re
     }
 }
 
+/// Bytes of a frame received before room for the rest of it is reserved.
+const FIRST_STEP: usize = 1 << 20;
+
 /// Reads a PUSH's `frame_len` bytes into `buf` (replacing its contents, reusing its memory).
+///
+/// Memory follows the bytes that actually arrive: room for a large frame is reserved, exactly,
+/// only after its first MiB came, so a client that declares 64 MiB and stalls holds 1 MiB
+/// (not 64), and a 64 MiB frame takes 64 MiB (not the 128 a doubling `Vec` would).
 pub fn read_frame(r: &mut impl Read, frame_len: usize, buf: &mut Vec<u8>) -> io::Result<()> {
     buf.clear();
-    let got = r.take(frame_len as u64).read_to_end(buf)?;
-    if got < frame_len {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!("connection closed after {got} of {frame_len} frame bytes"),
-        ));
+    let first = frame_len.min(FIRST_STEP);
+    buf.reserve_exact(first);
+    buf.resize(first, 0);
+    r.read_exact(buf).map_err(|e| short(e, 0, frame_len))?;
+    if frame_len > first {
+        buf.reserve_exact(frame_len - first);
+        buf.resize(frame_len, 0);
+        r.read_exact(&mut buf[first..])
+            .map_err(|e| short(e, first, frame_len))?;
     }
     Ok(())
+}
+
+/// A frame cut short: say so (the error of `read_exact` does not).
+fn short(e: io::Error, at_least: usize, frame_len: usize) -> io::Error {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        let why = format!("connection closed after {at_least} or more of {frame_len} frame bytes");
+        io::Error::new(io::ErrorKind::UnexpectedEof, why)
+    } else {
+        e
+    }
 }
 
 /// OK to a PUSH: its handle.
@@ -275,6 +295,26 @@ mod tests {
             read_frame(&mut &b"ab"[..], 4, &mut buf).unwrap_err().kind(),
             io::ErrorKind::UnexpectedEof
         );
+        let big: Vec<u8> = (0..FIRST_STEP * 3 + 5).map(|i| i as u8).collect();
+        let err = read_frame(&mut &big[..FIRST_STEP + 1], big.len(), &mut buf).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(
+            err.to_string().contains("after 1048576 or more of 3145733"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn frame_memory_follows_the_bytes_that_arrive() {
+        let big: Vec<u8> = (0..FIRST_STEP * 3 + 5).map(|i| i as u8).collect();
+        let mut buf = Vec::new();
+        // Declared 3 MiB, sent 100 bytes: only the first step is held.
+        assert!(read_frame(&mut &big[..100], big.len(), &mut buf).is_err());
+        assert!(buf.capacity() <= FIRST_STEP);
+        let mut buf = Vec::new();
+        read_frame(&mut &big[..], big.len(), &mut buf).unwrap();
+        assert_eq!(buf, big);
+        assert_eq!(buf.capacity(), big.len(), "reserved exactly, not doubled");
     }
 
     #[test]
