@@ -184,7 +184,15 @@ fn default_media() -> Vec<Medium> {
 /// `--fabric`: every pair of the fabric benchmark, as a Markdown table.
 fn bench_fabric(args: &BenchArgs) -> anyhow::Result<()> {
     let reps = if args.quick { 1 } else { args.reps.max(1) };
-    let pairs = kvwasm_bench::fabric::frame_verify(reps, args.quick);
+    let mut pairs = kvwasm_bench::fabric::frame_verify(reps, args.quick);
+    let dir = args.dirs.first().map_or_else(
+        || Ok(std::path::PathBuf::from("/dev/shm")),
+        |d| Medium::parse(d).map(|m| m.path),
+    );
+    let dir = tempfile::tempdir_in(dir.map_err(anyhow::Error::msg)?)?;
+    pairs.extend(
+        kvwasm_bench::fabric::handoff(reps, args.quick, dir.path()).map_err(anyhow::Error::msg)?,
+    );
     print!("{}", kvwasm_bench::fabric::markdown(&pairs, reps));
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&pairs)?)
