@@ -38,6 +38,18 @@ pub mod fabric_bindings {
     });
 }
 
+pub mod events_bindings {
+    //! Bindings for the `kvwasm:events/event-service` world (event
+    //! subscribers; a subscriber without an API exports a `handle` that
+    //! answers 404). Export a subscriber with [`export_subscriber!`].
+    wit_bindgen::generate!({
+        path: ["../../wit/events"],
+        world: "kvwasm:events/event-service",
+        pub_export_macro: true,
+        export_macro_name: "export_subscriber_bindings",
+    });
+}
+
 mod errors;
 pub mod frames;
 mod payload;
@@ -71,5 +83,14 @@ macro_rules! export_backend {
 macro_rules! export_fabric {
     ($ty:ident) => {
         $crate::fabric_bindings::export_fabric_bindings!($ty with_types_in $crate::fabric_bindings);
+    };
+}
+
+/// Export an event subscriber type that implements
+/// `events_bindings::exports::kvwasm::events::{subscriber, http_api}::Guest`.
+#[macro_export]
+macro_rules! export_subscriber {
+    ($ty:ident) => {
+        $crate::events_bindings::export_subscriber_bindings!($ty with_types_in $crate::events_bindings);
     };
 }

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use kvwasm_host::config::{self, Config};
 use kvwasm_host::limits::Limits;
 
-/// Validate a config file and print every backend's and fabric's effective grants.
+/// Validate a config file and print the effective grants of every backend, fabric and event subscriber.
 ///
 /// Components are loaded and their pins checked, peers resolved, limits and
 /// tenant limits shown.
 /// Environment variables are shown by name and whether they are set, never
-/// by value. Exit status 1 if any backend or fabric is broken.
+/// by value. Exit status 1 if any of them is broken.
 #[derive(clap::Args)]
 #[command(verbatim_doc_comment, visible_alias = "run-check-config")]
 pub struct CheckConfigArgs {
@@ -25,10 +25,11 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
     };
     let config = Config::load(&path).map_err(anyhow::Error::msg)?;
     println!(
-        "config {}: {} backend(s), {} fabric(s)",
+        "config {}: {} backend(s), {} fabric(s), {} subscriber(s)",
         path.display(),
         config.backends.len(),
-        config.fabrics.len()
+        config.fabrics.len(),
+        config.subscribers.len()
     );
     let backends = config
         .backends
@@ -38,8 +39,12 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
         .fabrics
         .iter()
         .map(|(name, spec)| ("fabrics", name, spec, config.fabric(name)));
+    let subscribers = config
+        .subscribers
+        .iter()
+        .map(|(name, spec)| ("subscribers", name, spec, config.subscriber(name)));
     let mut broken = 0;
-    for (table, name, spec, built) in backends.chain(fabrics) {
+    for (table, name, spec, built) in backends.chain(fabrics).chain(subscribers) {
         println!("\n[{table}.{name}]");
         let backend = match built {
             Ok(b) => b,
@@ -76,7 +81,7 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
         let calls = backend
             .max_concurrent_calls
             .map_or("unlimited".to_string(), |n| n.to_string());
-        if table == "fabrics" {
+        if table != "backends" {
             println!("             one instance, max concurrent calls {calls}");
         } else {
             println!(
@@ -91,7 +96,7 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
     Ok(if broken == 0 {
         std::process::ExitCode::SUCCESS
     } else {
-        eprintln!("kvwasm: {broken} backend(s) or fabric(s) cannot be loaded");
+        eprintln!("kvwasm: {broken} guest(s) cannot be loaded");
         std::process::ExitCode::FAILURE
     })
 }

@@ -26,7 +26,20 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         d.sha256, d.sha256
     );
     let imports = |prefix: &str| d.imports.iter().any(|i| i.starts_with(prefix));
-    let kind = if d.is_fabric() {
+    let kind = if d.is_subscriber() {
+        match d
+            .exports
+            .iter()
+            .any(|e| e.starts_with("kvwasm:events/http-api@"))
+        {
+            true => {
+                "event subscriber with an HTTP API, world kvwasm:events/event-service (configure under [subscribers.NAME])"
+            }
+            false => {
+                "event subscriber, world kvwasm:events/event-subscriber (configure under [subscribers.NAME])"
+            }
+        }
+    } else if d.is_fabric() {
         match imports("wasi:config/store@") {
             true => {
                 "fabric, world kvwasm:fabric/configured-fabric (configure under [fabrics.NAME])"
@@ -34,8 +47,8 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             false => "fabric, world kvwasm:fabric/fabric (configure under [fabrics.NAME])",
         }
     } else if !d.is_kv_store_backend() {
-        "neither a kv-store backend nor a fabric (no kvwasm:kv-store/store or \
-         kvwasm:fabric/transport export)"
+        "not a kvwasm guest (no kvwasm:kv-store/store, kvwasm:fabric/transport or \
+         kvwasm:events/subscriber export)"
     } else {
         match (
             imports("kvwasm:kv-store/payload-io@"),

@@ -64,3 +64,16 @@ pub(crate) mod fabric {
         require_store_data_send: true,
     });
 }
+
+/// Host bindings for `wit/events` (`kvwasm:events`): what an event
+/// subscriber exports. Generated for the `event-service` world; a guest of
+/// the narrower `event-subscriber` world is served through the per-interface
+/// indices, without `http-api`.
+pub(crate) mod events {
+    wasmtime::component::bindgen!({
+        path: ["../../wit/events"],
+        world: "kvwasm:events/event-service",
+        exports: { default: async },
+        require_store_data_send: true,
+    });
+}

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use wasmtime::component::{HasSelf, Linker};
 
 use crate::artifact_cache::{self, Origin};
+use crate::bindings::events::exports::kvwasm::events::{http_api, subscriber};
 use crate::bindings::fabric::FabricPre;
 use crate::bindings::kvwasm::kv_store::{payload_io, types};
 use crate::bindings::{BackendExportsPre, BackendInfo};
@@ -123,6 +124,20 @@ pub enum GuestKind {
     KvStore,
     /// Exports `kvwasm:fabric/transport`: a fabric guest.
     Fabric,
+    /// Exports `kvwasm:events/subscriber`: an event subscriber (and maybe
+    /// `kvwasm:events/http-api`).
+    Subscriber,
+}
+
+impl GuestKind {
+    /// The config table guests of this kind are configured in.
+    pub fn config_table(self) -> &'static str {
+        match self {
+            GuestKind::KvStore => "backends",
+            GuestKind::Fabric => "fabrics",
+            GuestKind::Subscriber => "subscribers",
+        }
+    }
 }
 
 impl std::fmt::Display for GuestKind {
@@ -130,6 +145,7 @@ impl std::fmt::Display for GuestKind {
         f.write_str(match self {
             GuestKind::KvStore => "kv-store backend",
             GuestKind::Fabric => "fabric",
+            GuestKind::Subscriber => "event subscriber",
         })
     }
 }
@@ -138,6 +154,25 @@ impl std::fmt::Display for GuestKind {
 enum Exports {
     KvStore(BackendExportsPre<HostState>),
     Fabric(FabricPre<HostState>),
+    Subscriber(SubscriberExports),
+}
+
+/// An event subscriber's exports: `subscriber`, and `http-api` if it
+/// serves one.
+pub(crate) struct SubscriberExports {
+    pub(crate) pre: wasmtime::component::InstancePre<HostState>,
+    pub(crate) subscriber: subscriber::GuestIndices,
+    pub(crate) http_api: Option<http_api::GuestIndices>,
+}
+
+impl SubscriberExports {
+    fn new(pre: wasmtime::component::InstancePre<HostState>) -> wasmtime::Result<Self> {
+        Ok(SubscriberExports {
+            subscriber: subscriber::GuestIndices::new(&pre)?,
+            http_api: http_api::GuestIndices::new(&pre).ok(),
+            pre,
+        })
+    }
 }
 
 /// A compiled component, linked against the host and ready to instantiate.
@@ -191,13 +226,17 @@ impl LoadedComponent {
         let pre = linker(metering)?.instantiate_pre(&component)?;
         let pre = match BackendExportsPre::new(pre.clone()) {
             Ok(store) => Exports::KvStore(store),
-            Err(not_store) => match FabricPre::new(pre) {
+            Err(not_store) => match FabricPre::new(pre.clone()) {
                 Ok(fabric) => Exports::Fabric(fabric),
-                Err(not_fabric) => wasmtime::bail!(
-                    "{source} is neither a kv-store backend (exporting \
-                     kvwasm:kv-store/store: {not_store}) nor a fabric (exporting \
-                     kvwasm:fabric/transport: {not_fabric})"
-                ),
+                Err(not_fabric) => match SubscriberExports::new(pre) {
+                    Ok(subscriber) => Exports::Subscriber(subscriber),
+                    Err(not_subscriber) => wasmtime::bail!(
+                        "{source} is not a kvwasm guest: not a kv-store backend (exporting \
+                         kvwasm:kv-store/store: {not_store}), a fabric (exporting \
+                         kvwasm:fabric/transport: {not_fabric}) or an event subscriber \
+                         (exporting kvwasm:events/subscriber: {not_subscriber})"
+                    ),
+                },
             },
         };
         tracing::debug!(%source, ?origin, size = bytes.len(), "component loaded");
@@ -227,6 +266,7 @@ impl LoadedComponent {
         match self.pre {
             Exports::KvStore(_) => GuestKind::KvStore,
             Exports::Fabric(_) => GuestKind::Fabric,
+            Exports::Subscriber(_) => GuestKind::Subscriber,
         }
     }
 
@@ -234,11 +274,7 @@ impl LoadedComponent {
     pub(crate) fn store_pre(&self) -> Result<&BackendExportsPre<HostState>, KvError> {
         match &self.pre {
             Exports::KvStore(pre) => Ok(pre),
-            Exports::Fabric(_) => Err(KvError::Host(
-                "the component is a fabric, not a kv-store backend: configure it under \
-                 [fabrics.NAME], not [backends.NAME]"
-                    .into(),
-            )),
+            _ => Err(self.not_a(GuestKind::KvStore)),
         }
     }
 
@@ -246,12 +282,26 @@ impl LoadedComponent {
     pub(crate) fn fabric_pre(&self) -> Result<&FabricPre<HostState>, KvError> {
         match &self.pre {
             Exports::Fabric(pre) => Ok(pre),
-            Exports::KvStore(_) => Err(KvError::Host(
-                "the component is a kv-store backend, not a fabric: configure it under \
-                 [backends.NAME], not [fabrics.NAME]"
-                    .into(),
-            )),
+            _ => Err(self.not_a(GuestKind::Fabric)),
         }
+    }
+
+    /// The event subscriber exports, or an error naming what the component is.
+    pub(crate) fn subscriber_exports(&self) -> Result<&SubscriberExports, KvError> {
+        match &self.pre {
+            Exports::Subscriber(exports) => Ok(exports),
+            _ => Err(self.not_a(GuestKind::Subscriber)),
+        }
+    }
+
+    /// Why this component cannot serve as a `wanted`.
+    fn not_a(&self, wanted: GuestKind) -> KvError {
+        KvError::Host(format!(
+            "the component is a {}, not a {wanted}: configure it under [{}.NAME], not [{}.NAME]",
+            self.kind(),
+            self.kind().config_table(),
+            wanted.config_table()
+        ))
     }
 }
 
@@ -272,6 +322,13 @@ impl Description {
         self.exports
             .iter()
             .any(|e| e.starts_with("kvwasm:kv-store/store@"))
+    }
+
+    /// Whether it exports the event `subscriber` interface.
+    pub fn is_subscriber(&self) -> bool {
+        self.exports
+            .iter()
+            .any(|e| e.starts_with("kvwasm:events/subscriber@"))
     }
 
     /// Whether it exports the fabric `transport` interface.

@@ -55,7 +55,7 @@ use crate::limits::{Limits, LimitsConfig};
 pub const CONFIG_ENV: &str = "KVWASM_CONFIG";
 
 /// A parsed config file.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Backends by name, as used in `wasm://<name>/...`.
@@ -66,6 +66,14 @@ pub struct Config {
     /// tenants.
     #[serde(default)]
     pub fabrics: BTreeMap<String, BackendConfig>,
+    /// Event subscriber guests by name (`kvwasm serve`): the same keys and
+    /// sandbox as backends; one instance each, no tenants.
+    #[serde(default)]
+    pub subscribers: BTreeMap<String, BackendConfig>,
+    /// `[serve]`: the settings of `kvwasm serve` (its listener, sources and
+    /// queues), parsed by that command; kept as TOML here.
+    #[serde(default)]
+    pub serve: Option<toml::Table>,
     /// `base_dir`: where relative paths start, if not at the file itself
     /// (lets tools such as `kvwasm check` run a copy of an operator's file).
     #[serde(rename = "base_dir", default)]
@@ -145,8 +153,13 @@ impl Config {
         }
         for (name, fabric) in &config.fabrics {
             fabric
-                .validate_fabric()
+                .validate_single()
                 .map_err(|e| format!("[fabrics.{name}]: {e}"))?;
+        }
+        for (name, subscriber) in &config.subscribers {
+            subscriber
+                .validate_single()
+                .map_err(|e| format!("[subscribers.{name}]: {e}"))?;
         }
         Ok(config)
     }
@@ -179,6 +192,17 @@ impl Config {
         })?;
         self.guest(&format!("fabrics.{name}"), spec, GuestKind::Fabric)
             .map_err(|e| format!("fabric {name:?}: {e}"))
+    }
+
+    /// Build the event subscriber called `name`, in the same sandbox as a
+    /// backend. Its [`Backend::name`] is `subscribers.<name>`.
+    pub fn subscriber(&self, name: &str) -> Result<Backend, String> {
+        let spec = self.subscribers.get(name).ok_or_else(|| {
+            let known: Vec<_> = self.subscribers.keys().map(String::as_str).collect();
+            format!("no subscriber {name:?} in the config (configured: {known:?})")
+        })?;
+        self.guest(&format!("subscribers.{name}"), spec, GuestKind::Subscriber)
+            .map_err(|e| format!("subscriber {name:?}: {e}"))
     }
 
     /// Load `spec`'s component (checking its pin and its kind), resolve its
@@ -303,14 +327,14 @@ impl BackendConfig {
         .over(&Limits::default())
     }
 
-    /// As [`BackendConfig::validate`], for a `[fabrics.<name>]` table: a
-    /// fabric runs one instance for its one sender, and has no tenants.
-    fn validate_fabric(&self) -> Result<(), String> {
+    /// As [`BackendConfig::validate`], for a guest that runs one instance
+    /// and has no tenants (`[fabrics.<name>]`, `[subscribers.<name>]`).
+    fn validate_single(&self) -> Result<(), String> {
         if !self.tenants.is_empty() {
-            return Err("a fabric has no tenants".into());
+            return Err("this guest has no tenants".into());
         }
         if self.max_instances.is_some() {
-            return Err("a fabric runs one instance; max_instances does not apply".into());
+            return Err("this guest runs one instance; max_instances does not apply".into());
         }
         self.validate()
     }

@@ -12,7 +12,10 @@
 //! * [`metrics`] — per-backend counters, served as Prometheus text;
 //! * [`log_limit`] — guest-supplied text and repeated warnings, bounded;
 //! * `payload` — host-owned buffers that carry bytes without copying;
-//! * `instance` — one guest instance and typed, deadline-bound calls;
+//! * `sandbox` — the store and call rules every guest kind shares;
+//! * `instance` — one kv-store instance and typed, deadline-bound calls;
+//! * [`fabric`] — fabric guests: MRDN frames, verified by the host;
+//! * [`subscriber`] — event subscriber guests, fed by `kvwasm serve`;
 //! * [`handle`] — an open store: a pool of instances, safe from many threads;
 //! * [`config`] and [`uri`] — how operators and consumers name backends.
 
@@ -35,6 +38,7 @@ pub mod metrics;
 mod payload;
 mod sandbox;
 mod state;
+pub mod subscriber;
 pub mod uri;
 
 use std::sync::Arc;
