@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kvwasm_host::{KvError, StoreHandle};
-use kvwasm_mrdn::{DecodeMode, HEADER_LEN, Tier};
+use kvwasm_mrdn::{CHECKSUM_LEN, DecodeMode, HEADER_LEN, Tier};
 
 use crate::handoff::{self, Message};
 use crate::link::{self, LinkError, Request, Status};
@@ -277,9 +277,14 @@ fn failed(op: &str) -> impl FnOnce(KvError) -> Refusal + '_ {
 /// `Connection::fatal`).
 const LINGER: Duration = Duration::from_secs(2);
 
-/// How many hashes of stored chunks a connection remembers (to answer queries without a
-/// read); past it, queries read the store.
-const MAX_REMEMBERED: usize = 1 << 20;
+/// How many chunks a connection remembers as present (stored by it, or answered present to
+/// it), so queries and manifests need not read them again; past it, they read the store.
+/// Each is kept as a 16-byte digest: at most ~8 MiB per connection.
+const MAX_REMEMBERED: usize = 1 << 18;
+
+/// A remembered chunk: the Blake3 digest of its hash, truncated as MRDN's checksum is (a
+/// client that could collide it could as well have stored the chunk it names).
+type Digest = [u8; kvwasm_mrdn::CHECKSUM_LEN];
 
 struct Connection<'a> {
     shared: &'a Shared,
@@ -291,7 +296,8 @@ struct Connection<'a> {
     next_handle: u64,
     live: HashMap<u64, Kept>,
     kept_answer_bytes: usize,
-    stored: HashSet<Vec<u8>>,
+    /// Chunks known present: stored on this connection or answered present to it.
+    present: HashSet<Digest>,
     /// Some PUSH was refused or failed: manifests are refused from now on.
     poisoned: bool,
     /// The PUSHed frame being handled, reused.
@@ -312,7 +318,7 @@ impl<'a> Connection<'a> {
             next_handle: 1,
             live: HashMap::new(),
             kept_answer_bytes: 0,
-            stored: HashSet::new(),
+            present: HashSet::new(),
             poisoned: false,
             frame: Vec::new(),
             out: Vec::new(),
@@ -472,20 +478,20 @@ impl<'a> Connection<'a> {
         let store = &shared.store;
         match message {
             Message::Query(query) => {
-                let len = HEADER_LEN + 8 + query.len().div_ceil(8);
+                let len = HEADER_LEN + handoff::answer_len(query.len());
                 let max = shared.limits.max_frame_bytes;
                 if self.kept_answer_bytes + len > max {
                     return Err(refused(format!(
                         "unreleased answers on this connection would exceed {max} bytes"
                     )));
                 }
-                let mut present = Vec::with_capacity(query.len());
-                for hash in query.hashes() {
-                    present.push(self.stored.contains(hash) || holds(store, hash)?);
-                }
+                let present = self.presence(query)?;
+                let checksum = bytes[HEADER_LEN - CHECKSUM_LEN..HEADER_LEN]
+                    .try_into()
+                    .expect("a verified frame has a header");
                 let mut answer = Vec::with_capacity(len);
                 sealed(frame.tier, &mut answer, |body| {
-                    handoff::encode_answer(present.len(), |i| present[i], body)
+                    handoff::encode_answer(checksum, present.len(), |i| present[i], body)
                 })?;
                 self.kept_answer_bytes += answer.len();
                 self.record(Event::Query);
@@ -496,17 +502,25 @@ impl<'a> Connection<'a> {
                 if !already {
                     self.record(Event::ChunkStored(data.len() as u64));
                 }
-                if self.stored.len() < MAX_REMEMBERED {
-                    self.stored.insert(hash.to_vec());
-                }
+                self.remember(hash);
                 Ok(Kept::Chunk {
                     tier: frame.tier,
                     hash: hash.to_vec(),
                 })
             }
-            Message::Manifest { name, data } => {
+            Message::Manifest { name, chunks, data } => {
                 if self.poisoned {
                     return Err(refused("an earlier frame on this connection failed"));
+                }
+                // Whatever the sender's fabric claimed, every chunk must be here first.
+                let present = self.presence(chunks)?;
+                if let Some(i) = present.iter().position(|&p| !p) {
+                    let missing = present.iter().filter(|&&p| !p).count();
+                    let hash = chunks.hashes().nth(i).expect("i < chunks.len()");
+                    return Err(refused(format!(
+                        "manifest {name:?} names {missing} chunks this store lacks, first {}",
+                        hex::encode(hash)
+                    )));
                 }
                 store
                     .put_manifest(name, data)
@@ -519,6 +533,37 @@ impl<'a> Connection<'a> {
             }
             Message::Answer(_) => Err(refused("an answer (KVA1) is not a request")),
         }
+    }
+
+    /// Remembers `hash` as present, while there is room.
+    fn remember(&mut self, hash: &[u8]) {
+        if self.present.len() < MAX_REMEMBERED {
+            self.present.insert(kvwasm_mrdn::checksum(hash));
+        }
+    }
+
+    /// Whether the store holds each of `hashes`: remembered, or read (each distinct hash at
+    /// most once per frame, so a frame repeating one hash costs one read); those read present
+    /// are remembered.
+    fn presence(&mut self, hashes: handoff::Hashes<'_>) -> Result<Vec<bool>, Refusal> {
+        let mut read: HashMap<&[u8], bool> = HashMap::new();
+        let mut out = Vec::with_capacity(hashes.len());
+        for hash in hashes.hashes() {
+            let has = if self.present.contains(&kvwasm_mrdn::checksum(hash)) {
+                true
+            } else if let Some(&has) = read.get(hash) {
+                has
+            } else {
+                let has = holds(&self.shared.store, hash)?;
+                read.insert(hash, has);
+                if has {
+                    self.remember(hash);
+                }
+                has
+            };
+            out.push(has);
+        }
+        Ok(out)
     }
 
     /// Puts the frame kept under `handle` into `self.out`, read back from the store.
@@ -543,9 +588,10 @@ impl<'a> Connection<'a> {
                 })?;
             }
             Some(Kept::Manifest { tier, name }) => {
+                // Its chunk list is not echoed: the store keeps none.
                 let data = store.get_manifest(name).map_err(failed("get_manifest"))?;
                 sealed(*tier, out, |body| {
-                    handoff::encode_manifest(name, data.as_slice(), body)
+                    handoff::encode_manifest(name, std::iter::empty(), data.as_slice(), body)
                 })?;
             }
         }
