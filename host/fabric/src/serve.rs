@@ -4,12 +4,13 @@
 //! answers queries. Trusted host code facing an untrusted network peer: every length is checked
 //! against a limit before anything is allocated for it.
 
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvwasm_host::{KvError, StoreHandle};
 use kvwasm_mrdn::{CHECKSUM_LEN, DecodeMode, HEADER_LEN, Tier};
@@ -32,6 +33,10 @@ pub struct Limits {
     pub io_timeout: Duration,
     /// Live handles per connection; a PUSH over it is refused.
     pub max_live_handles: usize,
+    /// Slowest a request may arrive, or a response be taken, past the I/O timeout: each must
+    /// be done within `io_timeout` + its length at this rate, so a client trickling bytes
+    /// (each gap under the I/O timeout) cannot hold a thread for longer.
+    pub min_bytes_per_s: u64,
 }
 
 impl Default for Limits {
@@ -42,6 +47,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             io_timeout: Duration::from_millis(30_000),
             max_live_handles: 1 << 20,
+            min_bytes_per_s: 1 << 20,
         }
     }
 }
@@ -231,7 +237,8 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
         .peer_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
     tracing::info!(%peer, "fabric connection from {peer}");
-    let mut conn = Connection::new(&stream, shared);
+    let timed = Timed::new(&stream);
+    let mut conn = Connection::new(&stream, &timed, shared);
     let result = conn.run();
     let t = conn.tally;
     let totals = shared.counters.snapshot();
@@ -253,6 +260,87 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
         total_chunk_bytes_stored = totals.chunk_bytes_stored,
         "fabric connection ended: {end}"
     );
+}
+
+/// One direction of a [`Timed`] socket: a stall limit per call and a deadline for the whole
+/// request or response under way.
+#[derive(Default)]
+struct Clock {
+    /// Longest one call may wait for the peer.
+    stall: Cell<Duration>,
+    /// When the request or response under way must be done, if one is.
+    by: Cell<Option<Instant>>,
+    /// The socket timeout as last set (saves a system call per read or write).
+    set: Cell<Option<Duration>>,
+}
+
+impl Clock {
+    /// Runs `call` with the socket timeout `apply` sets to the nearer of the stall limit and
+    /// the deadline; past the deadline, a timeout without calling.
+    fn run<T>(
+        &self,
+        apply: impl FnOnce(Option<Duration>) -> io::Result<()>,
+        call: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        let mut timeout = self.stall.get();
+        if let Some(by) = self.by.get() {
+            let left = by.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            timeout = timeout.min(left);
+        }
+        // A zero timeout is an error to the socket API: the shortest one instead.
+        let timeout = Some(timeout.max(Duration::from_millis(1)));
+        if self.set.get() != timeout {
+            apply(timeout)?;
+            self.set.set(timeout);
+        }
+        call()
+    }
+
+    /// From now on, calls may each wait `stall`, and must be done by `by`.
+    fn limit(&self, stall: Duration, by: Option<Instant>) {
+        self.stall.set(stall);
+        self.by.set(by);
+    }
+}
+
+/// A connection's socket under [`Clock`]s, read and written through `&Timed`.
+struct Timed<'a> {
+    stream: &'a TcpStream,
+    read: Clock,
+    write: Clock,
+}
+
+impl<'a> Timed<'a> {
+    fn new(stream: &'a TcpStream) -> Timed<'a> {
+        Timed {
+            stream,
+            read: Clock::default(),
+            write: Clock::default(),
+        }
+    }
+}
+
+impl Read for &Timed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut stream = self.stream;
+        self.read
+            .run(|t| stream.set_read_timeout(t), || stream.read(buf))
+    }
+}
+
+impl Write for &Timed<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut stream = self.stream;
+        self.write
+            .run(|t| stream.set_write_timeout(t), || stream.write(buf))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// What a live handle keeps: an answer as encoded, or what to read back for a PULL.
@@ -289,9 +377,9 @@ type Digest = [u8; kvwasm_mrdn::CHECKSUM_LEN];
 struct Connection<'a> {
     shared: &'a Shared,
     stream: &'a TcpStream,
-    reader: BufReader<&'a TcpStream>,
-    writer: BufWriter<&'a TcpStream>,
-    read_timeout: Option<Duration>,
+    timed: &'a Timed<'a>,
+    reader: BufReader<&'a Timed<'a>>,
+    writer: BufWriter<&'a Timed<'a>>,
     /// The number the next PUSH gets (refused or not).
     next_handle: u64,
     live: HashMap<u64, Kept>,
@@ -308,13 +396,13 @@ struct Connection<'a> {
 }
 
 impl<'a> Connection<'a> {
-    fn new(stream: &'a TcpStream, shared: &'a Shared) -> Connection<'a> {
+    fn new(stream: &'a TcpStream, timed: &'a Timed<'a>, shared: &'a Shared) -> Connection<'a> {
         Connection {
             shared,
             stream,
-            reader: BufReader::with_capacity(64 << 10, stream),
-            writer: BufWriter::with_capacity(64 << 10, stream),
-            read_timeout: None,
+            timed,
+            reader: BufReader::with_capacity(64 << 10, timed),
+            writer: BufWriter::with_capacity(64 << 10, timed),
             next_handle: 1,
             live: HashMap::new(),
             kept_answer_bytes: 0,
@@ -331,14 +419,17 @@ impl<'a> Connection<'a> {
         self.shared.counters.apply(event);
     }
 
-    fn set_read_timeout(&mut self, timeout: Duration) -> io::Result<()> {
-        // A zero timeout is an error to the socket API: the shortest one instead.
-        let timeout = timeout.max(Duration::from_millis(1));
-        if self.read_timeout != Some(timeout) {
-            self.stream.set_read_timeout(Some(timeout))?;
-            self.read_timeout = Some(timeout);
-        }
-        Ok(())
+    /// `now` + the I/O timeout + `len` bytes at the slowest rate allowed.
+    fn due(&self, len: usize) -> Instant {
+        let limits = &self.shared.limits;
+        let rate = limits.min_bytes_per_s.max(1) as f64;
+        Instant::now() + limits.io_timeout + Duration::from_secs_f64(len as f64 / rate)
+    }
+
+    /// Responses of `len` more bytes are owed: the client must take them in time.
+    fn owe(&self, len: usize) {
+        let io_timeout = self.shared.limits.io_timeout;
+        self.timed.write.limit(io_timeout, Some(self.due(len)));
     }
 
     /// Tells the client why the link ends (when it is a protocol fault), then ends it.
@@ -353,12 +444,10 @@ impl<'a> Connection<'a> {
                 .and_then(|()| self.writer.flush())
                 .and_then(|()| self.stream.shutdown(std::net::Shutdown::Write));
             if told.is_ok() {
-                let until = std::time::Instant::now() + LINGER;
+                self.timed.read.limit(LINGER, Some(Instant::now() + LINGER));
                 let mut sink = [0; 64 << 10];
-                while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
-                    let drained = self
-                        .set_read_timeout(left.max(Duration::from_millis(1)))
-                        .and_then(|()| self.reader.get_mut().read(&mut sink));
+                loop {
+                    let drained = self.reader.get_mut().read(&mut sink);
                     if !matches!(drained, Ok(1..)) {
                         break;
                     }
@@ -381,9 +470,8 @@ impl<'a> Connection<'a> {
         let (io_timeout, idle_timeout) = (limits.io_timeout, limits.idle_timeout);
         let max_frame = limits.max_frame_bytes;
         self.stream.set_nodelay(true)?;
-        self.stream
-            .set_write_timeout(Some(io_timeout.max(Duration::from_millis(1))))?;
-        self.set_read_timeout(io_timeout)?;
+        self.timed.read.limit(io_timeout, Some(self.due(0)));
+        self.owe(0);
         if let Err(e) = link::read_hello(&mut self.reader) {
             return self.fatal(e);
         }
@@ -392,15 +480,16 @@ impl<'a> Connection<'a> {
             if self.reader.buffer().is_empty() {
                 // About to wait for the client: what it is owed goes out first.
                 self.writer.flush()?;
-                self.set_read_timeout(idle_timeout)?;
+                self.timed.read.limit(idle_timeout, None);
                 match self.reader.fill_buf() {
                     Ok([]) => return Ok(()),
                     Ok(_) => {}
                     Err(e) if is_timeout(&e) => return Err(LinkError::Idle(idle_timeout)),
                     Err(e) => return Err(e.into()),
                 }
-                self.set_read_timeout(io_timeout)?;
             }
+            // The request has begun: all of it must come in time.
+            self.timed.read.limit(io_timeout, Some(self.due(0)));
             let request = match link::read_request(&mut self.reader, max_frame) {
                 Ok(Some(request)) => request,
                 Ok(None) => return Ok(()),
@@ -413,10 +502,14 @@ impl<'a> Connection<'a> {
             };
             match request {
                 Request::Push { frame_len } => {
+                    self.timed.read.by.set(Some(self.due(frame_len)));
                     link::read_frame(&mut self.reader, frame_len, &mut self.frame)?;
                     let handle = self.next_handle;
                     self.next_handle += 1;
-                    match self.push() {
+                    let pushed = self.push();
+                    // The store's time is not the client's: its clock starts at the response.
+                    self.owe(0);
+                    match pushed {
                         Ok(kept) => {
                             self.live.insert(handle, kept);
                             self.record(Event::FrameOk);
@@ -435,22 +528,31 @@ impl<'a> Connection<'a> {
                     }
                 }
                 Request::Pull { handle } => match self.pull(handle) {
-                    Ok(()) => link::write_frame(&mut self.writer, &self.out)?,
-                    Err((status, why)) => link::write_error(&mut self.writer, status, &why)?,
-                },
-                Request::Release { handle } => match self.live.remove(&handle) {
-                    Some(kept) => {
-                        if let Kept::Answer(frame) = kept {
-                            self.kept_answer_bytes -= frame.len();
-                        }
-                        link::write_ok(&mut self.writer)?;
+                    Ok(()) => {
+                        self.owe(self.out.len());
+                        link::write_frame(&mut self.writer, &self.out)?;
                     }
-                    None => link::write_error(
-                        &mut self.writer,
-                        Status::NotFound,
-                        &format!("no live handle {handle} on this connection"),
-                    )?,
+                    Err((status, why)) => {
+                        self.owe(0);
+                        link::write_error(&mut self.writer, status, &why)?;
+                    }
                 },
+                Request::Release { handle } => {
+                    self.owe(0);
+                    match self.live.remove(&handle) {
+                        Some(kept) => {
+                            if let Kept::Answer(frame) = kept {
+                                self.kept_answer_bytes -= frame.len();
+                            }
+                            link::write_ok(&mut self.writer)?;
+                        }
+                        None => link::write_error(
+                            &mut self.writer,
+                            Status::NotFound,
+                            &format!("no live handle {handle} on this connection"),
+                        )?,
+                    }
+                }
             }
         }
     }

@@ -484,6 +484,15 @@ fn connections_over_the_cap_are_refused_until_one_closes() {
     );
     drop(first);
     // The first connection's thread notices the close shortly; then a place is free.
+    assert!(
+        admitted_within(addr, Duration::from_secs(10)),
+        "the closed connection's place was never freed"
+    );
+    assert!(server.stats().connections >= 3);
+}
+
+/// Whether a new connection is admitted (its hello echoed) within `limit`, trying every 20 ms.
+fn admitted_within(addr: SocketAddr, limit: Duration) -> bool {
     let admitted = || {
         let mut next = Link::raw(addr);
         let mut echo = [0; 8];
@@ -491,15 +500,75 @@ fn connections_over_the_cap_are_refused_until_one_closes() {
             && next.0.read_exact(&mut echo).is_ok()
             && &echo == b"KVFL\x01\0\0\0"
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + limit;
     while !admitted() {
-        assert!(
-            Instant::now() < deadline,
-            "the closed connection's place was never freed"
-        );
+        if Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(server.stats().connections >= 3);
+    true
+}
+
+/// Runs `drip` on its own thread for at most 8 s (it returns false to stop early).
+fn dripping(mut drip: impl FnMut() -> bool + Send + 'static) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let until = Instant::now() + Duration::from_secs(8);
+        while Instant::now() < until && drip() {}
+    })
+}
+
+#[test]
+fn a_client_trickling_a_request_is_dropped_at_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        io_timeout: Duration::from_millis(300),
+        max_connections: 1,
+        ..Limits::default()
+    };
+    let (addr, _server) = start(dir.path(), limits);
+    // A 100 kB frame declared, then a byte every 100 ms: never a 300 ms stall, but the
+    // request is due 300 ms + 100 kB at 1 MiB/s after it began.
+    let mut link = Link::connect(addr);
+    link.send_request(1, 100_000, b"");
+    let drip = dripping(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        link.0.write_all(b"x").is_ok()
+    });
+    assert!(
+        admitted_within(addr, Duration::from_secs(5)),
+        "the trickling client kept the only place"
+    );
+    drip.join().unwrap();
+}
+
+#[test]
+fn a_client_trickling_a_response_out_is_dropped_at_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        io_timeout: Duration::from_millis(300),
+        max_connections: 1,
+        min_bytes_per_s: 64 << 20,
+        ..Limits::default()
+    };
+    let (addr, _server) = start(dir.path(), limits);
+    let mut link = Link::connect(addr);
+    let handle = link
+        .push(&chunk_frame(b"big", &pattern(32 << 20, 8)))
+        .unwrap();
+    // 16 KiB every 10 ms: the 32 MiB reply takes ~20 s, but is due 300 ms + 0.5 s after it
+    // was framed.
+    link.send_request(2, u64::from_le_bytes(handle.try_into().unwrap()), b"");
+    let mut buf = vec![0; 16 << 10];
+    let drip = dripping(move || {
+        std::thread::sleep(Duration::from_millis(10));
+        matches!(link.0.read(&mut buf), Ok(1..))
+    });
+    assert!(
+        admitted_within(addr, Duration::from_secs(5)),
+        "the trickling client kept the only place"
+    );
+    drip.join().unwrap();
 }
 
 #[test]
