@@ -22,7 +22,8 @@ use crate::link::{self, LinkError, Request, Status};
 #[derive(Debug, Clone)]
 pub struct Limits {
     /// Largest frame a PUSH may carry; a larger one is refused and its connection closed
-    /// (`--max-frame-mib`). Also caps the answer bytes a connection keeps unreleased.
+    /// (`--max-frame-mib`). Also caps what a connection keeps under unreleased handles
+    /// (answers, hashes, names, each plus 64 bytes).
     pub max_frame_bytes: usize,
     /// Connections served at once; more are refused at once (`--max-connections`).
     pub max_connections: usize,
@@ -350,6 +351,22 @@ enum Kept {
     Manifest { tier: Tier, name: String },
 }
 
+/// What a kept handle costs besides its bytes (its map entry, its allocation), so that many
+/// small ones count too.
+const KEPT_OVERHEAD: usize = 64;
+
+impl Kept {
+    /// What it counts against the connection's budget ([`Limits::max_frame_bytes`]).
+    fn cost(&self) -> usize {
+        KEPT_OVERHEAD
+            + match self {
+                Kept::Answer(frame) => frame.len(),
+                Kept::Chunk { hash, .. } => hash.len(),
+                Kept::Manifest { name, .. } => name.len(),
+            }
+    }
+}
+
 /// Why a PUSH or PULL was not done; answered to the client, the connection goes on.
 type Refusal = (Status, String);
 
@@ -383,7 +400,8 @@ struct Connection<'a> {
     /// The number the next PUSH gets (refused or not).
     next_handle: u64,
     live: HashMap<u64, Kept>,
-    kept_answer_bytes: usize,
+    /// The [`Kept::cost`] of every live handle.
+    kept_bytes: usize,
     /// Chunks known present: stored on this connection or answered present to it.
     present: HashSet<Digest>,
     /// Some PUSH was refused or failed: manifests are refused from now on.
@@ -405,7 +423,7 @@ impl<'a> Connection<'a> {
             writer: BufWriter::with_capacity(64 << 10, timed),
             next_handle: 1,
             live: HashMap::new(),
-            kept_answer_bytes: 0,
+            kept_bytes: 0,
             present: HashSet::new(),
             poisoned: false,
             frame: Vec::new(),
@@ -511,6 +529,7 @@ impl<'a> Connection<'a> {
                     self.owe(0);
                     match pushed {
                         Ok(kept) => {
+                            self.kept_bytes += kept.cost();
                             self.live.insert(handle, kept);
                             self.record(Event::FrameOk);
                             link::write_handle(&mut self.writer, handle)?;
@@ -541,9 +560,7 @@ impl<'a> Connection<'a> {
                     self.owe(0);
                     match self.live.remove(&handle) {
                         Some(kept) => {
-                            if let Kept::Answer(frame) = kept {
-                                self.kept_answer_bytes -= frame.len();
-                            }
+                            self.kept_bytes -= kept.cost();
                             link::write_ok(&mut self.writer)?;
                         }
                         None => link::write_error(
@@ -581,12 +598,7 @@ impl<'a> Connection<'a> {
         match message {
             Message::Query(query) => {
                 let len = HEADER_LEN + handoff::answer_len(query.len());
-                let max = shared.limits.max_frame_bytes;
-                if self.kept_answer_bytes + len > max {
-                    return Err(refused(format!(
-                        "unreleased answers on this connection would exceed {max} bytes"
-                    )));
-                }
+                self.room(len)?;
                 let present = self.presence(query)?;
                 let checksum = bytes[HEADER_LEN - CHECKSUM_LEN..HEADER_LEN]
                     .try_into()
@@ -595,11 +607,11 @@ impl<'a> Connection<'a> {
                 sealed(frame.tier, &mut answer, |body| {
                     handoff::encode_answer(checksum, present.len(), |i| present[i], body)
                 })?;
-                self.kept_answer_bytes += answer.len();
                 self.record(Event::Query);
                 Ok(Kept::Answer(answer))
             }
             Message::Chunk { hash, data } => {
+                self.room(hash.len())?;
                 let already = store.put_chunk(hash, data).map_err(failed("put_chunk"))?;
                 if !already {
                     self.record(Event::ChunkStored(data.len() as u64));
@@ -614,6 +626,7 @@ impl<'a> Connection<'a> {
                 if self.poisoned {
                     return Err(refused("an earlier frame on this connection failed"));
                 }
+                self.room(name.len())?;
                 // Whatever the sender's fabric claimed, every chunk must be here first.
                 let present = self.presence(chunks)?;
                 if let Some(i) = present.iter().position(|&p| !p) {
@@ -635,6 +648,19 @@ impl<'a> Connection<'a> {
             }
             Message::Answer(_) => Err(refused("an answer (KVA1) is not a request")),
         }
+    }
+
+    /// Refused unless a handle keeping `len` more bytes fits the connection's budget: checked
+    /// before acting, so nothing is stored for a PUSH refused over it.
+    fn room(&self, len: usize) -> Result<(), Refusal> {
+        let max = self.shared.limits.max_frame_bytes;
+        if self.kept_bytes + KEPT_OVERHEAD + len > max {
+            return Err(refused(format!(
+                "unreleased handles on this connection would keep more than {max} bytes; \
+                 release some"
+            )));
+        }
+        Ok(())
     }
 
     /// Remembers `hash` as present, while there is room.

@@ -847,35 +847,54 @@ fn a_query_repeating_one_hash_reads_it_once() {
 }
 
 #[test]
-fn live_handles_and_unreleased_answers_are_capped_per_connection() {
+fn live_handles_and_what_they_keep_are_capped_per_connection() {
     let dir = tempfile::tempdir().unwrap();
     let limits = Limits {
         max_live_handles: 3,
-        max_frame_bytes: 130,
+        max_frame_bytes: 300,
         ..Limits::default()
     };
     let (addr, _server) = start(dir.path(), limits);
+    let over = "unreleased handles on this connection would keep more than 300 bytes; release some";
     let mut link = Link::connect(addr);
     let mut query = Vec::new();
     handoff::encode_query([&b"q"[..]].into_iter(), &mut query).unwrap();
-    let query = frame(&query); // its answer frame is 57 bytes
-    assert!(link.push(&query).is_ok());
-    assert!(link.push(&query).is_ok());
-    let (status, message) = link.push(&query).unwrap_err();
-    assert_eq!(status, REFUSED);
+    // Each handle costs 64 bytes plus what it keeps: an answer frame (57 bytes), a hash.
+    let query = frame(&query);
+    assert!(link.push(&query).is_ok()); // 121
+    assert!(link.push(&query).is_ok()); // 242
+    assert_eq!(link.push(&query), Err((REFUSED, over.to_owned())));
+    link.release(1).unwrap(); // 121
     assert_eq!(
-        message,
-        "unreleased answers on this connection would exceed 130 bytes"
+        link.push(&chunk_frame(&[b'c'; 64], b"")).unwrap(), // 249
+        4u64.to_le_bytes()
     );
-    link.release(1).unwrap();
-    assert_eq!(link.push(&query).unwrap(), 4u64.to_le_bytes());
-    assert!(link.push(&chunk_frame(b"c", b"")).is_ok()); // 3 live: 2, 4, 5
-    let (status, message) = link.push(&chunk_frame(b"d", b"")).unwrap_err();
+    assert_eq!(
+        link.push(&chunk_frame(b"d", b"")),
+        Err((REFUSED, over.to_owned()))
+    );
+    assert!(absent(&open(dir.path()), b"d"), "refused before storing");
+    link.release(4).unwrap(); // 121
+    assert!(link.push(&chunk_frame(b"d", b"")).is_ok()); // 186
+    assert!(link.push(&chunk_frame(b"e", b"")).is_ok()); // 251, 3 live
+    let (status, message) = link.push(&chunk_frame(b"f", b"")).unwrap_err();
     assert_eq!(status, REFUSED);
     assert_eq!(message, "3 live handles on this connection; release some");
-    link.release(5).unwrap();
+    link.release(2).unwrap();
     assert_eq!(
-        link.push(&chunk_frame(b"d", b"")).unwrap(),
-        7u64.to_le_bytes()
+        link.push(&chunk_frame(b"f", b"")).unwrap(),
+        9u64.to_le_bytes()
     );
+    // A manifest's name counts too.
+    let mut link = Link::connect(addr);
+    assert!(
+        link.push(&manifest_frame(&"n".repeat(200), &[], b""))
+            .is_ok()
+    ); // 264
+    assert_eq!(
+        link.push(&chunk_frame(b"g", b"")),
+        Err((REFUSED, over.to_owned()))
+    );
+    link.release(1).unwrap();
+    assert!(link.push(&chunk_frame(b"g", b"")).is_ok());
 }
