@@ -458,6 +458,7 @@ impl<'a> Connection<'a> {
     /// [`LINGER`]: a client writing a frame it cannot finish reads why instead of a reset.
     fn fatal(&mut self, error: LinkError) -> Result<(), LinkError> {
         if let Some(status) = error.status() {
+            self.owe(0);
             let told = link::write_error(&mut self.writer, status, &error.to_string())
                 .and_then(|()| self.writer.flush())
                 .and_then(|()| self.stream.shutdown(std::net::Shutdown::Write));

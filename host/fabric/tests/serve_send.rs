@@ -382,6 +382,28 @@ fn an_oversized_push_is_refused_unread_and_the_connection_closed() {
 }
 
 #[test]
+fn a_protocol_fault_after_a_quiet_spell_is_still_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        io_timeout: Duration::from_millis(200),
+        ..Limits::default()
+    };
+    let (addr, _server) = start(dir.path(), limits);
+    let mut link = Link::connect(addr);
+    link.push(&chunk_frame(b"k", b"v")).unwrap();
+    // Longer than the I/O timeout, well within the idle one: the last response's deadline is
+    // long past when the fault is answered.
+    std::thread::sleep(Duration::from_millis(600));
+    link.send_request(9, 0, b"");
+    let (status, message) = link.read_reply(Some(0)).unwrap_err();
+    assert_eq!(
+        (status, message.as_str()),
+        (REFUSED, "unknown request op 9")
+    );
+    assert!(link.closed());
+}
+
+#[test]
 fn handles_count_pushes_in_order_and_answers_come_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let (addr, _server) = start(dir.path(), Limits::default());
