@@ -34,7 +34,7 @@ pub struct Limits {
     pub io_timeout: Duration,
     /// Live handles per connection; a PUSH over it is refused.
     pub max_live_handles: usize,
-    /// Slowest a request may arrive, or a response be taken, past the I/O timeout: each must
+    /// Slowest a request may arrive, or a response be taken (`--min-kib-per-s`): each must
     /// be done within `io_timeout` + its length at this rate, so a client trickling bytes
     /// (each gap under the I/O timeout) cannot hold a thread for longer.
     pub min_bytes_per_s: u64,
