@@ -46,6 +46,10 @@ struct ServeArgs {
     /// Close a connection stalled this long inside a request (or not reading responses).
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
     io_timeout_ms: u64,
+    /// Slowest a request may arrive or a response be read: each must be done within the I/O
+    /// timeout plus its length at this rate.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    min_kib_per_s: u64,
 }
 
 /// Send a slot: ask the receiver which chunks it lacks, send those, then the manifest, over
@@ -101,6 +105,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections as usize,
         idle_timeout: Duration::from_secs(args.idle_timeout_s),
         io_timeout: Duration::from_millis(args.io_timeout_ms),
+        min_bytes_per_s: args.min_kib_per_s << 10,
         ..Limits::default()
     };
     let server = Server::bind(&args.listen, store, limits)

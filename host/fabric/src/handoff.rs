@@ -2,16 +2,23 @@
 //!
 //! | magic  | message  | layout after the magic                                          |
 //! |--------|----------|-----------------------------------------------------------------|
-//! | `KVQ1` | query    | u32 count (≤ 2^20), count × (u8 hash_len 1..=64, hash)          |
-//! | `KVA1` | answer   | u32 count (≤ 2^20), ceil(count/8) bytes bitmap, LSB first       |
+//! | `KVQ1` | query    | hash list: u32 count (≤ 2^20), count × (u8 hash_len 1..=64, hash) |
+//! | `KVA1` | answer   | 16-byte checksum of the query's frame, u32 count (≤ 2^20), ceil(count/8) bytes bitmap, LSB first |
 //! | `KVC1` | chunk    | u8 hash_len 1..=64, hash, the chunk bytes (the rest, may be empty) |
-//! | `KVM1` | manifest | u16 name_len 1..=255, UTF-8 name, the manifest bytes (the rest) |
+//! | `KVM1` | manifest | u16 name_len 1..=255, UTF-8 name, hash list (the chunks it names), the manifest bytes (the rest) |
+//!
+//! A manifest lists its chunks so that the receiver, not the sending fabric, decides whether
+//! they are all there: a fabric guest can forge a valid "all present" answer (it can compute
+//! Blake3 too), and the receiver must still never publish a manifest whose chunks it lacks. An
+//! answer names the query it answers (the query frame's checksum), so a fabric cannot hand
+//! the sender one query's answer for another's.
 //!
 //! Integers are little-endian. Parsing is strict and total: every byte of the body is accounted
 //! for (no trailing bytes after a query or answer, no set bits past an answer's count), so two
 //! different bodies never parse to the same message. Encoders append to a caller's `Vec`, so a
 //! sender frames every chunk in one reused buffer.
 
+use kvwasm_mrdn::CHECKSUM_LEN;
 use thiserror::Error;
 
 /// Magic of a query: which of these hashes does the receiver hold?
@@ -84,7 +91,7 @@ pub enum MessageError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Message<'a> {
     /// `KVQ1`.
-    Query(Query<'a>),
+    Query(Hashes<'a>),
     /// `KVA1`.
     Answer(Answer<'a>),
     /// `KVC1`.
@@ -98,26 +105,28 @@ pub enum Message<'a> {
     Manifest {
         /// The manifest's name (1..=255 bytes).
         name: &'a str,
+        /// The chunks the manifest depends on.
+        chunks: Hashes<'a>,
         /// The manifest's bytes.
         data: &'a [u8],
     },
 }
 
-/// A validated query: its hashes, in order.
+/// A validated hash list (of a query or a manifest): its hashes, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Query<'a> {
+pub struct Hashes<'a> {
     count: usize,
     /// The entries (u8 length + hash each), already checked.
     entries: &'a [u8],
 }
 
-impl<'a> Query<'a> {
-    /// How many hashes the query lists.
+impl<'a> Hashes<'a> {
+    /// How many hashes the list holds.
     pub fn len(&self) -> usize {
         self.count
     }
 
-    /// Whether it lists none.
+    /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
         self.count == 0
     }
@@ -137,11 +146,17 @@ impl<'a> Query<'a> {
 /// A validated answer: bit i says whether the receiver holds the query's hash i.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Answer<'a> {
+    query: &'a [u8; CHECKSUM_LEN],
     count: usize,
     bitmap: &'a [u8],
 }
 
-impl Answer<'_> {
+impl<'a> Answer<'a> {
+    /// The checksum of the query frame this answers (its MRDN header's checksum field).
+    pub fn query(&self) -> &'a [u8; CHECKSUM_LEN] {
+        self.query
+    }
+
     /// How many hashes the answer covers.
     pub fn len(&self) -> usize {
         self.count
@@ -203,6 +218,17 @@ impl<'a> Cursor<'a> {
         self.take(len, "hash")
     }
 
+    /// A hash list: u32 count, then count × (u8 length, hash).
+    fn hashes(&mut self) -> Result<Hashes<'a>, MessageError> {
+        let count = self.count()?;
+        let entries = self.0;
+        for _ in 0..count {
+            self.hash()?;
+        }
+        let entries = &entries[..entries.len() - self.0.len()];
+        Ok(Hashes { count, entries })
+    }
+
     fn end(self) -> Result<(), MessageError> {
         match self.0.len() {
             0 => Ok(()),
@@ -229,23 +255,26 @@ pub fn parse(body: &[u8]) -> Result<Message<'_>, MessageError> {
     let mut cur = Cursor(rest);
     match *magic {
         QUERY_MAGIC => {
-            let count = cur.count()?;
-            let entries = cur.0;
-            for _ in 0..count {
-                cur.hash()?;
-            }
-            let entries = &entries[..entries.len() - cur.0.len()];
+            let hashes = cur.hashes()?;
             cur.end()?;
-            Ok(Message::Query(Query { count, entries }))
+            Ok(Message::Query(hashes))
         }
         ANSWER_MAGIC => {
+            let query = cur
+                .take(CHECKSUM_LEN, "query checksum")?
+                .try_into()
+                .expect("CHECKSUM_LEN bytes");
             let count = cur.count()?;
             let bitmap = cur.take(count.div_ceil(8), "bitmap")?;
             cur.end()?;
             if count % 8 != 0 && bitmap[count / 8] >> (count % 8) != 0 {
                 return Err(MessageError::BitmapPadding);
             }
-            Ok(Message::Answer(Answer { count, bitmap }))
+            Ok(Message::Answer(Answer {
+                query,
+                count,
+                bitmap,
+            }))
         }
         CHUNK_MAGIC => {
             let hash = cur.hash()?;
@@ -256,7 +285,12 @@ pub fn parse(body: &[u8]) -> Result<Message<'_>, MessageError> {
             check_name_len(len)?;
             let name = std::str::from_utf8(cur.take(len, "name")?)
                 .map_err(|_| MessageError::NameNotUtf8)?;
-            Ok(Message::Manifest { name, data: cur.0 })
+            let chunks = cur.hashes()?;
+            Ok(Message::Manifest {
+                name,
+                chunks,
+                data: cur.0,
+            })
         }
         _ => Err(MessageError::UnknownKind {
             found: magic.to_vec(),
@@ -279,36 +313,54 @@ fn check_count(count: usize) -> Result<u32, MessageError> {
     Ok(count as u32)
 }
 
+/// The encoded length of a hash list, checked; nothing is written.
+fn hashes_len<'h>(hashes: impl ExactSizeIterator<Item = &'h [u8]>) -> Result<usize, MessageError> {
+    check_count(hashes.len())?;
+    let mut len = 4;
+    for hash in hashes {
+        check_hash_len(hash.len())?;
+        len += 1 + hash.len();
+    }
+    Ok(len)
+}
+
+/// Appends a hash list already checked by [`hashes_len`].
+fn put_hashes<'h>(hashes: impl ExactSizeIterator<Item = &'h [u8]>, out: &mut Vec<u8>) {
+    out.extend_from_slice(&(hashes.len() as u32).to_le_bytes());
+    for hash in hashes {
+        out.push(hash.len() as u8);
+        out.extend_from_slice(hash);
+    }
+}
+
 /// Appends a query listing `hashes` to `out`. Nothing is appended on error.
 pub fn encode_query<'h>(
     hashes: impl ExactSizeIterator<Item = &'h [u8]> + Clone,
     out: &mut Vec<u8>,
 ) -> Result<(), MessageError> {
-    let count = check_count(hashes.len())?;
-    let mut len = 8;
-    for hash in hashes.clone() {
-        check_hash_len(hash.len())?;
-        len += 1 + hash.len();
-    }
-    out.reserve(len);
+    out.reserve(4 + hashes_len(hashes.clone())?);
     out.extend_from_slice(&QUERY_MAGIC);
-    out.extend_from_slice(&count.to_le_bytes());
-    for hash in hashes {
-        out.push(hash.len() as u8);
-        out.extend_from_slice(hash);
-    }
+    put_hashes(hashes, out);
     Ok(())
 }
 
-/// Appends an answer of `count` bits, bit i = `has(i)`, to `out`.
+/// Bytes of the body of an answer of `count` bits.
+pub fn answer_len(count: usize) -> usize {
+    8 + CHECKSUM_LEN + count.div_ceil(8)
+}
+
+/// Appends the answer to the query framed with checksum `query`: `count` bits, bit i =
+/// `has(i)`.
 pub fn encode_answer(
+    query: &[u8; CHECKSUM_LEN],
     count: usize,
     mut has: impl FnMut(usize) -> bool,
     out: &mut Vec<u8>,
 ) -> Result<(), MessageError> {
     let count32 = check_count(count)?;
-    out.reserve(8 + count.div_ceil(8));
+    out.reserve(answer_len(count));
     out.extend_from_slice(&ANSWER_MAGIC);
+    out.extend_from_slice(query);
     out.extend_from_slice(&count32.to_le_bytes());
     let start = out.len();
     out.resize(start + count.div_ceil(8), 0);
@@ -331,13 +383,20 @@ pub fn encode_chunk(hash: &[u8], data: &[u8], out: &mut Vec<u8>) -> Result<(), M
     Ok(())
 }
 
-/// Appends a manifest message to `out`.
-pub fn encode_manifest(name: &str, data: &[u8], out: &mut Vec<u8>) -> Result<(), MessageError> {
+/// Appends a manifest message to `out`: its name, the chunks it names, its bytes. Nothing is
+/// appended on error.
+pub fn encode_manifest<'h>(
+    name: &str,
+    chunks: impl ExactSizeIterator<Item = &'h [u8]> + Clone,
+    data: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), MessageError> {
     check_name_len(name.len())?;
-    out.reserve(6 + name.len() + data.len());
+    out.reserve(6 + name.len() + hashes_len(chunks.clone())? + data.len());
     out.extend_from_slice(&MANIFEST_MAGIC);
     out.extend_from_slice(&(name.len() as u16).to_le_bytes());
     out.extend_from_slice(name.as_bytes());
+    put_hashes(chunks, out);
     out.extend_from_slice(data);
     Ok(())
 }
@@ -345,6 +404,14 @@ pub fn encode_manifest(name: &str, data: &[u8], out: &mut Vec<u8>) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A query checksum for the answers here.
+    const Q: [u8; CHECKSUM_LEN] = [0xaa; CHECKSUM_LEN];
+
+    /// `KVA1`, [`Q`], then `rest`.
+    fn answer_body(rest: &[u8]) -> Vec<u8> {
+        [&b"KVA1"[..], &Q, rest].concat()
+    }
 
     fn query(hashes: &[&[u8]]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -368,11 +435,13 @@ mod tests {
     #[test]
     fn answer_bits_are_lsb_first() {
         let mut body = Vec::new();
-        encode_answer(10, |i| i == 0 || i == 9, &mut body).unwrap();
-        assert_eq!(body, b"KVA1\x0a\x00\x00\x00\x01\x02");
+        encode_answer(&Q, 10, |i| i == 0 || i == 9, &mut body).unwrap();
+        assert_eq!(body, answer_body(b"\x0a\x00\x00\x00\x01\x02"));
+        assert_eq!(body.len(), answer_len(10));
         let Message::Answer(a) = parse(&body).unwrap() else {
             panic!("not an answer")
         };
+        assert_eq!(a.query(), &Q);
         let bits: Vec<bool> = (0..11).map(|i| a.has(i)).collect();
         assert_eq!(
             bits,
@@ -395,20 +464,18 @@ mod tests {
             }
         );
         body.clear();
-        encode_manifest("slot", b"m\x00", &mut body).unwrap();
-        assert_eq!(body, b"KVM1\x04\x00slotm\x00");
-        assert_eq!(
-            parse(&body).unwrap(),
-            Message::Manifest {
-                name: "slot",
-                data: b"m\x00"
-            }
-        );
+        encode_manifest("slot", [&b"h1"[..], b"h"].into_iter(), b"m\x00", &mut body).unwrap();
+        assert_eq!(body, b"KVM1\x04\x00slot\x02\x00\x00\x00\x02h1\x01hm\x00");
+        let Message::Manifest { name, chunks, data } = parse(&body).unwrap() else {
+            panic!("not a manifest")
+        };
+        assert_eq!((name, data), ("slot", &b"m\x00"[..]));
+        assert_eq!(chunks.hashes().collect::<Vec<_>>(), [&b"h1"[..], b"h"]);
     }
 
     #[test]
     fn every_malformed_body_has_its_error() {
-        let cases: [(&[u8], MessageError); 12] = [
+        let cases: [(&[u8], MessageError); 14] = [
             (
                 b"KV",
                 MessageError::UnknownKind {
@@ -453,16 +520,45 @@ mod tests {
                 b"KVQ1\x00\x00\x00\x00z",
                 MessageError::TrailingBytes { count: 1 },
             ),
-            (b"KVA1\x03\x00\x00\x00\x08", MessageError::BitmapPadding),
             (
-                b"KVA1\x08\x00\x00\x00\x01\x00",
-                MessageError::TrailingBytes { count: 1 },
+                b"KVA1\x01\x00\x00\x00\x01",
+                MessageError::Truncated {
+                    what: "query checksum",
+                    needed: 16,
+                    available: 5,
+                },
             ),
             (b"KVM1\x00\x00", MessageError::BadNameLen { len: 0 }),
             (b"KVM1\x02\x00\xff\xfe", MessageError::NameNotUtf8),
+            (
+                b"KVM1\x01\x00n\x01\x00",
+                MessageError::Truncated {
+                    what: "count",
+                    needed: 4,
+                    available: 2,
+                },
+            ),
+            (
+                b"KVM1\x01\x00n\x02\x00\x00\x00\x01a\x00",
+                MessageError::BadHashLen { len: 0 },
+            ),
+            (
+                b"KVM1\x01\x00n\x01\x00\x10\x00",
+                MessageError::TooManyHashes { count: 0x10_0001 },
+            ),
         ];
         for (body, error) in cases {
             assert_eq!(parse(body), Err(error), "{body:02x?}");
+        }
+        let answers = [
+            (&b"\x03\x00\x00\x00\x08"[..], MessageError::BitmapPadding),
+            (
+                b"\x08\x00\x00\x00\x01\x00",
+                MessageError::TrailingBytes { count: 1 },
+            ),
+        ];
+        for (rest, error) in answers {
+            assert_eq!(parse(&answer_body(rest)), Err(error), "{rest:02x?}");
         }
         assert_eq!(parse(b"KVC1\x00"), Err(MessageError::BadHashLen { len: 0 }));
     }
@@ -481,11 +577,15 @@ mod tests {
             Err(MessageError::BadHashLen { len: 0 })
         );
         assert_eq!(
-            encode_manifest(&"n".repeat(256), b"", &mut out),
+            encode_manifest(&"n".repeat(256), std::iter::empty(), b"", &mut out),
             Err(MessageError::BadNameLen { len: 256 })
         );
         assert_eq!(
-            encode_answer(MAX_QUERY_HASHES + 1, |_| true, &mut out),
+            encode_manifest("n", [&long[..]].into_iter(), b"", &mut out),
+            Err(MessageError::BadHashLen { len: 65 })
+        );
+        assert_eq!(
+            encode_answer(&Q, MAX_QUERY_HASHES + 1, |_| true, &mut out),
             Err(MessageError::TooManyHashes {
                 count: MAX_QUERY_HASHES + 1
             })
@@ -513,7 +613,7 @@ mod tests {
             #[test]
             fn answers_round_trip(bits in proptest::collection::vec(any::<bool>(), 0..100)) {
                 let mut body = Vec::new();
-                encode_answer(bits.len(), |i| bits[i], &mut body).unwrap();
+                encode_answer(&[7; CHECKSUM_LEN], bits.len(), |i| bits[i], &mut body).unwrap();
                 let Message::Answer(a) = parse(&body).unwrap() else { panic!("not an answer") };
                 prop_assert_eq!(a.len(), bits.len());
                 prop_assert_eq!((0..bits.len()).map(|i| a.has(i)).collect::<Vec<_>>(), bits);
@@ -522,6 +622,7 @@ mod tests {
             #[test]
             fn chunks_and_manifests_round_trip(
                 hash in hash(),
+                listed in proptest::collection::vec(hash(), 0..10),
                 name in "[a-z\u{e9}/]{1,60}",
                 data in proptest::collection::vec(any::<u8>(), 0..300),
             ) {
@@ -529,8 +630,12 @@ mod tests {
                 encode_chunk(&hash, &data, &mut body).unwrap();
                 prop_assert_eq!(parse(&body).unwrap(), Message::Chunk { hash: &hash, data: &data });
                 body.clear();
-                encode_manifest(&name, &data, &mut body).unwrap();
-                prop_assert_eq!(parse(&body).unwrap(), Message::Manifest { name: &name, data: &data });
+                encode_manifest(&name, listed.iter().map(Vec::as_slice), &data, &mut body).unwrap();
+                let Message::Manifest { name: got, chunks, data: got_data } = parse(&body).unwrap() else {
+                    panic!("not a manifest")
+                };
+                prop_assert_eq!((got, got_data), (name.as_str(), data.as_slice()));
+                prop_assert_eq!(chunks.hashes().map(<[u8]>::to_vec).collect::<Vec<_>>(), listed);
             }
 
             /// Any bytes, and any bytes behind a valid magic: an error or a message, never a
@@ -548,9 +653,11 @@ mod tests {
                     let mut again = Vec::new();
                     match message {
                         Message::Query(q) => encode_query(q.hashes().collect::<Vec<_>>().into_iter(), &mut again),
-                        Message::Answer(a) => encode_answer(a.len(), |i| a.has(i), &mut again),
+                        Message::Answer(a) => encode_answer(a.query(), a.len(), |i| a.has(i), &mut again),
                         Message::Chunk { hash, data } => encode_chunk(hash, data, &mut again),
-                        Message::Manifest { name, data } => encode_manifest(name, data, &mut again),
+                        Message::Manifest { name, chunks, data } => encode_manifest(
+                            name, chunks.hashes().collect::<Vec<_>>().into_iter(), data, &mut again,
+                        ),
                     }.unwrap();
                     prop_assert_eq!(again, body);
                 }

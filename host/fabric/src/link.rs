@@ -103,8 +103,11 @@ pub enum LinkError {
     /// No request came for the idle timeout.
     #[error("idle for more than {0:?} (--idle-timeout-s)")]
     Idle(Duration),
-    /// The client stopped inside a request, or stopped reading responses, for the I/O timeout.
-    #[error("stalled for more than {0:?} in a request or a response (--io-timeout-ms)")]
+    /// The client stopped inside a request, or stopped reading responses, for the I/O timeout,
+    /// or sent a request or took a response slower than the server allows.
+    #[error(
+        "stalled for more than {0:?}, or too slow, in a request or a response (--io-timeout-ms)"
+    )]
     Stalled(Duration),
     /// The socket failed or closed mid-request.
     #[error("link I/O: {0}")]

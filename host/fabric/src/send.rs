@@ -3,20 +3,22 @@
 //! receiver lacks (docs/fabric-handoff.md):
 //!
 //! 1. read the manifest; its chunk list is the demo manifest's keys, or a given list;
-//! 2. ask which chunks the receiver holds (KVQ1 → KVA1);
+//! 2. ask which chunks the receiver holds (KVQ1 → KVA1, each answer naming its query);
 //! 3. prefetch and send each missing chunk (KVC1), releasing each handle at once;
-//! 4. send the manifest (KVM1) and read it back: responses come in order, so this also surfaces
-//!    any earlier refused chunk;
+//! 4. send the manifest (KVM1, listing its chunks, so the receiver refuses it unless it holds
+//!    them all, whatever the answers said) and read it back: responses come in order, so this
+//!    also surfaces any earlier refused chunk;
 //! 5. report what was sent.
 //!
 //! Every frame is encoded into one reused buffer, and every frame pulled back is decoded
-//! strictly here, whatever the transport already checked.
+//! strictly here, whatever the transport already checked. A send that fails releases every
+//! handle it still holds, so a long-lived fabric does not fill up with a failed send's frames.
 
 use std::collections::HashSet;
 use std::time::Instant;
 
 use kvwasm_host::{KvError, StoreHandle};
-use kvwasm_mrdn::{DecodeError, DecodeMode, EncodeError, HEADER_LEN, Tier};
+use kvwasm_mrdn::{CHECKSUM_LEN, DecodeError, DecodeMode, EncodeError, HEADER_LEN, Tier};
 use thiserror::Error;
 
 use crate::handoff::{self, Message, MessageError};
@@ -247,10 +249,10 @@ pub fn send<T: Transport>(
         .collect();
 
     let mut buf = Vec::new();
-    let mut frame_bytes = 0u64;
-    let mut push = |buf: &Vec<u8>, step| {
-        frame_bytes += buf.len() as u64;
-        fabric.push(buf).map_err(net(step))
+    let mut live = Live {
+        fabric,
+        handles: Vec::new(),
+        frame_bytes: 0,
     };
 
     // 2. Ask: every query is pushed before the first answer is pulled.
@@ -259,56 +261,77 @@ pub fn send<T: Transport>(
         frame(&mut buf, tier, "query", |body| {
             handoff::encode_query(batch.iter().map(Vec::as_slice), body)
         })?;
-        queries.push((batch.len(), push(&buf, "push query")?));
+        let checksum: [u8; CHECKSUM_LEN] = buf[HEADER_LEN - CHECKSUM_LEN..HEADER_LEN]
+            .try_into()
+            .expect("CHECKSUM_LEN bytes");
+        queries.push((batch.len(), checksum, live.push(&buf, "push query")?));
     }
     let mut held = Vec::with_capacity(hashes.len());
-    for (len, handle) in queries {
+    for (len, checksum, handle) in queries {
         let reply = fabric.pull(handle).map_err(net("pull answer"))?;
         match parse_reply(&reply, "pull answer")? {
+            Message::Answer(answer) if answer.query() != &checksum => {
+                return Err(SendError::BadReply {
+                    step: "pull answer",
+                    why: format!(
+                        "an answer to another query (checksum {}, expected {})",
+                        hex::encode(answer.query()),
+                        hex::encode(checksum)
+                    ),
+                });
+            }
             Message::Answer(answer) if answer.len() == len => {
                 held.extend((0..len).map(|i| answer.has(i)));
             }
             other => return Err(bad_reply("pull answer", &other, "an answer for the query")),
         }
-        fabric.release(handle).map_err(net("release answer"))?;
+        live.release(handle, "release answer")?;
     }
     let chunks = hashes.len();
-    let missing: Vec<Vec<u8>> = hashes
-        .into_iter()
+    let missing: Vec<&[u8]> = hashes
+        .iter()
         .zip(held)
-        .filter_map(|(hash, held)| (!held).then_some(hash))
+        .filter_map(|(hash, held)| (!held).then_some(hash.as_slice()))
         .collect();
 
     // 3. Send what is missing.
     let mut chunk_bytes_sent = 0u64;
     for batch in missing.chunks(PREFETCH_BATCH) {
+        let owned: Vec<Vec<u8>> = batch.iter().map(|h| h.to_vec()).collect();
         source
-            .prefetch_chunks(batch)
+            .prefetch_chunks(&owned)
             .map_err(src("prefetch_chunks"))?;
         for hash in batch {
             let data = source.get_chunk(hash).map_err(src("get_chunk"))?;
             frame(&mut buf, tier, "chunk", |body| {
                 handoff::encode_chunk(hash, data.as_slice(), body)
             })?;
-            let handle = push(&buf, "push chunk")?;
-            fabric.release(handle).map_err(net("release chunk"))?;
+            let handle = live.push(&buf, "push chunk")?;
+            live.release(handle, "release chunk")?;
             chunk_bytes_sent += data.len() as u64;
         }
     }
 
-    // 4. The manifest, read back.
+    // 4. The manifest, listing its chunks, read back.
     frame(&mut buf, tier, "manifest", |body| {
-        handoff::encode_manifest(name, manifest.as_slice(), body)
+        handoff::encode_manifest(
+            name,
+            hashes.iter().map(Vec::as_slice),
+            manifest.as_slice(),
+            body,
+        )
     })?;
-    let handle = push(&buf, "push manifest")?;
+    let handle = live.push(&buf, "push manifest")?;
     let reply = fabric.pull(handle).map_err(net("pull manifest"))?;
     match parse_reply(&reply, "pull manifest")? {
-        Message::Manifest { name: got, data } if got == name && data == manifest.as_slice() => {}
+        Message::Manifest {
+            name: got, data, ..
+        } if got == name && data == manifest.as_slice() => {}
         other => {
             return Err(bad_reply("pull manifest", &other, "the manifest as sent"));
         }
     }
-    fabric.release(handle).map_err(net("release manifest"))?;
+    live.release(handle, "release manifest")?;
 
     Ok(SendReport {
         manifest: name.to_owned(),
@@ -316,9 +339,49 @@ pub fn send<T: Transport>(
         sent: missing.len(),
         skipped: chunks - missing.len(),
         chunk_bytes_sent,
-        frame_bytes,
+        frame_bytes: live.frame_bytes,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The handles a send holds; whatever is left when it is dropped (the send failed) is
+/// released, best effort.
+struct Live<'f, T: Transport> {
+    fabric: &'f T,
+    handles: Vec<u64>,
+    /// Bytes of every frame pushed.
+    frame_bytes: u64,
+}
+
+impl<T: Transport> Live<'_, T> {
+    fn push(&mut self, frame: &[u8], step: &'static str) -> Result<u64, SendError<T::Error>> {
+        self.frame_bytes += frame.len() as u64;
+        let handle = self
+            .fabric
+            .push(frame)
+            .map_err(|error| SendError::Fabric { step, error })?;
+        self.handles.push(handle);
+        Ok(handle)
+    }
+
+    /// Forgets `handle` first: a release that fails is not retried on drop.
+    fn release(&mut self, handle: u64, step: &'static str) -> Result<(), SendError<T::Error>> {
+        if let Some(i) = self.handles.iter().rposition(|&h| h == handle) {
+            self.handles.swap_remove(i);
+        }
+        self.fabric
+            .release(handle)
+            .map_err(|error| SendError::Fabric { step, error })
+    }
+}
+
+impl<T: Transport> Drop for Live<'_, T> {
+    fn drop(&mut self) {
+        for &handle in &self.handles {
+            // Best effort: the send already failed with the error that matters.
+            let _ = self.fabric.release(handle);
+        }
+    }
 }
 
 /// Replaces `buf` with the frame of the body `encode` appends.
@@ -357,7 +420,7 @@ fn bad_reply<E: std::error::Error>(
         Message::Chunk { hash, data } => {
             format!("chunk {} ({} bytes)", hex::encode(hash), data.len())
         }
-        Message::Manifest { name, data } => {
+        Message::Manifest { name, data, .. } => {
             format!("manifest {name:?} ({} bytes)", data.len())
         }
     };

@@ -4,15 +4,16 @@
 //! answers queries. Trusted host code facing an untrusted network peer: every length is checked
 //! against a limit before anything is allocated for it.
 
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvwasm_host::{KvError, StoreHandle};
-use kvwasm_mrdn::{DecodeMode, HEADER_LEN, Tier};
+use kvwasm_mrdn::{CHECKSUM_LEN, DecodeMode, HEADER_LEN, Tier};
 
 use crate::handoff::{self, Message};
 use crate::link::{self, LinkError, Request, Status};
@@ -21,7 +22,8 @@ use crate::link::{self, LinkError, Request, Status};
 #[derive(Debug, Clone)]
 pub struct Limits {
     /// Largest frame a PUSH may carry; a larger one is refused and its connection closed
-    /// (`--max-frame-mib`). Also caps the answer bytes a connection keeps unreleased.
+    /// (`--max-frame-mib`). Also caps what a connection keeps under unreleased handles
+    /// (answers, hashes, names, each plus 64 bytes).
     pub max_frame_bytes: usize,
     /// Connections served at once; more are refused at once (`--max-connections`).
     pub max_connections: usize,
@@ -32,6 +34,10 @@ pub struct Limits {
     pub io_timeout: Duration,
     /// Live handles per connection; a PUSH over it is refused.
     pub max_live_handles: usize,
+    /// Slowest a request may arrive, or a response be taken (`--min-kib-per-s`): each must
+    /// be done within `io_timeout` + its length at this rate, so a client trickling bytes
+    /// (each gap under the I/O timeout) cannot hold a thread for longer.
+    pub min_bytes_per_s: u64,
 }
 
 impl Default for Limits {
@@ -42,6 +48,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             io_timeout: Duration::from_millis(30_000),
             max_live_handles: 1 << 20,
+            min_bytes_per_s: 1 << 20,
         }
     }
 }
@@ -231,7 +238,8 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
         .peer_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
     tracing::info!(%peer, "fabric connection from {peer}");
-    let mut conn = Connection::new(&stream, shared);
+    let timed = Timed::new(&stream);
+    let mut conn = Connection::new(&stream, &timed, shared);
     let result = conn.run();
     let t = conn.tally;
     let totals = shared.counters.snapshot();
@@ -255,11 +263,108 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
     );
 }
 
+/// One direction of a [`Timed`] socket: a stall limit per call and a deadline for the whole
+/// request or response under way.
+#[derive(Default)]
+struct Clock {
+    /// Longest one call may wait for the peer.
+    stall: Cell<Duration>,
+    /// When the request or response under way must be done, if one is.
+    by: Cell<Option<Instant>>,
+    /// The socket timeout as last set (saves a system call per read or write).
+    set: Cell<Option<Duration>>,
+}
+
+impl Clock {
+    /// Runs `call` with the socket timeout `apply` sets to the nearer of the stall limit and
+    /// the deadline; past the deadline, a timeout without calling.
+    fn run<T>(
+        &self,
+        apply: impl FnOnce(Option<Duration>) -> io::Result<()>,
+        call: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        let mut timeout = self.stall.get();
+        if let Some(by) = self.by.get() {
+            let left = by.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            timeout = timeout.min(left);
+        }
+        // A zero timeout is an error to the socket API: the shortest one instead.
+        let timeout = Some(timeout.max(Duration::from_millis(1)));
+        if self.set.get() != timeout {
+            apply(timeout)?;
+            self.set.set(timeout);
+        }
+        call()
+    }
+
+    /// From now on, calls may each wait `stall`, and must be done by `by`.
+    fn limit(&self, stall: Duration, by: Option<Instant>) {
+        self.stall.set(stall);
+        self.by.set(by);
+    }
+}
+
+/// A connection's socket under [`Clock`]s, read and written through `&Timed`.
+struct Timed<'a> {
+    stream: &'a TcpStream,
+    read: Clock,
+    write: Clock,
+}
+
+impl<'a> Timed<'a> {
+    fn new(stream: &'a TcpStream) -> Timed<'a> {
+        Timed {
+            stream,
+            read: Clock::default(),
+            write: Clock::default(),
+        }
+    }
+}
+
+impl Read for &Timed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut stream = self.stream;
+        self.read
+            .run(|t| stream.set_read_timeout(t), || stream.read(buf))
+    }
+}
+
+impl Write for &Timed<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut stream = self.stream;
+        self.write
+            .run(|t| stream.set_write_timeout(t), || stream.write(buf))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// What a live handle keeps: an answer as encoded, or what to read back for a PULL.
 enum Kept {
     Answer(Vec<u8>),
     Chunk { tier: Tier, hash: Vec<u8> },
     Manifest { tier: Tier, name: String },
+}
+
+/// What a kept handle costs besides its bytes (its map entry, its allocation), so that many
+/// small ones count too.
+const KEPT_OVERHEAD: usize = 64;
+
+impl Kept {
+    /// What it counts against the connection's budget ([`Limits::max_frame_bytes`]).
+    fn cost(&self) -> usize {
+        KEPT_OVERHEAD
+            + match self {
+                Kept::Answer(frame) => frame.len(),
+                Kept::Chunk { hash, .. } => hash.len(),
+                Kept::Manifest { name, .. } => name.len(),
+            }
+    }
 }
 
 /// Why a PUSH or PULL was not done; answered to the client, the connection goes on.
@@ -277,21 +382,28 @@ fn failed(op: &str) -> impl FnOnce(KvError) -> Refusal + '_ {
 /// `Connection::fatal`).
 const LINGER: Duration = Duration::from_secs(2);
 
-/// How many hashes of stored chunks a connection remembers (to answer queries without a
-/// read); past it, queries read the store.
-const MAX_REMEMBERED: usize = 1 << 20;
+/// How many chunks a connection remembers as present (stored by it, or answered present to
+/// it), so queries and manifests need not read them again; past it, they read the store.
+/// Each is kept as a 16-byte digest: at most ~8 MiB per connection.
+const MAX_REMEMBERED: usize = 1 << 18;
+
+/// A remembered chunk: the Blake3 digest of its hash, truncated as MRDN's checksum is (a
+/// client that could collide it could as well have stored the chunk it names).
+type Digest = [u8; kvwasm_mrdn::CHECKSUM_LEN];
 
 struct Connection<'a> {
     shared: &'a Shared,
     stream: &'a TcpStream,
-    reader: BufReader<&'a TcpStream>,
-    writer: BufWriter<&'a TcpStream>,
-    read_timeout: Option<Duration>,
+    timed: &'a Timed<'a>,
+    reader: BufReader<&'a Timed<'a>>,
+    writer: BufWriter<&'a Timed<'a>>,
     /// The number the next PUSH gets (refused or not).
     next_handle: u64,
     live: HashMap<u64, Kept>,
-    kept_answer_bytes: usize,
-    stored: HashSet<Vec<u8>>,
+    /// The [`Kept::cost`] of every live handle.
+    kept_bytes: usize,
+    /// Chunks known present: stored on this connection or answered present to it.
+    present: HashSet<Digest>,
     /// Some PUSH was refused or failed: manifests are refused from now on.
     poisoned: bool,
     /// The PUSHed frame being handled, reused.
@@ -302,17 +414,17 @@ struct Connection<'a> {
 }
 
 impl<'a> Connection<'a> {
-    fn new(stream: &'a TcpStream, shared: &'a Shared) -> Connection<'a> {
+    fn new(stream: &'a TcpStream, timed: &'a Timed<'a>, shared: &'a Shared) -> Connection<'a> {
         Connection {
             shared,
             stream,
-            reader: BufReader::with_capacity(64 << 10, stream),
-            writer: BufWriter::with_capacity(64 << 10, stream),
-            read_timeout: None,
+            timed,
+            reader: BufReader::with_capacity(64 << 10, timed),
+            writer: BufWriter::with_capacity(64 << 10, timed),
             next_handle: 1,
             live: HashMap::new(),
-            kept_answer_bytes: 0,
-            stored: HashSet::new(),
+            kept_bytes: 0,
+            present: HashSet::new(),
             poisoned: false,
             frame: Vec::new(),
             out: Vec::new(),
@@ -325,14 +437,17 @@ impl<'a> Connection<'a> {
         self.shared.counters.apply(event);
     }
 
-    fn set_read_timeout(&mut self, timeout: Duration) -> io::Result<()> {
-        // A zero timeout is an error to the socket API: the shortest one instead.
-        let timeout = timeout.max(Duration::from_millis(1));
-        if self.read_timeout != Some(timeout) {
-            self.stream.set_read_timeout(Some(timeout))?;
-            self.read_timeout = Some(timeout);
-        }
-        Ok(())
+    /// `now` + the I/O timeout + `len` bytes at the slowest rate allowed.
+    fn due(&self, len: usize) -> Instant {
+        let limits = &self.shared.limits;
+        let rate = limits.min_bytes_per_s.max(1) as f64;
+        Instant::now() + limits.io_timeout + Duration::from_secs_f64(len as f64 / rate)
+    }
+
+    /// Responses of `len` more bytes are owed: the client must take them in time.
+    fn owe(&self, len: usize) {
+        let io_timeout = self.shared.limits.io_timeout;
+        self.timed.write.limit(io_timeout, Some(self.due(len)));
     }
 
     /// Tells the client why the link ends (when it is a protocol fault), then ends it.
@@ -343,16 +458,15 @@ impl<'a> Connection<'a> {
     /// [`LINGER`]: a client writing a frame it cannot finish reads why instead of a reset.
     fn fatal(&mut self, error: LinkError) -> Result<(), LinkError> {
         if let Some(status) = error.status() {
+            self.owe(0);
             let told = link::write_error(&mut self.writer, status, &error.to_string())
                 .and_then(|()| self.writer.flush())
                 .and_then(|()| self.stream.shutdown(std::net::Shutdown::Write));
             if told.is_ok() {
-                let until = std::time::Instant::now() + LINGER;
+                self.timed.read.limit(LINGER, Some(Instant::now() + LINGER));
                 let mut sink = [0; 64 << 10];
-                while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
-                    let drained = self
-                        .set_read_timeout(left.max(Duration::from_millis(1)))
-                        .and_then(|()| self.reader.get_mut().read(&mut sink));
+                loop {
+                    let drained = self.reader.get_mut().read(&mut sink);
                     if !matches!(drained, Ok(1..)) {
                         break;
                     }
@@ -375,9 +489,8 @@ impl<'a> Connection<'a> {
         let (io_timeout, idle_timeout) = (limits.io_timeout, limits.idle_timeout);
         let max_frame = limits.max_frame_bytes;
         self.stream.set_nodelay(true)?;
-        self.stream
-            .set_write_timeout(Some(io_timeout.max(Duration::from_millis(1))))?;
-        self.set_read_timeout(io_timeout)?;
+        self.timed.read.limit(io_timeout, Some(self.due(0)));
+        self.owe(0);
         if let Err(e) = link::read_hello(&mut self.reader) {
             return self.fatal(e);
         }
@@ -386,15 +499,16 @@ impl<'a> Connection<'a> {
             if self.reader.buffer().is_empty() {
                 // About to wait for the client: what it is owed goes out first.
                 self.writer.flush()?;
-                self.set_read_timeout(idle_timeout)?;
+                self.timed.read.limit(idle_timeout, None);
                 match self.reader.fill_buf() {
                     Ok([]) => return Ok(()),
                     Ok(_) => {}
                     Err(e) if is_timeout(&e) => return Err(LinkError::Idle(idle_timeout)),
                     Err(e) => return Err(e.into()),
                 }
-                self.set_read_timeout(io_timeout)?;
             }
+            // The request has begun: all of it must come in time.
+            self.timed.read.limit(io_timeout, Some(self.due(0)));
             let request = match link::read_request(&mut self.reader, max_frame) {
                 Ok(Some(request)) => request,
                 Ok(None) => return Ok(()),
@@ -407,11 +521,16 @@ impl<'a> Connection<'a> {
             };
             match request {
                 Request::Push { frame_len } => {
+                    self.timed.read.by.set(Some(self.due(frame_len)));
                     link::read_frame(&mut self.reader, frame_len, &mut self.frame)?;
                     let handle = self.next_handle;
                     self.next_handle += 1;
-                    match self.push() {
+                    let pushed = self.push();
+                    // The store's time is not the client's: its clock starts at the response.
+                    self.owe(0);
+                    match pushed {
                         Ok(kept) => {
+                            self.kept_bytes += kept.cost();
                             self.live.insert(handle, kept);
                             self.record(Event::FrameOk);
                             link::write_handle(&mut self.writer, handle)?;
@@ -429,22 +548,29 @@ impl<'a> Connection<'a> {
                     }
                 }
                 Request::Pull { handle } => match self.pull(handle) {
-                    Ok(()) => link::write_frame(&mut self.writer, &self.out)?,
-                    Err((status, why)) => link::write_error(&mut self.writer, status, &why)?,
-                },
-                Request::Release { handle } => match self.live.remove(&handle) {
-                    Some(kept) => {
-                        if let Kept::Answer(frame) = kept {
-                            self.kept_answer_bytes -= frame.len();
-                        }
-                        link::write_ok(&mut self.writer)?;
+                    Ok(()) => {
+                        self.owe(self.out.len());
+                        link::write_frame(&mut self.writer, &self.out)?;
                     }
-                    None => link::write_error(
-                        &mut self.writer,
-                        Status::NotFound,
-                        &format!("no live handle {handle} on this connection"),
-                    )?,
+                    Err((status, why)) => {
+                        self.owe(0);
+                        link::write_error(&mut self.writer, status, &why)?;
+                    }
                 },
+                Request::Release { handle } => {
+                    self.owe(0);
+                    match self.live.remove(&handle) {
+                        Some(kept) => {
+                            self.kept_bytes -= kept.cost();
+                            link::write_ok(&mut self.writer)?;
+                        }
+                        None => link::write_error(
+                            &mut self.writer,
+                            Status::NotFound,
+                            &format!("no live handle {handle} on this connection"),
+                        )?,
+                    }
+                }
             }
         }
     }
@@ -472,41 +598,45 @@ impl<'a> Connection<'a> {
         let store = &shared.store;
         match message {
             Message::Query(query) => {
-                let len = HEADER_LEN + 8 + query.len().div_ceil(8);
-                let max = shared.limits.max_frame_bytes;
-                if self.kept_answer_bytes + len > max {
-                    return Err(refused(format!(
-                        "unreleased answers on this connection would exceed {max} bytes"
-                    )));
-                }
-                let mut present = Vec::with_capacity(query.len());
-                for hash in query.hashes() {
-                    present.push(self.stored.contains(hash) || holds(store, hash)?);
-                }
+                let len = HEADER_LEN + handoff::answer_len(query.len());
+                self.room(len)?;
+                let present = self.presence(query)?;
+                let checksum = bytes[HEADER_LEN - CHECKSUM_LEN..HEADER_LEN]
+                    .try_into()
+                    .expect("a verified frame has a header");
                 let mut answer = Vec::with_capacity(len);
                 sealed(frame.tier, &mut answer, |body| {
-                    handoff::encode_answer(present.len(), |i| present[i], body)
+                    handoff::encode_answer(checksum, present.len(), |i| present[i], body)
                 })?;
-                self.kept_answer_bytes += answer.len();
                 self.record(Event::Query);
                 Ok(Kept::Answer(answer))
             }
             Message::Chunk { hash, data } => {
+                self.room(hash.len())?;
                 let already = store.put_chunk(hash, data).map_err(failed("put_chunk"))?;
                 if !already {
                     self.record(Event::ChunkStored(data.len() as u64));
                 }
-                if self.stored.len() < MAX_REMEMBERED {
-                    self.stored.insert(hash.to_vec());
-                }
+                self.remember(hash);
                 Ok(Kept::Chunk {
                     tier: frame.tier,
                     hash: hash.to_vec(),
                 })
             }
-            Message::Manifest { name, data } => {
+            Message::Manifest { name, chunks, data } => {
                 if self.poisoned {
                     return Err(refused("an earlier frame on this connection failed"));
+                }
+                self.room(name.len())?;
+                // Whatever the sender's fabric claimed, every chunk must be here first.
+                let present = self.presence(chunks)?;
+                if let Some(i) = present.iter().position(|&p| !p) {
+                    let missing = present.iter().filter(|&&p| !p).count();
+                    let hash = chunks.hashes().nth(i).expect("i < chunks.len()");
+                    return Err(refused(format!(
+                        "manifest {name:?} names {missing} chunks this store lacks, first {}",
+                        hex::encode(hash)
+                    )));
                 }
                 store
                     .put_manifest(name, data)
@@ -519,6 +649,50 @@ impl<'a> Connection<'a> {
             }
             Message::Answer(_) => Err(refused("an answer (KVA1) is not a request")),
         }
+    }
+
+    /// Refused unless a handle keeping `len` more bytes fits the connection's budget: checked
+    /// before acting, so nothing is stored for a PUSH refused over it.
+    fn room(&self, len: usize) -> Result<(), Refusal> {
+        let max = self.shared.limits.max_frame_bytes;
+        if self.kept_bytes + KEPT_OVERHEAD + len > max {
+            return Err(refused(format!(
+                "unreleased handles on this connection would keep more than {max} bytes; \
+                 release some"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Remembers `hash` as present, while there is room.
+    fn remember(&mut self, hash: &[u8]) {
+        if self.present.len() < MAX_REMEMBERED {
+            self.present.insert(kvwasm_mrdn::checksum(hash));
+        }
+    }
+
+    /// Whether the store holds each of `hashes`: remembered, or read (each distinct hash at
+    /// most once per frame, so a frame repeating one hash costs one read); those read present
+    /// are remembered.
+    fn presence(&mut self, hashes: handoff::Hashes<'_>) -> Result<Vec<bool>, Refusal> {
+        let mut read: HashMap<&[u8], bool> = HashMap::new();
+        let mut out = Vec::with_capacity(hashes.len());
+        for hash in hashes.hashes() {
+            let has = if self.present.contains(&kvwasm_mrdn::checksum(hash)) {
+                true
+            } else if let Some(&has) = read.get(hash) {
+                has
+            } else {
+                let has = holds(&self.shared.store, hash)?;
+                read.insert(hash, has);
+                if has {
+                    self.remember(hash);
+                }
+                has
+            };
+            out.push(has);
+        }
+        Ok(out)
     }
 
     /// Puts the frame kept under `handle` into `self.out`, read back from the store.
@@ -543,9 +717,10 @@ impl<'a> Connection<'a> {
                 })?;
             }
             Some(Kept::Manifest { tier, name }) => {
+                // Its chunk list is not echoed: the store keeps none.
                 let data = store.get_manifest(name).map_err(failed("get_manifest"))?;
                 sealed(*tier, out, |body| {
-                    handoff::encode_manifest(name, data.as_slice(), body)
+                    handoff::encode_manifest(name, std::iter::empty(), data.as_slice(), body)
                 })?;
             }
         }

@@ -184,9 +184,16 @@ fn chunk_frame(hash: &[u8], data: &[u8]) -> Vec<u8> {
     frame(&body)
 }
 
-fn manifest_frame(name: &str, data: &[u8]) -> Vec<u8> {
+fn manifest_frame(name: &str, chunks: &[&[u8]], data: &[u8]) -> Vec<u8> {
     let mut body = Vec::new();
-    handoff::encode_manifest(name, data, &mut body).unwrap();
+    handoff::encode_manifest(name, chunks.iter().copied(), data, &mut body).unwrap();
+    frame(&body)
+}
+
+/// The frame of the answer to the query framed with checksum `query`.
+fn answer_frame(query: &[u8; 16], bits: &[bool]) -> Vec<u8> {
+    let mut body = Vec::new();
+    handoff::encode_answer(query, bits.len(), |i| bits[i], &mut body).unwrap();
     frame(&body)
 }
 
@@ -224,7 +231,7 @@ fn a_slot_lands_byte_identical_and_a_second_send_sends_nothing() {
     assert_eq!(report.chunk_bytes_sent, 32 << 16);
     let frames = 32 * (HEADER_LEN + 5 + 8 + (64 << 10)) // chunks
         + HEADER_LEN + 8 + 48 * 9 // the query
-        + HEADER_LEN + 6 + 4 + manifest.len(); // the manifest
+        + HEADER_LEN + 6 + 4 + 4 + 48 * 9 + manifest.len(); // the manifest
     assert_eq!(report.frame_bytes, frames as u64);
     assert_eq!(report.to_json()["sent"], 32);
 
@@ -322,7 +329,7 @@ fn bad_frames_are_refused_before_anything_lands_and_poison_manifests() {
         assert!(message.contains(why), "{why}: {message}");
         assert!(absent(&store, hash), "{why}: the chunk landed");
         // Poisoned: the manifest is refused; a chunk still lands.
-        let manifest = manifest_frame("slot", b"names the lost chunk");
+        let manifest = manifest_frame("slot", &[hash], b"names the lost chunk");
         let (status, message) = link.push(&manifest).unwrap_err();
         assert_eq!(status, REFUSED);
         assert_eq!(message, "an earlier frame on this connection failed");
@@ -340,7 +347,7 @@ fn bad_frames_are_refused_before_anything_lands_and_poison_manifests() {
     // The same frames, unbroken, land (so each refusal was the fault, not the frame).
     let mut link = Link::connect(addr);
     link.push(&chunk_frame(hash, &data)).unwrap();
-    link.push(&manifest_frame("slot", b"m")).unwrap();
+    link.push(&manifest_frame("slot", &[hash], b"m")).unwrap();
     assert_eq!(store.get_chunk(hash).unwrap().as_slice(), &data[..]);
     let stats = server.stats();
     assert_eq!(stats.frames_refused, 2 * cases.len() as u64);
@@ -375,6 +382,28 @@ fn an_oversized_push_is_refused_unread_and_the_connection_closed() {
 }
 
 #[test]
+fn a_protocol_fault_after_a_quiet_spell_is_still_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        io_timeout: Duration::from_millis(200),
+        ..Limits::default()
+    };
+    let (addr, _server) = start(dir.path(), limits);
+    let mut link = Link::connect(addr);
+    link.push(&chunk_frame(b"k", b"v")).unwrap();
+    // Longer than the I/O timeout, well within the idle one: the last response's deadline is
+    // long past when the fault is answered.
+    std::thread::sleep(Duration::from_millis(600));
+    link.send_request(9, 0, b"");
+    let (status, message) = link.read_reply(Some(0)).unwrap_err();
+    assert_eq!(
+        (status, message.as_str()),
+        (REFUSED, "unknown request op 9")
+    );
+    assert!(link.closed());
+}
+
+#[test]
 fn handles_count_pushes_in_order_and_answers_come_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let (addr, _server) = start(dir.path(), Limits::default());
@@ -383,6 +412,7 @@ fn handles_count_pushes_in_order_and_answers_come_in_order() {
     let good = chunk_frame(b"k", &data);
     let mut query = Vec::new();
     handoff::encode_query([&b"k"[..], b"nope"].into_iter(), &mut query).unwrap();
+    let query_sum = kvwasm_mrdn::checksum(&query);
     // Pipelined: every request written before any response is read.
     link.send_request(1, good.len() as u64, &good); // handle 1
     link.send_request(1, 3, b"bad"); // handle 2, refused
@@ -403,7 +433,7 @@ fn handles_count_pushes_in_order_and_answers_come_in_order() {
     assert_eq!(link.read_reply(None), Ok(good));
     assert_eq!(link.read_reply(None).unwrap_err().0, NOT_FOUND);
     let answer = link.read_reply(None).unwrap();
-    assert_eq!(answer, frame(b"KVA1\x02\0\0\0\x01"));
+    assert_eq!(answer, answer_frame(&query_sum, &[true, false]));
     assert_eq!(link.read_reply(Some(0)), Ok(vec![]));
     assert_eq!(link.read_reply(Some(0)).unwrap_err().0, NOT_FOUND);
     assert_eq!(link.read_reply(None).unwrap_err().0, NOT_FOUND);
@@ -476,6 +506,15 @@ fn connections_over_the_cap_are_refused_until_one_closes() {
     );
     drop(first);
     // The first connection's thread notices the close shortly; then a place is free.
+    assert!(
+        admitted_within(addr, Duration::from_secs(10)),
+        "the closed connection's place was never freed"
+    );
+    assert!(server.stats().connections >= 3);
+}
+
+/// Whether a new connection is admitted (its hello echoed) within `limit`, trying every 20 ms.
+fn admitted_within(addr: SocketAddr, limit: Duration) -> bool {
     let admitted = || {
         let mut next = Link::raw(addr);
         let mut echo = [0; 8];
@@ -483,15 +522,75 @@ fn connections_over_the_cap_are_refused_until_one_closes() {
             && next.0.read_exact(&mut echo).is_ok()
             && &echo == b"KVFL\x01\0\0\0"
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + limit;
     while !admitted() {
-        assert!(
-            Instant::now() < deadline,
-            "the closed connection's place was never freed"
-        );
+        if Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(server.stats().connections >= 3);
+    true
+}
+
+/// Runs `drip` on its own thread for at most 8 s (it returns false to stop early).
+fn dripping(mut drip: impl FnMut() -> bool + Send + 'static) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let until = Instant::now() + Duration::from_secs(8);
+        while Instant::now() < until && drip() {}
+    })
+}
+
+#[test]
+fn a_client_trickling_a_request_is_dropped_at_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        io_timeout: Duration::from_millis(300),
+        max_connections: 1,
+        ..Limits::default()
+    };
+    let (addr, _server) = start(dir.path(), limits);
+    // A 100 kB frame declared, then a byte every 100 ms: never a 300 ms stall, but the
+    // request is due 300 ms + 100 kB at 1 MiB/s after it began.
+    let mut link = Link::connect(addr);
+    link.send_request(1, 100_000, b"");
+    let drip = dripping(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        link.0.write_all(b"x").is_ok()
+    });
+    assert!(
+        admitted_within(addr, Duration::from_secs(5)),
+        "the trickling client kept the only place"
+    );
+    drip.join().unwrap();
+}
+
+#[test]
+fn a_client_trickling_a_response_out_is_dropped_at_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        io_timeout: Duration::from_millis(300),
+        max_connections: 1,
+        min_bytes_per_s: 64 << 20,
+        ..Limits::default()
+    };
+    let (addr, _server) = start(dir.path(), limits);
+    let mut link = Link::connect(addr);
+    let handle = link
+        .push(&chunk_frame(b"big", &pattern(32 << 20, 8)))
+        .unwrap();
+    // 16 KiB every 10 ms: the 32 MiB reply takes ~20 s, but is due 300 ms + 0.5 s after it
+    // was framed.
+    link.send_request(2, u64::from_le_bytes(handle.try_into().unwrap()), b"");
+    let mut buf = vec![0; 16 << 10];
+    let drip = dripping(move || {
+        std::thread::sleep(Duration::from_millis(10));
+        matches!(link.0.read(&mut buf), Ok(1..))
+    });
+    assert!(
+        admitted_within(addr, Duration::from_secs(5)),
+        "the trickling client kept the only place"
+    );
+    drip.join().unwrap();
 }
 
 #[test]
@@ -537,12 +636,31 @@ fn other_manifest_formats_are_sent_with_a_hash_list() {
     );
 }
 
-/// A fabric that hands back `pulled(frame)` instead of what the receiver sent, and counts
-/// pushes.
+/// A fabric that hands back `pulled(frame)` instead of what the receiver sent, counts pushes
+/// and tracks the handles it holds.
 struct Tamper<F> {
     link: LinkTransport,
     pulled: F,
     pushes: std::sync::atomic::AtomicUsize,
+    live: Mutex<std::collections::HashSet<u64>>,
+}
+
+impl<F: Fn(Vec<u8>) -> Vec<u8>> Tamper<F> {
+    fn connect(addr: SocketAddr, pulled: F) -> Tamper<F> {
+        Tamper {
+            link: LinkTransport::connect(addr),
+            pulled,
+            pushes: Default::default(),
+            live: Default::default(),
+        }
+    }
+
+    /// The send's error, the pushes, and the handles it left unreleased.
+    fn send_fails(self, source: &StoreHandle, options: &SendOptions) -> (String, usize, usize) {
+        let err = send(source, &self, options).unwrap_err().to_string();
+        let live = self.live.lock().unwrap().len();
+        (err, self.pushes.into_inner(), live)
+    }
 }
 
 impl<F: Fn(Vec<u8>) -> Vec<u8>> Transport for Tamper<F> {
@@ -551,7 +669,9 @@ impl<F: Fn(Vec<u8>) -> Vec<u8>> Transport for Tamper<F> {
     fn push(&self, frame: &[u8]) -> Result<u64, LinkError> {
         self.pushes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.link.push(frame)
+        let handle = self.link.push(frame)?;
+        self.live.lock().unwrap().insert(handle);
+        Ok(handle)
     }
 
     fn pull(&self, handle: u64) -> Result<Vec<u8>, LinkError> {
@@ -559,33 +679,38 @@ impl<F: Fn(Vec<u8>) -> Vec<u8>> Transport for Tamper<F> {
     }
 
     fn release(&self, handle: u64) -> Result<(), LinkError> {
+        self.live.lock().unwrap().remove(&handle);
         self.link.release(handle)
     }
 }
 
-#[test]
-fn the_sender_decodes_every_reply_strictly() {
-    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let source = open(a.path());
-    let slot = chunks(4, 1000, 21);
+/// The message of a frame (panics on anything else: for frames the receiver sent).
+fn message(frame: &[u8]) -> handoff::Message<'_> {
+    handoff::parse(kvwasm_mrdn::decode(frame).unwrap().body).unwrap()
+}
+
+/// A source store in `dir` holding a demo slot of `count` chunks of `size` bytes.
+fn source_slot(dir: &Path, count: usize, size: usize, seed: u64) -> Arc<StoreHandle> {
+    let source = open(dir);
+    let slot = chunks(count, size, seed);
     for (key, data) in &slot {
         source.put_chunk(key, data).unwrap();
     }
-    let manifest = demo_manifest(&slot);
-    source.put_manifest("slot", &manifest).unwrap();
+    source.put_manifest("slot", &demo_manifest(&slot)).unwrap();
+    source
+}
+
+#[test]
+fn the_sender_decodes_every_reply_strictly_and_releases_what_it_holds() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = source_slot(a.path(), 4, 1000, 21);
     let (addr, _server) = start(b.path(), Limits::default());
     let run = |pulled: fn(Vec<u8>) -> Vec<u8>| {
-        let fabric = Tamper {
-            link: LinkTransport::connect(addr),
-            pulled,
-            pushes: Default::default(),
-        };
-        let err = send(&source, &fabric, &options("slot")).unwrap_err();
-        (err.to_string(), fabric.pushes.into_inner())
+        Tamper::connect(addr, pulled).send_fails(&source, &options("slot"))
     };
 
-    // A bit flipped in the answer: caught, and nothing but the query was pushed.
-    let (err, pushes) = run(|mut f| {
+    // A bit flipped in the answer: caught, nothing but the query pushed, its handle released.
+    let (err, pushes, live) = run(|mut f| {
         f[HEADER_LEN + 8] ^= 1;
         f
     });
@@ -593,61 +718,205 @@ fn the_sender_decodes_every_reply_strictly() {
         err.starts_with("pull answer: the fabric returned a bad frame: checksum mismatch"),
         "{err}"
     );
-    assert_eq!(pushes, 1);
-    // A valid frame, but an answer to another query.
-    let (err, pushes) = run(|_| frame(b"KVA1\x05\0\0\0\0"));
+    assert_eq!((pushes, live), (1, 0));
+    // A valid answer to this query, but of another length.
+    let (err, pushes, live) = run(|f| match message(&f) {
+        handoff::Message::Answer(a) => answer_frame(a.query(), &[false; 5]),
+        _ => f,
+    });
     assert_eq!(
         err,
         "pull answer: unexpected reply: an answer of 5 bits, expected an answer for the query"
     );
-    assert_eq!(pushes, 1);
+    assert_eq!((pushes, live), (1, 0));
     let target = open(b.path());
-    assert!(slot.iter().all(|(key, _)| absent(&target, key)));
+    assert!(
+        chunks(4, 1000, 21)
+            .iter()
+            .all(|(key, _)| absent(&target, key))
+    );
     // The manifest read back differs from the one sent: the send fails.
-    let (err, pushes) = run(|f| {
-        let body = &kvwasm_mrdn::decode(&f).unwrap().body;
-        match handoff::parse(body).unwrap() {
-            handoff::Message::Manifest { .. } => manifest_frame("slot", b"other bytes"),
-            _ => f,
-        }
+    let (err, pushes, live) = run(|f| match message(&f) {
+        handoff::Message::Manifest { .. } => manifest_frame("slot", &[], b"other bytes"),
+        _ => f,
     });
     assert_eq!(
         err,
         "pull manifest: unexpected reply: manifest \"slot\" (11 bytes), expected the manifest as sent"
     );
-    assert_eq!(pushes, 1 + 4 + 1);
+    assert_eq!((pushes, live), (1 + 4 + 1, 0));
 }
 
 #[test]
-fn live_handles_and_unreleased_answers_are_capped_per_connection() {
-    let dir = tempfile::tempdir().unwrap();
-    let limits = Limits {
-        max_live_handles: 3,
-        max_frame_bytes: 100,
-        ..Limits::default()
+fn a_fabric_forging_all_present_cannot_publish_a_dangling_manifest() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = source_slot(a.path(), 4, 1000, 31);
+    let (addr, server) = start(b.path(), Limits::default());
+    // The hostile fabric answers for the receiver: a valid frame, bound to the right query,
+    // saying every chunk is already there.
+    let forge = |f: Vec<u8>| match message(&f) {
+        handoff::Message::Answer(a) => answer_frame(a.query(), &vec![true; a.len()]),
+        _ => f,
     };
-    let (addr, _server) = start(dir.path(), limits);
+    let (err, pushes, live) = Tamper::connect(addr, forge).send_fails(&source, &options("slot"));
+    let first = hex::encode(chunks(1, 1000, 31)[0].0);
+    assert_eq!(
+        err,
+        format!(
+            "fabric: push manifest: status 2: manifest \"slot\" names 4 chunks this store \
+             lacks, first {first}"
+        )
+    );
+    assert_eq!((pushes, live), (2, 0), "the query, then the manifest alone");
+    assert!(matches!(
+        open(b.path()).get_manifest("slot"),
+        Err(KvError::NotFound)
+    ));
+    assert_eq!(server.stats().manifests_stored, 0);
+    // The honest send afterwards lands the slot.
+    let report = send(&source, &LinkTransport::connect(addr), &options("slot")).unwrap();
+    assert_eq!(report.sent, 4);
+    assert!(open(b.path()).get_manifest("slot").is_ok());
+}
+
+#[test]
+fn a_replayed_answer_is_refused_by_the_sender() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = open(a.path());
+    // Two full query batches of the same length, so only the binding tells their answers apart.
+    let hashes: Vec<Vec<u8>> = (0..2 * kvwasm_fabric::send::QUERY_BATCH as u64)
+        .map(|i| i.to_le_bytes().to_vec())
+        .collect();
+    source.put_manifest("slot", b"opaque").unwrap();
+    let (addr, _server) = start(b.path(), Limits::default());
+    let first = Mutex::new(None);
+    let replay = |f: Vec<u8>| {
+        let mut first = first.lock().unwrap();
+        first.get_or_insert(f).clone()
+    };
+    let options = SendOptions {
+        hashes: Some(hashes),
+        ..options("slot")
+    };
+    let (err, pushes, live) = Tamper::connect(addr, replay).send_fails(&source, &options);
+    assert!(
+        err.starts_with("pull answer: unexpected reply: an answer to another query (checksum "),
+        "{err}"
+    );
+    assert_eq!((pushes, live), (2, 0));
+}
+
+#[test]
+fn the_receiver_publishes_a_manifest_only_when_it_holds_every_chunk_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, server) = start(dir.path(), Limits::default());
+    let store = open(dir.path());
+    store.put_chunk(b"old", b"stored before").unwrap();
+    store
+        .put_chunk(b"asked", b"stored before, queried")
+        .unwrap();
+    // Present in the store (read at the manifest), stored on this connection, answered
+    // present on this connection: all count.
     let mut link = Link::connect(addr);
+    link.push(&chunk_frame(b"new", b"pushed")).unwrap();
     let mut query = Vec::new();
-    handoff::encode_query([&b"q"[..]].into_iter(), &mut query).unwrap();
-    let query = frame(&query); // its answer frame is 41 bytes
-    assert!(link.push(&query).is_ok());
-    assert!(link.push(&query).is_ok());
-    let (status, message) = link.push(&query).unwrap_err();
+    handoff::encode_query([&b"asked"[..]].into_iter(), &mut query).unwrap();
+    link.push(&frame(&query)).unwrap();
+    let listed: [&[u8]; 3] = [b"old", b"new", b"asked"];
+    link.push(&manifest_frame("good", &listed, b"m")).unwrap();
+    assert_eq!(store.get_manifest("good").unwrap().as_slice(), b"m");
+    // One chunk lacking: refused, nothing published.
+    let (status, message) = link
+        .push(&manifest_frame("bad", &[b"new", b"missing", b"gone"], b"m"))
+        .unwrap_err();
     assert_eq!(status, REFUSED);
     assert_eq!(
         message,
-        "unreleased answers on this connection would exceed 100 bytes"
+        format!(
+            "manifest \"bad\" names 2 chunks this store lacks, first {}",
+            hex::encode(b"missing")
+        )
     );
-    link.release(1).unwrap();
-    assert_eq!(link.push(&query).unwrap(), 4u64.to_le_bytes());
-    assert!(link.push(&chunk_frame(b"c", b"")).is_ok()); // 3 live: 2, 4, 5
-    let (status, message) = link.push(&chunk_frame(b"d", b"")).unwrap_err();
+    assert!(matches!(store.get_manifest("bad"), Err(KvError::NotFound)));
+    assert_eq!(server.stats().manifests_stored, 1);
+}
+
+#[test]
+fn a_query_repeating_one_hash_reads_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, _server) = start(dir.path(), Limits::default());
+    let big = pattern(8 << 20, 77);
+    open(dir.path()).put_chunk(b"big", &big).unwrap();
+    // 4096 × an 8 MiB chunk: 32 GiB of reads if each entry read the store.
+    let listed: Vec<&[u8]> = [&b"big"[..], b"gone"].repeat(4096);
+    let mut query = Vec::new();
+    handoff::encode_query(listed.iter().copied(), &mut query).unwrap();
+    let read = || -> u64 {
+        kvwasm_host::metrics::snapshot()
+            .values()
+            .map(|c| c.bytes_out)
+            .sum()
+    };
+    let before = read();
+    let mut link = Link::connect(addr);
+    let handle = u64::from_le_bytes(link.push(&frame(&query)).unwrap().try_into().unwrap());
+    let bits: Vec<bool> = (0..listed.len()).map(|i| i % 2 == 0).collect();
+    let answer = link.pull(handle).unwrap();
+    assert_eq!(answer, answer_frame(&kvwasm_mrdn::checksum(&query), &bits));
+    // Other tests in this process read too, but far less than a second copy of every entry.
+    let read = read() - before;
+    assert!(read < 1 << 30, "{read} bytes read for one query");
+}
+
+#[test]
+fn live_handles_and_what_they_keep_are_capped_per_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        max_live_handles: 3,
+        max_frame_bytes: 300,
+        ..Limits::default()
+    };
+    let (addr, _server) = start(dir.path(), limits);
+    let over = "unreleased handles on this connection would keep more than 300 bytes; release some";
+    let mut link = Link::connect(addr);
+    let mut query = Vec::new();
+    handoff::encode_query([&b"q"[..]].into_iter(), &mut query).unwrap();
+    // Each handle costs 64 bytes plus what it keeps: an answer frame (57 bytes), a hash.
+    let query = frame(&query);
+    assert!(link.push(&query).is_ok()); // 121
+    assert!(link.push(&query).is_ok()); // 242
+    assert_eq!(link.push(&query), Err((REFUSED, over.to_owned())));
+    link.release(1).unwrap(); // 121
+    assert_eq!(
+        link.push(&chunk_frame(&[b'c'; 64], b"")).unwrap(), // 249
+        4u64.to_le_bytes()
+    );
+    assert_eq!(
+        link.push(&chunk_frame(b"d", b"")),
+        Err((REFUSED, over.to_owned()))
+    );
+    assert!(absent(&open(dir.path()), b"d"), "refused before storing");
+    link.release(4).unwrap(); // 121
+    assert!(link.push(&chunk_frame(b"d", b"")).is_ok()); // 186
+    assert!(link.push(&chunk_frame(b"e", b"")).is_ok()); // 251, 3 live
+    let (status, message) = link.push(&chunk_frame(b"f", b"")).unwrap_err();
     assert_eq!(status, REFUSED);
     assert_eq!(message, "3 live handles on this connection; release some");
-    link.release(5).unwrap();
+    link.release(2).unwrap();
     assert_eq!(
-        link.push(&chunk_frame(b"d", b"")).unwrap(),
-        7u64.to_le_bytes()
+        link.push(&chunk_frame(b"f", b"")).unwrap(),
+        9u64.to_le_bytes()
     );
+    // A manifest's name counts too.
+    let mut link = Link::connect(addr);
+    assert!(
+        link.push(&manifest_frame(&"n".repeat(200), &[], b""))
+            .is_ok()
+    ); // 264
+    assert_eq!(
+        link.push(&chunk_frame(b"g", b"")),
+        Err((REFUSED, over.to_owned()))
+    );
+    link.release(1).unwrap();
+    assert!(link.push(&chunk_frame(b"g", b"")).is_ok());
 }
