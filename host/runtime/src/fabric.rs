@@ -10,8 +10,9 @@
 //! A [`Fabric`] keeps one guest instance (a transport holds one connection
 //! or one in-memory map). An instance that traps or overruns its deadline
 //! is discarded and the next call starts a fresh one; handles the lost
-//! instance gave out are then refused, never resolved by the new instance
-//! to some other frame. Callers see host handles, mapped to the guest's.
+//! instance gave out are forgotten with it (`NotFound`), never resolved by
+//! the new instance to some other frame. Callers see host handles, mapped
+//! to the guest's.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,9 +40,7 @@ pub struct Fabric {
 
 struct State {
     instance: Option<FabricInstance>,
-    /// Bumped whenever an instance is discarded.
-    generation: u64,
-    /// Host handle → what was pushed under it.
+    /// Host handle → what was pushed under it, for the live instance.
     handles: HashMap<u64, Pushed>,
     next_handle: u64,
 }
@@ -49,7 +48,6 @@ struct State {
 /// What the host remembers of a pushed frame.
 #[derive(Clone, Copy)]
 struct Pushed {
-    generation: u64,
     guest_handle: u64,
     header: [u8; HEADER_LEN],
 }
@@ -97,7 +95,6 @@ impl Fabric {
             policy,
             state: Mutex::new(State {
                 instance: None,
-                generation: 0,
                 handles: HashMap::new(),
                 next_handle: 1,
             }),
@@ -180,7 +177,6 @@ impl Fabric {
                 state.handles.insert(
                     handle,
                     Pushed {
-                        generation: state.generation,
                         guest_handle,
                         header: frame[..HEADER_LEN]
                             .try_into()
@@ -267,18 +263,8 @@ impl Fabric {
     }
 
     /// What was pushed under `handle`, if the instance that took it lives.
-    fn live(&self, state: &mut State, handle: u64) -> Result<Pushed, KvError> {
-        match state.handles.get(&handle) {
-            None => Err(KvError::NotFound),
-            Some(p) if p.generation != state.generation => {
-                state.handles.remove(&handle);
-                Err(KvError::Io(format!(
-                    "handle {handle} belonged to a fabric instance that was discarded \
-                     (after a trap or a deadline); push the frame again"
-                )))
-            }
-            Some(p) => Ok(*p),
-        }
+    fn live(&self, state: &State, handle: u64) -> Result<Pushed, KvError> {
+        state.handles.get(&handle).copied().ok_or(KvError::NotFound)
     }
 
     /// The live instance, started if there is none.
@@ -304,7 +290,10 @@ impl Fabric {
                     self.policy.name
                 );
                 state.instance = None;
-                state.generation += 1;
+                // Its handles go with it: asked about later they are
+                // NotFound, never a frame of the next instance, and they no
+                // longer count against the limit.
+                state.handles.clear();
                 Err(err)
             }
         }
@@ -358,8 +347,8 @@ impl Drop for Fabric {
         };
         let guest = instance.bindings.kvwasm_fabric_transport();
         for pushed in state.handles.values() {
-            if pushed.generation != state.generation || deadline.remaining().is_zero() {
-                continue;
+            if deadline.remaining().is_zero() {
+                break;
             }
             let outcome = sandbox::run(&mut instance.store, deadline, instance.fuel, async |s| {
                 guest.call_release(s, pushed.guest_handle).await
