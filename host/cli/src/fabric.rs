@@ -1,6 +1,6 @@
 //! `kvwasm fabric serve` and `kvwasm fabric send`: hand a slot (a manifest and its chunks) from
 //! one store to another over an MRDN fabric, sending only the chunks the receiver lacks
-//! (docs/fabric-handoff.md).
+//! (docs/fabric.md, "Slot handoff").
 
 use std::io::Write;
 use std::path::PathBuf;

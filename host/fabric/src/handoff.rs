@@ -1,4 +1,4 @@
-//! The handoff messages carried in MRDN frame bodies (docs/fabric-handoff.md):
+//! The handoff messages carried in MRDN frame bodies (docs/fabric.md, "Slot handoff"):
 //!
 //! | magic  | message  | layout after the magic                                          |
 //! |--------|----------|-----------------------------------------------------------------|

@@ -1,4 +1,4 @@
-//! Slot handoff between two kvwasm stores over an MRDN fabric (docs/fabric-handoff.md).
+//! Slot handoff between two kvwasm stores over an MRDN fabric (docs/fabric.md, "Slot handoff").
 //!
 //! The sender (`kvwasm fabric send`, [`send`]) pushes frames through a fabric guest; the
 //! receiver (`kvwasm fabric serve`, [`serve`]) is trusted host code at the other end of the

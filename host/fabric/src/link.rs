@@ -1,4 +1,4 @@
-//! The server side of the link protocol (docs/fabric-handoff.md): the hello, requests decoded
+//! The server side of the link protocol (docs/fabric.md, "Slot handoff"): the hello, requests decoded
 //! from a reader under the frame-size limit, and responses. Integers are little-endian.
 //!
 //! A client opens with `KVFL` + u32 version 1 and the server echoes it. Requests are an op byte

@@ -1,6 +1,6 @@
 //! `kvwasm fabric send`: hands a slot (a manifest and the chunks it names) from a source store
 //! to a `kvwasm fabric serve` at the other end of a fabric, sending only the chunks the
-//! receiver lacks (docs/fabric-handoff.md):
+//! receiver lacks (docs/fabric.md, "Slot handoff"):
 //!
 //! 1. read the manifest; its chunk list is the demo manifest's keys, or a given list;
 //! 2. ask which chunks the receiver holds (KVQ1 → KVA1, each answer naming its query);
