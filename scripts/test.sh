@@ -22,6 +22,9 @@ step "guest unit and property tests (native): guest-support, Redis replies, S3 e
 # --lib: the guests' cdylib targets do not link natively (export names).
 (cd guest-backends && cargo test --release --locked -p kvwasm-guest-redis -p kvwasm-guest-s3 -p kvwasm-fabric-synthetic -p kvwasm-fabric-tcp -p kvwasm-fabric-hostile --lib)
 
+step "libFuzzer on the MRDN decoders (60 s)"
+bash scripts/fuzz-mrdn.sh 60
+
 step "cargo test --release --workspace"
 cargo test --release --workspace --locked
 
