@@ -115,6 +115,43 @@ fn check_config_prints_effective_grants_without_secret_values() {
 }
 
 #[test]
+fn inspect_and_check_config_know_fabrics() {
+    let (out, text) = kvwasm(&["inspect", "builtin:tcp"]);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("fabric, world kvwasm:fabric/configured-fabric")
+            && text.contains("wasi:sockets/tcp@"),
+        "{text}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[fabrics.tcp]\ncomponent = \"builtin:tcp\"\nnet = [\"127.0.0.1:7070\"]\n\
+         settings = { peer = \"127.0.0.1:7070\" }\ncall_timeout_ms = 5000\n\
+         [fabrics.wrong]\ncomponent = \"builtin:fs\"\n",
+    )
+    .unwrap();
+    let (out, text) = kvwasm(&["check-config", config.to_str().unwrap()]);
+    assert!(
+        !out.status.success(),
+        "the kv-store under [fabrics] must fail: {text}"
+    );
+    assert!(text.contains("0 backend(s), 2 fabric(s)"), "{text}");
+    assert!(
+        text.contains("[fabrics.tcp]")
+            && text.contains("127.0.0.1:7070")
+            && text.contains("call deadline 5000 ms")
+            && text.contains("one instance"),
+        "{text}"
+    );
+    assert!(
+        text.contains("[fabrics.wrong]") && text.contains("is a kv-store backend, not a fabric"),
+        "{text}"
+    );
+}
+
+#[test]
 fn metrics_reads_a_running_process() {
     use std::io::{BufRead, BufReader, Write};
     // Stands in for a process serving KVWASM_METRICS_ADDR (the server side
