@@ -266,8 +266,7 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
         None => [0; auth::NONCE_LEN],
     };
     let timed = Timed::new(&stream);
-    let mut conn = Connection::new(&stream, &timed, shared, nonce);
-    conn.peer = peer.clone();
+    let mut conn = Connection::new(&stream, &timed, shared, nonce, peer.clone());
     let result = conn.run();
     let t = conn.tally;
     let totals = shared.counters.snapshot();
@@ -462,6 +461,7 @@ impl<'a> Connection<'a> {
         timed: &'a Timed<'a>,
         shared: &'a Shared,
         nonce: Nonce,
+        peer: String,
     ) -> Connection<'a> {
         Connection {
             shared,
@@ -478,7 +478,7 @@ impl<'a> Connection<'a> {
             out: Vec::new(),
             tally: Stats::default(),
             nonce,
-            peer: String::new(),
+            peer,
             warned: false,
         }
     }
