@@ -4,11 +4,12 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
-use kvwasm_fabric::{Limits, SendOptions, Server};
+use kvwasm_fabric::{Key, Limits, SendOptions, Server};
 use kvwasm_mrdn::Tier;
 
 /// Hand slots between stores over an MRDN fabric.
@@ -50,6 +51,10 @@ struct ServeArgs {
     /// timeout plus its length at this rate.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
     min_kib_per_s: u64,
+    /// Accept only messages tagged with the key (64 hex characters) held by this environment
+    /// variable; the sender needs the same key. Without it, any client may store.
+    #[arg(long, value_name = "NAME")]
+    key_env: Option<String>,
 }
 
 /// Send a slot: ask the receiver which chunks it lacks, send those, then the manifest, over
@@ -72,6 +77,11 @@ struct SendArgs {
     /// The tier every frame is labelled with.
     #[arg(long, value_enum, default_value_t = TierArg::ThinkComplete)]
     tier: TierArg,
+    /// Tag every message with the key (64 hex characters) held by this environment variable,
+    /// and accept only replies the receiver tagged with it (`fabric serve --key-env`). The
+    /// fabric guest never sees it.
+    #[arg(long, value_name = "NAME")]
+    key_env: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -98,7 +108,17 @@ pub fn run(args: FabricArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The key `--key-env NAME` names, if given (never in argv or the config file; errors name the
+/// variable, never its value).
+fn key(key_env: Option<&str>) -> anyhow::Result<Option<Key>> {
+    key_env
+        .map(Key::from_env)
+        .transpose()
+        .map_err(anyhow::Error::msg)
+}
+
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let key = key(args.key_env.as_deref())?;
     let store = kvwasm_host::open(&args.into).with_context(|| format!("open {}", args.into))?;
     let limits = Limits {
         max_frame_bytes: (args.max_frame_mib as usize) << 20,
@@ -108,7 +128,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         min_bytes_per_s: args.min_kib_per_s << 10,
         ..Limits::default()
     };
-    let server = Server::bind(&args.listen, store, limits)
+    let server = Server::bind_keyed(&args.listen, store, limits, key)
         .with_context(|| format!("listen on {}", args.listen))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on {}", server.local_addr()?)?;
@@ -118,6 +138,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn send(args: SendArgs) -> anyhow::Result<()> {
+    let key = key(args.key_env.as_deref())?;
     let hashes = match &args.hashes {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -129,15 +150,32 @@ fn send(args: SendArgs) -> anyhow::Result<()> {
         None => None,
     };
     let source = kvwasm_host::open(&args.from).with_context(|| format!("open {}", args.from))?;
-    let fabric = kvwasm_host::fabric::Fabric::open(&args.fabric)
+    let fabric = open_fabric(&args.fabric, args.key_env.as_deref())
         .with_context(|| format!("open fabric {:?}", args.fabric))?;
     let options = SendOptions {
         manifest: args.manifest,
         hashes,
         tier: args.tier.into(),
     };
-    let report = kvwasm_fabric::send(&source, &*fabric, &options)
+    let report = kvwasm_fabric::send_keyed(&source, &fabric, &options, key.as_ref())
         .with_context(|| format!("send {:?} over fabric {:?}", options.manifest, args.fabric))?;
     println!("{}", report.to_json());
     Ok(())
+}
+
+/// The fabric `[fabrics.NAME]` of the config file, as `Fabric::open` starts it, refused if its
+/// `env` grant would hand the guest the key's variable.
+fn open_fabric(name: &str, key_env: Option<&str>) -> anyhow::Result<kvwasm_host::fabric::Fabric> {
+    let path = kvwasm_host::config::locate().map_err(anyhow::Error::msg)?;
+    let config = kvwasm_host::config::Config::load(&path).map_err(anyhow::Error::msg)?;
+    let policy = config.fabric(name).map_err(anyhow::Error::msg)?;
+    if let Some(var) = key_env
+        && policy.grants.env.names.iter().any(|n| n == var)
+    {
+        anyhow::bail!(
+            "its `env` grant includes {var}, the --key-env variable: the guest would see the key"
+        );
+    }
+    kvwasm_host::metrics::serve_from_env();
+    Ok(kvwasm_host::fabric::Fabric::start(Arc::new(policy))?)
 }

@@ -1,6 +1,7 @@
 //! `kvwasm fabric send` → `tcp` fabric guest → `kvwasm fabric serve`, end to end: two
 //! `kvwasm` processes on loopback hand over a 1 GiB slot, then hand it over again sending
-//! nothing, and a fabric without its `net` grant cannot reach the receiver at all.
+//! nothing, and a fabric without its `net` grant cannot reach the receiver at all; with
+//! `--key-env` on both sides a slot crosses too, and a missing, other or malformed key fails.
 //!
 //! Here rather than in tests/tests: only this package's tests get `CARGO_BIN_EXE_kvwasm`, a
 //! `kvwasm` cargo rebuilds before running them.
@@ -22,11 +23,30 @@ struct Receiver {
     addr: String,
 }
 
+/// The environment variable the keyed tests pass the key in.
+const KEY_ENV: &str = "KVWASM_TEST_FABRIC_KEY";
+
+/// `--key-env` and the key in the environment when `key` is given (hex, as an operator would
+/// set it).
+fn keyed<'c>(command: &'c mut Command, key: Option<&str>) -> &'c mut Command {
+    command.env_remove(KEY_ENV);
+    match key {
+        Some(key) => command.args(["--key-env", KEY_ENV]).env(KEY_ENV, key),
+        None => command,
+    }
+}
+
 impl Receiver {
     fn start(into: &Path, log: &Path) -> Receiver {
-        let mut child = Command::new(KVWASM)
+        Receiver::start_keyed(into, log, None)
+    }
+
+    fn start_keyed(into: &Path, log: &Path, key: Option<&str>) -> Receiver {
+        let mut command = Command::new(KVWASM);
+        command
             .args(["fabric", "serve", "--listen", "127.0.0.1:0", "--into"])
-            .arg(fs_uri(into))
+            .arg(fs_uri(into));
+        let mut child = keyed(&mut command, key)
             .env_remove("KVWASM_CONFIG")
             .env("KVWASM_LOG", "info")
             .stdout(Stdio::piped())
@@ -75,17 +95,21 @@ fn config(dir: &Path, addr: &str, grant: bool) -> std::path::PathBuf {
 }
 
 fn send(config: &Path, from: &Path) -> Output {
-    Command::new(KVWASM)
-        .args([
-            "fabric",
-            "send",
-            "--manifest",
-            "slot",
-            "--fabric",
-            "tcp",
-            "--from",
-        ])
-        .arg(fs_uri(from))
+    send_keyed(config, from, None)
+}
+
+fn send_keyed(config: &Path, from: &Path, key: Option<&str>) -> Output {
+    let mut command = Command::new(KVWASM);
+    command.args([
+        "fabric",
+        "send",
+        "--manifest",
+        "slot",
+        "--fabric",
+        "tcp",
+        "--from",
+    ]);
+    keyed(command.arg(fs_uri(from)), key)
         .env("KVWASM_CONFIG", config)
         .output()
         .expect("run kvwasm fabric send")
@@ -224,4 +248,153 @@ fn a_fabric_without_its_net_grant_reaches_nothing_and_nothing_lands() {
     let receiver = Receiver::start(&b, &log);
     let ok = report(&send(&config(scratch.path(), &receiver.addr, true), &a));
     assert_eq!(ok["sent"], 4);
+}
+
+/// The error line of a failed `kvwasm` run (it printed nothing on stdout).
+fn failure(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(out.stdout.is_empty(), "no report line");
+    stderr.into_owned()
+}
+
+#[test]
+fn a_keyed_slot_crosses_two_processes_and_missing_or_other_keys_fail_clearly() {
+    let scratch = tempfile::tempdir().unwrap();
+    let [a, b, c, unkeyed_cfg, granted_cfg] =
+        ["a", "b", "c", "unkeyed", "granted"].map(|d| scratch.path().join(d));
+    for dir in [&a, &b, &c, &unkeyed_cfg, &granted_cfg] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let manifest = fill(&a, 32, 256 << 10);
+    let key = "5a".repeat(32);
+    let other = "a5".repeat(32);
+    let log = scratch.path().join("serve.log");
+    let receiver = Receiver::start_keyed(&b, &log, Some(&key));
+    let keyed_config = config(scratch.path(), &receiver.addr, true);
+
+    // Another key, or none, on the sender: refused at the first exchange, nothing stored.
+    let err = failure(&send_keyed(&keyed_config, &a, Some(&other)));
+    assert!(
+        err.contains("bad tag: the sender's key is not this server's (--key-env)"),
+        "{err}"
+    );
+    assert!(!err.contains(&other) && !err.contains(&key), "{err}");
+    let err = failure(&send(&keyed_config, &a));
+    assert!(err.contains("this server has a key"), "{err}");
+    let target = kvwasm_host::open(&fs_uri(&b)).unwrap();
+    assert!(matches!(
+        target.get_manifest("slot"),
+        Err(KvError::NotFound)
+    ));
+    for key in manifest[16..].chunks(8) {
+        assert!(matches!(target.get_chunk(key), Err(KvError::NotFound)));
+    }
+    // The receiver says so too, without the key.
+    let served = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        served.contains("authentication failed: bad tag"),
+        "{served}"
+    );
+    assert!(
+        served.contains("authentication failed: this server has a key"),
+        "{served}"
+    );
+    assert!(!served.contains(&key) && !served.contains(&other));
+
+    // The same key on both sides: the slot lands byte-identical, then nothing is sent again.
+    let first = report(&send_keyed(&keyed_config, &a, Some(&key)));
+    assert_eq!(
+        (first["sent"].as_u64(), first["skipped"].as_u64()),
+        (Some(32), Some(0))
+    );
+    assert_eq!(
+        target.get_manifest("slot").unwrap().as_slice(),
+        &manifest[..]
+    );
+    for (i, key) in manifest[16..].chunks(8).enumerate() {
+        let got = target.get_chunk(key).unwrap();
+        assert!(got.as_slice() == chunk(i, 256 << 10), "chunk {i} differs");
+    }
+    let second = report(&send_keyed(&keyed_config, &a, Some(&key)));
+    assert_eq!(
+        (second["sent"].as_u64(), second["skipped"].as_u64()),
+        (Some(0), Some(32))
+    );
+
+    // A keyed sender and a receiver without a key.
+    let unkeyed = Receiver::start(&c, &scratch.path().join("unkeyed.log"));
+    let to_unkeyed = config(&unkeyed_cfg, &unkeyed.addr, true);
+    let err = failure(&send_keyed(&to_unkeyed, &a, Some(&key)));
+    assert!(
+        err.contains("this server has no key; start it with --key-env"),
+        "{err}"
+    );
+
+    // A malformed or missing key is refused before anything starts, without echoing it.
+    for bad in [
+        "not-the-key-at-all",
+        &key[..62],
+        &format!("{}zz", &key[..62]),
+    ] {
+        let err = failure(&send_keyed(&keyed_config, &a, Some(bad)));
+        assert!(
+            err.contains(&format!("environment variable {KEY_ENV} must be")),
+            "{err}"
+        );
+        assert!(!err.contains(bad), "{err}");
+        let serve = Command::new(KVWASM)
+            .args([
+                "fabric",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--key-env",
+                KEY_ENV,
+            ])
+            .arg("--into")
+            .arg(fs_uri(&c))
+            .env(KEY_ENV, bad)
+            .output()
+            .unwrap();
+        let err = failure(&serve);
+        assert!(
+            err.contains(&format!("environment variable {KEY_ENV} must be")),
+            "{err}"
+        );
+        assert!(!err.contains(bad), "{err}");
+    }
+    let mut unset = Command::new(KVWASM);
+    unset
+        .args([
+            "fabric",
+            "send",
+            "--manifest",
+            "slot",
+            "--fabric",
+            "tcp",
+            "--key-env",
+            KEY_ENV,
+        ])
+        .arg("--from")
+        .arg(fs_uri(&a))
+        .env_remove(KEY_ENV)
+        .env("KVWASM_CONFIG", &keyed_config);
+    let err = failure(&unset.output().unwrap());
+    assert!(
+        err.contains(&format!("environment variable {KEY_ENV} is not set")),
+        "{err}"
+    );
+
+    // A fabric granted the key's variable would hand the guest the key: refused.
+    let granted = write_config(
+        &granted_cfg,
+        &format!(
+            "[fabrics.tcp]\ncomponent = \"builtin:tcp\"\nnet = [{addr:?}]\nenv = [{KEY_ENV:?}]\n\
+             settings = {{ peer = {addr:?} }}\n",
+            addr = receiver.addr
+        ),
+    );
+    let err = failure(&send_keyed(&granted, &a, Some(&key)));
+    assert!(err.contains("the guest would see the key"), "{err}");
 }

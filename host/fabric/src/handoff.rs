@@ -13,6 +13,9 @@
 //! answer names the query it answers (the query frame's checksum), so a fabric cannot hand
 //! the sender one query's answer for another's.
 //!
+//! With a shared key each of these travels inside a `KVS1` wrapper that tags it
+//! ([`crate::auth`]).
+//!
 //! Integers are little-endian. Parsing is strict and total: every byte of the body is accounted
 //! for (no trailing bytes after a query or answer, no set bits past an answer's count), so two
 //! different bodies never parse to the same message. Encoders append to a caller's `Vec`, so a

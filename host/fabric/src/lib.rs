@@ -4,12 +4,15 @@
 //! receiver (`kvwasm fabric serve`, [`serve`]) is trusted host code at the other end of the
 //! `tcp` guest's link ([`link`]). Frame bodies are [`handoff`] messages: a query for the
 //! chunks the receiver lacks, the chunks, then the manifest. Both ends verify every frame they
-//! receive (`kvwasm_mrdn`, strict mode) before acting on it.
+//! receive (`kvwasm_mrdn`, strict mode) before acting on it. With a key the two hosts share
+//! ([`auth`]), every message is also tagged, so the guest can neither forge nor replay one.
 
+pub mod auth;
 pub mod handoff;
 pub mod link;
 pub mod send;
 pub mod serve;
 
-pub use send::{SendError, SendOptions, SendReport, Transport, send};
+pub use auth::Key;
+pub use send::{SendError, SendOptions, SendReport, Transport, send, send_keyed};
 pub use serve::{Limits, Server, Stats};

@@ -11,7 +11,10 @@
 //! 5. report what was sent.
 //!
 //! Every frame is encoded into one reused buffer, and every frame pulled back is decoded
-//! strictly here, whatever the transport already checked. A send that fails releases every
+//! strictly here, whatever the transport already checked. With a key ([`send_keyed`]) every
+//! message is wrapped and tagged ([`crate::auth`]), and every reply must carry the receiver's
+//! tag, this send's nonce and the connection's nonce, so the fabric cannot make up, alter or
+//! replay what the receiver says: the success line is then the receiver's word. A send that fails releases every
 //! handle it still holds, so a long-lived fabric does not fill up with a failed send's frames.
 
 use std::collections::HashSet;
@@ -21,6 +24,7 @@ use kvwasm_host::{KvError, StoreHandle};
 use kvwasm_mrdn::{CHECKSUM_LEN, DecodeError, DecodeMode, EncodeError, HEADER_LEN, Tier};
 use thiserror::Error;
 
+use crate::auth::{self, Direction, Envelope, Key, Nonce, Sealed};
 use crate::handoff::{self, Message, MessageError};
 
 /// Moves frames to the receiver: the fabric guest's `transport` interface, as the host exposes
@@ -174,6 +178,9 @@ pub enum SendError<E: std::error::Error + 'static> {
         /// What is wrong.
         why: String,
     },
+    /// A keyed send has no random nonce.
+    #[error("{0}")]
+    Random(String),
 }
 
 /// The chunk keys of a demo manifest (`kvwasm demo`): `b"ggsq"`, u32 version, u32 tokens,
@@ -216,11 +223,22 @@ pub fn parse_hash_list(text: &str) -> Result<Vec<Vec<u8>>, String> {
         .collect()
 }
 
-/// Sends the slot `options` names from `source` over `fabric`.
+/// Sends the slot `options` names from `source` over `fabric`, unauthenticated.
 pub fn send<T: Transport>(
     source: &StoreHandle,
     fabric: &T,
     options: &SendOptions,
+) -> Result<SendReport, SendError<T::Error>> {
+    send_keyed(source, fabric, options, None)
+}
+
+/// Sends the slot `options` names from `source` over `fabric`; with `key` (the receiver's),
+/// every message is wrapped and tagged, and every reply must be the receiver's for this send.
+pub fn send_keyed<T: Transport>(
+    source: &StoreHandle,
+    fabric: &T,
+    options: &SendOptions,
+    key: Option<&Key>,
 ) -> Result<SendReport, SendError<T::Error>> {
     let started = Instant::now();
     let name = options.manifest.as_str();
@@ -248,6 +266,14 @@ pub fn send<T: Transport>(
         .filter_map(|(hash, first)| first.then_some(hash))
         .collect();
 
+    let mut replies = Replies {
+        key,
+        sender: match key {
+            Some(_) => auth::nonce().map_err(SendError::Random)?,
+            None => [0; auth::NONCE_LEN],
+        },
+        server: None,
+    };
     let mut buf = Vec::new();
     let mut live = Live {
         fabric,
@@ -255,10 +281,16 @@ pub fn send<T: Transport>(
         frame_bytes: 0,
     };
 
-    // 2. Ask: every query is pushed before the first answer is pulled.
+    // 2. Ask: every query is pushed before the first answer is pulled. At least one, even for
+    // no chunks: its answer carries the receiver's nonce, which a keyed send needs.
+    let mut batches: Vec<&[Vec<u8>]> = hashes.chunks(QUERY_BATCH).collect();
+    if batches.is_empty() {
+        batches.push(&[]);
+    }
+    let query_envelope = replies.envelope([0; auth::NONCE_LEN]);
     let mut queries = Vec::new();
-    for batch in hashes.chunks(QUERY_BATCH) {
-        frame(&mut buf, tier, "query", |body| {
+    for batch in batches {
+        frame(&mut buf, tier, "query", query_envelope.as_ref(), |body| {
             handoff::encode_query(batch.iter().map(Vec::as_slice), body)
         })?;
         let checksum: [u8; CHECKSUM_LEN] = buf[HEADER_LEN - CHECKSUM_LEN..HEADER_LEN]
@@ -269,7 +301,7 @@ pub fn send<T: Transport>(
     let mut held = Vec::with_capacity(hashes.len());
     for (len, checksum, handle) in queries {
         let reply = fabric.pull(handle).map_err(net("pull answer"))?;
-        match parse_reply(&reply, "pull answer")? {
+        match replies.open(&reply, "pull answer")? {
             Message::Answer(answer) if answer.query() != &checksum => {
                 return Err(SendError::BadReply {
                     step: "pull answer",
@@ -294,7 +326,8 @@ pub fn send<T: Transport>(
         .filter_map(|(hash, held)| (!held).then_some(hash.as_slice()))
         .collect();
 
-    // 3. Send what is missing.
+    // 3. Send what is missing, bound to the connection that answered.
+    let envelope = replies.envelope(replies.server.unwrap_or_default());
     let mut chunk_bytes_sent = 0u64;
     for batch in missing.chunks(PREFETCH_BATCH) {
         let owned: Vec<Vec<u8>> = batch.iter().map(|h| h.to_vec()).collect();
@@ -303,7 +336,7 @@ pub fn send<T: Transport>(
             .map_err(src("prefetch_chunks"))?;
         for hash in batch {
             let data = source.get_chunk(hash).map_err(src("get_chunk"))?;
-            frame(&mut buf, tier, "chunk", |body| {
+            frame(&mut buf, tier, "chunk", envelope.as_ref(), |body| {
                 handoff::encode_chunk(hash, data.as_slice(), body)
             })?;
             let handle = live.push(&buf, "push chunk")?;
@@ -313,7 +346,7 @@ pub fn send<T: Transport>(
     }
 
     // 4. The manifest, listing its chunks, read back.
-    frame(&mut buf, tier, "manifest", |body| {
+    frame(&mut buf, tier, "manifest", envelope.as_ref(), |body| {
         handoff::encode_manifest(
             name,
             hashes.iter().map(Vec::as_slice),
@@ -323,7 +356,7 @@ pub fn send<T: Transport>(
     })?;
     let handle = live.push(&buf, "push manifest")?;
     let reply = fabric.pull(handle).map_err(net("pull manifest"))?;
-    match parse_reply(&reply, "pull manifest")? {
+    match replies.open(&reply, "pull manifest")? {
         Message::Manifest {
             name: got, data, ..
         } if got == name && data == manifest.as_slice() => {}
@@ -384,29 +417,82 @@ impl<T: Transport> Drop for Live<'_, T> {
     }
 }
 
-/// Replaces `buf` with the frame of the body `encode` appends.
+/// Replaces `buf` with the frame of the body `encode` appends, wrapped in `envelope` if any.
 fn frame<E: std::error::Error>(
     buf: &mut Vec<u8>,
     tier: Tier,
     what: &'static str,
+    envelope: Option<&Envelope<'_>>,
     encode: impl FnOnce(&mut Vec<u8>) -> Result<(), MessageError>,
 ) -> Result<(), SendError<E>> {
     buf.clear();
     buf.resize(HEADER_LEN, 0);
-    encode(buf).map_err(|error| SendError::Message { what, error })?;
+    Envelope::append(envelope, buf, encode).map_err(|error| SendError::Message { what, error })?;
     kvwasm_mrdn::seal_in_place(tier, buf).map_err(|error| SendError::Encode { what, error })
 }
 
-fn parse_reply<'a, E: std::error::Error>(
-    reply: &'a [u8],
-    step: &'static str,
-) -> Result<Message<'a>, SendError<E>> {
-    let frame = kvwasm_mrdn::decode_with(reply, DecodeMode::Strict)
-        .map_err(|error| SendError::BadFrame { step, error })?;
-    handoff::parse(frame.body).map_err(|e| SendError::BadReply {
-        step,
-        why: e.to_string(),
-    })
+/// What a send expects of the receiver's replies.
+struct Replies<'k> {
+    key: Option<&'k Key>,
+    /// This send's nonce (zeros without a key).
+    sender: Nonce,
+    /// The connection's nonce, from the first answer.
+    server: Option<Nonce>,
+}
+
+impl<'k> Replies<'k> {
+    /// How this send wraps what it pushes with server nonce `server` (nothing without a key).
+    fn envelope(&self, server: Nonce) -> Option<Envelope<'k>> {
+        self.key.map(|key| Envelope {
+            key,
+            direction: Direction::ToServer,
+            sender: self.sender,
+            server,
+        })
+    }
+
+    /// The message of a reply, decoded strictly; with a key, only if the receiver tagged it
+    /// for this send on the connection that answered first (which it then learns).
+    fn open<'a, E: std::error::Error>(
+        &mut self,
+        reply: &'a [u8],
+        step: &'static str,
+    ) -> Result<Message<'a>, SendError<E>> {
+        let bad = |why: &str| SendError::BadReply {
+            step,
+            why: why.to_owned(),
+        };
+        let frame = kvwasm_mrdn::decode_with(reply, DecodeMode::Strict)
+            .map_err(|error| SendError::BadFrame { step, error })?;
+        let mut body = frame.body;
+        if let Some(key) = self.key {
+            let sealed = Sealed::parse(body)
+                .map_err(|e| bad(&e.to_string()))?
+                .ok_or_else(|| bad("not wrapped (KVS1), but this send has a key"))?;
+            if !sealed.verify(key, Direction::ToSender) {
+                return Err(bad(
+                    "its tag is not the receiver's under this send's key: forged or altered \
+                     by the fabric, or the receiver has another key",
+                ));
+            }
+            if sealed.sender != &self.sender {
+                return Err(bad(
+                    "it answers another send (not this send's nonce): replayed by the fabric",
+                ));
+            }
+            match self.server {
+                None => self.server = Some(*sealed.server),
+                Some(server) if &server != sealed.server => {
+                    return Err(bad(
+                        "it comes from another connection than the first answer (server nonce)",
+                    ));
+                }
+                Some(_) => {}
+            }
+            body = sealed.inner;
+        }
+        handoff::parse(body).map_err(|e| bad(&e.to_string()))
+    }
 }
 
 fn bad_reply<E: std::error::Error>(

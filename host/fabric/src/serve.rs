@@ -2,7 +2,9 @@
 //! each, at most [`Limits::max_connections`]), verifies every pushed frame strictly and parses
 //! its handoff message **before** touching the store, then stores chunks and manifests and
 //! answers queries. Trusted host code facing an untrusted network peer: every length is checked
-//! against a limit before anything is allocated for it.
+//! against a limit before anything is allocated for it. With a key ([`Server::bind_keyed`],
+//! [`crate::auth`]) it acts only on messages tagged with that key and bound to the connection,
+//! and tags every reply for the send that asked.
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 use kvwasm_host::{KvError, StoreHandle};
 use kvwasm_mrdn::{CHECKSUM_LEN, DecodeMode, HEADER_LEN, Tier};
 
+use crate::auth::{self, Direction, Envelope, Key, Nonce, Sealed};
 use crate::handoff::{self, Message};
 use crate::link::{self, LinkError, Request, Status};
 
@@ -142,6 +145,8 @@ impl Counters {
 struct Shared {
     store: Arc<StoreHandle>,
     limits: Limits,
+    /// The key every message must be tagged with, if any.
+    key: Option<Key>,
     counters: Counters,
     active: AtomicUsize,
 }
@@ -154,17 +159,29 @@ pub struct Server {
 
 impl Server {
     /// Listen on `addr` (port 0 picks one; see [`Server::local_addr`]) for frames to store
-    /// into `store`.
+    /// into `store`, from any client (unauthenticated).
     pub fn bind(
         addr: impl ToSocketAddrs,
         store: Arc<StoreHandle>,
         limits: Limits,
+    ) -> io::Result<Server> {
+        Server::bind_keyed(addr, store, limits, None)
+    }
+
+    /// [`Server::bind`]; with `key`, only messages tagged with it are acted on (every other
+    /// PUSH is refused) and every reply is tagged with it.
+    pub fn bind_keyed(
+        addr: impl ToSocketAddrs,
+        store: Arc<StoreHandle>,
+        limits: Limits,
+        key: Option<Key>,
     ) -> io::Result<Server> {
         Ok(Server {
             listener: TcpListener::bind(addr)?,
             shared: Arc::new(Shared {
                 store,
                 limits,
+                key,
                 counters: Counters::default(),
                 active: AtomicUsize::new(0),
             }),
@@ -238,8 +255,18 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
         .peer_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
     tracing::info!(%peer, "fabric connection from {peer}");
+    let nonce = match &shared.key {
+        Some(_) => match auth::nonce() {
+            Ok(nonce) => nonce,
+            Err(e) => {
+                tracing::warn!(%peer, "fabric connection from {peer} dropped: {e}");
+                return;
+            }
+        },
+        None => [0; auth::NONCE_LEN],
+    };
     let timed = Timed::new(&stream);
-    let mut conn = Connection::new(&stream, &timed, shared);
+    let mut conn = Connection::new(&stream, &timed, shared, nonce, peer.clone());
     let result = conn.run();
     let t = conn.tally;
     let totals = shared.counters.snapshot();
@@ -344,11 +371,20 @@ impl Write for &Timed<'_> {
     }
 }
 
-/// What a live handle keeps: an answer as encoded, or what to read back for a PULL.
+/// What a live handle keeps: an answer as encoded, or what to read back for a PULL (and the
+/// nonce of the send that pushed it, to tag the echo for that send).
 enum Kept {
     Answer(Vec<u8>),
-    Chunk { tier: Tier, hash: Vec<u8> },
-    Manifest { tier: Tier, name: String },
+    Chunk {
+        tier: Tier,
+        hash: Vec<u8>,
+        sender: Nonce,
+    },
+    Manifest {
+        tier: Tier,
+        name: String,
+        sender: Nonce,
+    },
 }
 
 /// What a kept handle costs besides its bytes (its map entry, its allocation), so that many
@@ -411,10 +447,22 @@ struct Connection<'a> {
     /// A PULL's freshly encoded frame, reused.
     out: Vec<u8>,
     tally: Stats,
+    /// This connection's nonce (zeros without a key): chunks and manifests must carry it.
+    nonce: Nonce,
+    /// The client's address, for the log.
+    peer: String,
+    /// Whether an authentication failure was logged at warn (later ones go to debug).
+    warned: bool,
 }
 
 impl<'a> Connection<'a> {
-    fn new(stream: &'a TcpStream, timed: &'a Timed<'a>, shared: &'a Shared) -> Connection<'a> {
+    fn new(
+        stream: &'a TcpStream,
+        timed: &'a Timed<'a>,
+        shared: &'a Shared,
+        nonce: Nonce,
+        peer: String,
+    ) -> Connection<'a> {
         Connection {
             shared,
             stream,
@@ -429,6 +477,9 @@ impl<'a> Connection<'a> {
             frame: Vec::new(),
             out: Vec::new(),
             tally: Stats::default(),
+            nonce,
+            peer,
+            warned: false,
         }
     }
 
@@ -592,10 +643,11 @@ impl<'a> Connection<'a> {
     fn act(&mut self, bytes: &[u8]) -> Result<Kept, Refusal> {
         let frame = kvwasm_mrdn::decode_with(bytes, DecodeMode::Strict)
             .map_err(|e| refused(format!("bad frame: {e}")))?;
-        let message =
-            handoff::parse(frame.body).map_err(|e| refused(format!("bad message: {e}")))?;
+        let (body, sender) = self.authenticate(frame.body)?;
+        let message = handoff::parse(body).map_err(|e| refused(format!("bad message: {e}")))?;
         let shared = self.shared;
         let store = &shared.store;
+        let reply = reply_envelope(shared.key.as_ref(), self.nonce);
         match message {
             Message::Query(query) => {
                 let len = HEADER_LEN + handoff::answer_len(query.len());
@@ -605,7 +657,7 @@ impl<'a> Connection<'a> {
                     .try_into()
                     .expect("a verified frame has a header");
                 let mut answer = Vec::with_capacity(len);
-                sealed(frame.tier, &mut answer, |body| {
+                sealed(frame.tier, &mut answer, reply(sender).as_ref(), |body| {
                     handoff::encode_answer(checksum, present.len(), |i| present[i], body)
                 })?;
                 self.record(Event::Query);
@@ -621,6 +673,7 @@ impl<'a> Connection<'a> {
                 Ok(Kept::Chunk {
                     tier: frame.tier,
                     hash: hash.to_vec(),
+                    sender,
                 })
             }
             Message::Manifest { name, chunks, data } => {
@@ -645,10 +698,52 @@ impl<'a> Connection<'a> {
                 Ok(Kept::Manifest {
                     tier: frame.tier,
                     name: name.to_owned(),
+                    sender,
                 })
             }
             Message::Answer(_) => Err(refused("an answer (KVA1) is not a request")),
         }
+    }
+
+    /// The handoff message a pushed body carries and the nonce of the send that pushed it.
+    /// With a key: only a wrapped message whose tag is the key's, bound to this connection (its
+    /// server nonce, or zeros in a query, which is how a send learns the nonce). Without one:
+    /// only an unwrapped message.
+    fn authenticate<'b>(&mut self, body: &'b [u8]) -> Result<(&'b [u8], Nonce), Refusal> {
+        let sealed = Sealed::parse(body).map_err(|e| refused(format!("bad message: {e}")));
+        let checked = match (&self.shared.key, sealed) {
+            (_, Err(refusal)) => Err(refusal),
+            (None, Ok(None)) => return Ok((body, [0; auth::NONCE_LEN])),
+            (None, Ok(Some(_))) => Err(refused("this server has no key; start it with --key-env")),
+            (Some(_), Ok(None)) => Err(refused(
+                "this server has a key: an unauthenticated message (no KVS1 wrapper) is \
+                 refused; send with --key-env and the same key",
+            )),
+            (Some(key), Ok(Some(sealed))) => {
+                let bound = sealed.server == &self.nonce
+                    || (sealed.server == &[0; auth::NONCE_LEN]
+                        && sealed.inner.starts_with(&handoff::QUERY_MAGIC));
+                if !sealed.verify(key, Direction::ToServer) {
+                    Err(refused(
+                        "bad tag: the sender's key is not this server's (--key-env), or the \
+                         message was altered on the way",
+                    ))
+                } else if !bound {
+                    Err(refused(
+                        "a message bound to another connection (its server nonce is not this \
+                         connection's): replayed",
+                    ))
+                } else {
+                    Ok((sealed.inner, *sealed.sender))
+                }
+            }
+        };
+        checked.inspect_err(|(_, why)| {
+            if !std::mem::replace(&mut self.warned, true) {
+                let peer = &self.peer;
+                tracing::warn!(%peer, "fabric connection from {peer}: authentication failed: {why}");
+            }
+        })
     }
 
     /// Refused unless a handle keeping `len` more bytes fits the connection's budget: checked
@@ -698,6 +793,7 @@ impl<'a> Connection<'a> {
     /// Puts the frame kept under `handle` into `self.out`, read back from the store.
     fn pull(&mut self, handle: u64) -> Result<(), Refusal> {
         let store = &self.shared.store;
+        let reply = reply_envelope(self.shared.key.as_ref(), self.nonce);
         let out = &mut self.out;
         match self.live.get(&handle) {
             None => {
@@ -710,16 +806,16 @@ impl<'a> Connection<'a> {
                 out.clear();
                 out.extend_from_slice(frame);
             }
-            Some(Kept::Chunk { tier, hash }) => {
+            Some(Kept::Chunk { tier, hash, sender }) => {
                 let data = store.get_chunk(hash).map_err(failed("get_chunk"))?;
-                sealed(*tier, out, |body| {
+                sealed(*tier, out, reply(*sender).as_ref(), |body| {
                     handoff::encode_chunk(hash, data.as_slice(), body)
                 })?;
             }
-            Some(Kept::Manifest { tier, name }) => {
+            Some(Kept::Manifest { tier, name, sender }) => {
                 // Its chunk list is not echoed: the store keeps none.
                 let data = store.get_manifest(name).map_err(failed("get_manifest"))?;
-                sealed(*tier, out, |body| {
+                sealed(*tier, out, reply(*sender).as_ref(), |body| {
                     handoff::encode_manifest(name, std::iter::empty(), data.as_slice(), body)
                 })?;
             }
@@ -745,16 +841,34 @@ fn holds(store: &StoreHandle, hash: &[u8]) -> Result<bool, Refusal> {
     }
 }
 
-/// Replaces `out` with the frame (`tier`) of the body `encode` appends; a body that cannot be
-/// framed (the store returned more than a frame holds) is a store failure.
+/// How a connection with server nonce `nonce` wraps its replies to the send with nonce `sender`
+/// (nothing without a key).
+fn reply_envelope<'k>(
+    key: Option<&'k Key>,
+    nonce: Nonce,
+) -> impl Fn(Nonce) -> Option<Envelope<'k>> + use<'k> {
+    move |sender| {
+        key.map(|key| Envelope {
+            key,
+            direction: Direction::ToSender,
+            sender,
+            server: nonce,
+        })
+    }
+}
+
+/// Replaces `out` with the frame (`tier`) of the body `encode` appends, wrapped in `envelope`
+/// if any; a body that cannot be framed (the store returned more than a frame holds) is a
+/// store failure.
 fn sealed(
     tier: Tier,
     out: &mut Vec<u8>,
+    envelope: Option<&Envelope<'_>>,
     encode: impl FnOnce(&mut Vec<u8>) -> Result<(), handoff::MessageError>,
 ) -> Result<(), Refusal> {
     let failed = |e: &dyn std::fmt::Display| (Status::Failed, format!("framing the reply: {e}"));
     out.clear();
     out.resize(HEADER_LEN, 0);
-    encode(out).map_err(|e| failed(&e))?;
+    Envelope::append(envelope, out, encode).map_err(|e| failed(&e))?;
     kvwasm_mrdn::seal_in_place(tier, out).map_err(|e| failed(&e))
 }

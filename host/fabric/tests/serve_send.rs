@@ -8,8 +8,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kvwasm_fabric::auth::{self, Direction, Envelope, Sealed};
 use kvwasm_fabric::handoff;
-use kvwasm_fabric::{Limits, SendOptions, Server, Transport, send};
+use kvwasm_fabric::{Key, Limits, SendOptions, Server, Transport, send, send_keyed};
 use kvwasm_host::{KvError, StoreHandle};
 use kvwasm_mrdn::{HEADER_LEN, Tier};
 use kvwasm_tests::{fs_uri, pattern};
@@ -24,7 +25,12 @@ fn open(dir: &Path) -> Arc<StoreHandle> {
 
 /// A server on 127.0.0.1:0 storing into `dir`, running on its own thread.
 fn start(dir: &Path, limits: Limits) -> (SocketAddr, Arc<Server>) {
-    let server = Arc::new(Server::bind("127.0.0.1:0", open(dir), limits).unwrap());
+    start_keyed(dir, limits, None)
+}
+
+/// [`start`], with a key.
+fn start_keyed(dir: &Path, limits: Limits, key: Option<Key>) -> (SocketAddr, Arc<Server>) {
+    let server = Arc::new(Server::bind_keyed("127.0.0.1:0", open(dir), limits, key).unwrap());
     let addr = server.local_addr().unwrap();
     let running = server.clone();
     std::thread::spawn(move || running.run());
@@ -636,11 +642,20 @@ fn other_manifest_formats_are_sent_with_a_hash_list() {
     );
 }
 
-/// A fabric that hands back `pulled(frame)` instead of what the receiver sent, counts pushes
-/// and tracks the handles it holds.
+/// What a [`Tamper`] fabric does with a pushed frame: passes it on (or another frame in its
+/// place), or drops it and makes up a handle.
+type Pushed = Box<dyn Fn(&[u8]) -> Option<Vec<u8>>>;
+
+/// Handles a [`Tamper`] makes up for frames it drops start here.
+const MADE_UP: u64 = 1 << 40;
+
+/// A fabric that hands back `pulled(frame)` instead of what the receiver sent (an empty
+/// `frame` for a handle it made up), may alter or drop pushes, counts pushes and tracks the
+/// handles it holds.
 struct Tamper<F> {
     link: LinkTransport,
     pulled: F,
+    pushed: Pushed,
     pushes: std::sync::atomic::AtomicUsize,
     live: Mutex<std::collections::HashSet<u64>>,
 }
@@ -650,14 +665,35 @@ impl<F: Fn(Vec<u8>) -> Vec<u8>> Tamper<F> {
         Tamper {
             link: LinkTransport::connect(addr),
             pulled,
+            pushed: Box::new(|frame| Some(frame.to_vec())),
             pushes: Default::default(),
             live: Default::default(),
         }
     }
 
+    /// The same fabric, doing `pushed` with each pushed frame.
+    fn pushing(self, pushed: impl Fn(&[u8]) -> Option<Vec<u8>> + 'static) -> Tamper<F> {
+        Tamper {
+            pushed: Box::new(pushed),
+            ..self
+        }
+    }
+
     /// The send's error, the pushes, and the handles it left unreleased.
     fn send_fails(self, source: &StoreHandle, options: &SendOptions) -> (String, usize, usize) {
-        let err = send(source, &self, options).unwrap_err().to_string();
+        self.send_keyed_fails(source, options, None)
+    }
+
+    /// [`Tamper::send_fails`], the send keyed with `key`.
+    fn send_keyed_fails(
+        self,
+        source: &StoreHandle,
+        options: &SendOptions,
+        key: Option<&Key>,
+    ) -> (String, usize, usize) {
+        let err = send_keyed(source, &self, options, key)
+            .unwrap_err()
+            .to_string();
         let live = self.live.lock().unwrap().len();
         (err, self.pushes.into_inner(), live)
     }
@@ -667,19 +703,29 @@ impl<F: Fn(Vec<u8>) -> Vec<u8>> Transport for Tamper<F> {
     type Error = LinkError;
 
     fn push(&self, frame: &[u8]) -> Result<u64, LinkError> {
-        self.pushes
+        let n = self
+            .pushes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let handle = self.link.push(frame)?;
+        let handle = match (self.pushed)(frame) {
+            Some(frame) => self.link.push(&frame)?,
+            None => MADE_UP + n as u64,
+        };
         self.live.lock().unwrap().insert(handle);
         Ok(handle)
     }
 
     fn pull(&self, handle: u64) -> Result<Vec<u8>, LinkError> {
+        if handle >= MADE_UP {
+            return Ok((self.pulled)(Vec::new()));
+        }
         self.link.pull(handle).map(&self.pulled)
     }
 
     fn release(&self, handle: u64) -> Result<(), LinkError> {
         self.live.lock().unwrap().remove(&handle);
+        if handle >= MADE_UP {
+            return Ok(());
+        }
         self.link.release(handle)
     }
 }
@@ -919,4 +965,427 @@ fn live_handles_and_what_they_keep_are_capped_per_connection() {
     );
     link.release(1).unwrap();
     assert!(link.push(&chunk_frame(b"g", b"")).is_ok());
+}
+
+/// The key both hosts share in these tests (or another one, `byte` ≠ 1).
+fn key(byte: u8) -> Key {
+    Key::new([byte; auth::KEY_LEN])
+}
+
+/// The frame `frame` with its body replaced by `edit(body)`, framed afresh (valid MRDN, as a
+/// guest can make it).
+fn reframe(frame: &[u8], edit: impl FnOnce(&[u8]) -> Vec<u8>) -> Vec<u8> {
+    let decoded = kvwasm_mrdn::decode(frame).unwrap();
+    kvwasm_mrdn::encode(decoded.tier, &edit(decoded.body)).unwrap()
+}
+
+/// The wrapper of a keyed frame and its inner message.
+fn unwrap(frame: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let body = kvwasm_mrdn::decode(frame).unwrap().body;
+    let (head, inner) = body.split_at(auth::WRAP_LEN);
+    (head.to_vec(), inner.to_vec())
+}
+
+/// A frame of `body` wrapped for the server with `key` and these nonces, as a sender makes it.
+fn keyed_frame(key: &Key, sender: auth::Nonce, server: auth::Nonce, body: &[u8]) -> Vec<u8> {
+    let envelope = Envelope {
+        key,
+        direction: Direction::ToServer,
+        sender,
+        server,
+    };
+    let mut wrapped = Vec::new();
+    Envelope::append(Some(&envelope), &mut wrapped, |out| {
+        out.extend_from_slice(body);
+        Ok::<_, ()>(())
+    })
+    .unwrap();
+    frame(&wrapped)
+}
+
+#[test]
+fn a_keyed_send_lands_byte_identical_and_a_second_keyed_send_sends_nothing() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = open(a.path());
+    let slot = chunks(24, 64 << 10, 41);
+    for (key, data) in &slot {
+        source.put_chunk(key, data).unwrap();
+    }
+    let manifest = demo_manifest(&slot);
+    source.put_manifest("slot", &manifest).unwrap();
+    let target = open(b.path());
+    for (key, data) in &slot[..8] {
+        target.put_chunk(key, data).unwrap();
+    }
+    let (addr, server) = start_keyed(b.path(), Limits::default(), Some(key(1)));
+    let keyed =
+        |fabric: &LinkTransport| send_keyed(&source, fabric, &options("slot"), Some(&key(1)));
+
+    let report = keyed(&LinkTransport::connect(addr)).unwrap();
+    assert_eq!((report.chunks, report.sent, report.skipped), (24, 16, 8));
+    // Every frame carries the 68-byte wrapper: the query, 16 chunks, the manifest.
+    let frames = 16 * (HEADER_LEN + 5 + 8 + (64 << 10))
+        + HEADER_LEN
+        + 8
+        + 24 * 9
+        + HEADER_LEN
+        + 6
+        + 4
+        + 4
+        + 24 * 9
+        + manifest.len();
+    assert_eq!(report.frame_bytes, (frames + 18 * auth::WRAP_LEN) as u64);
+    let landed = open(b.path());
+    for (key, data) in &slot {
+        assert_eq!(landed.get_chunk(key).unwrap().as_slice(), &data[..]);
+    }
+    assert_eq!(
+        landed.get_manifest("slot").unwrap().as_slice(),
+        &manifest[..]
+    );
+
+    let again = keyed(&LinkTransport::connect(addr)).unwrap();
+    assert_eq!(
+        (again.sent, again.skipped, again.chunk_bytes_sent),
+        (0, 24, 0)
+    );
+    let stats = server.stats();
+    assert_eq!((stats.chunks_stored, stats.manifests_stored), (16, 2));
+    assert_eq!(stats.frames_refused, 0);
+
+    // A manifest naming no chunk still asks once: the answer brings the connection's nonce.
+    source.put_manifest("empty", b"no chunks").unwrap();
+    let options = SendOptions {
+        hashes: Some(Vec::new()),
+        ..options("empty")
+    };
+    let empty = send_keyed(
+        &source,
+        &LinkTransport::connect(addr),
+        &options,
+        Some(&key(1)),
+    );
+    assert_eq!(empty.unwrap().sent, 0);
+    assert_eq!(
+        landed.get_manifest("empty").unwrap().as_slice(),
+        b"no chunks"
+    );
+}
+
+#[test]
+fn a_keyed_sender_refuses_forged_and_replayed_answers() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = source_slot(a.path(), 4, 1000, 51);
+    let (addr, _server) = start_keyed(b.path(), Limits::default(), Some(key(1)));
+    let run = |pulled: Box<dyn Fn(Vec<u8>) -> Vec<u8>>| {
+        Tamper::connect(addr, pulled).send_keyed_fails(&source, &options("slot"), Some(&key(1)))
+    };
+    // "All present", with the wrapper kept (the guest cannot make its tag) ...
+    let forged = run(Box::new(|f| {
+        reframe(&f, |body| {
+            let (head, inner) = body.split_at(auth::WRAP_LEN);
+            let handoff::Message::Answer(a) = handoff::parse(inner).unwrap() else {
+                panic!("not an answer")
+            };
+            let mut forged = head.to_vec();
+            handoff::encode_answer(a.query(), a.len(), |_| true, &mut forged).unwrap();
+            forged
+        })
+    }));
+    assert_eq!(
+        forged,
+        (
+            "pull answer: unexpected reply: its tag is not the receiver's under this send's key: \
+             forged or altered by the fabric, or the receiver has another key"
+                .to_owned(),
+            1,
+            0
+        )
+    );
+    // ... or unwrapped, bound to the right query, as the fabric could forge it without a key.
+    let (err, pushes, _) = run(Box::new(|f| {
+        let (_, inner) = unwrap(&f);
+        let handoff::Message::Answer(a) = handoff::parse(&inner).unwrap() else {
+            panic!("not an answer")
+        };
+        answer_frame(a.query(), &vec![true; a.len()])
+    }));
+    assert_eq!(
+        (err.as_str(), pushes),
+        (
+            "pull answer: unexpected reply: not wrapped (KVS1), but this send has a key",
+            1
+        )
+    );
+    // An answer the receiver really sent, recorded in an earlier keyed send and replayed.
+    let recorded = Arc::new(Mutex::new(None));
+    let record = recorded.clone();
+    let tamper = Tamper::connect(addr, move |f: Vec<u8>| {
+        record.lock().unwrap().get_or_insert(f.clone());
+        f
+    });
+    send_keyed(&source, &tamper, &options("slot"), Some(&key(1))).unwrap();
+    let answer = recorded.lock().unwrap().clone().unwrap();
+    let (err, pushes, live) = run(Box::new(move |_| answer.clone()));
+    assert_eq!(
+        err,
+        "pull answer: unexpected reply: it answers another send (not this send's nonce): \
+         replayed by the fabric"
+    );
+    assert_eq!((pushes, live), (1, 0));
+}
+
+#[test]
+fn a_replayed_manifest_reply_is_no_success_with_a_key() {
+    let scratch = tempfile::tempdir().unwrap();
+    let [a, b, c, d, e] = ["a", "b", "c", "d", "e"].map(|d| scratch.path().join(d));
+    let source = source_slot(&a, 4, 1000, 61);
+    // A fabric that keeps the last frame pulled: the manifest reply.
+    let recorded = Arc::new(Mutex::new(Vec::new()));
+    let recorder = |addr| {
+        let record = recorded.clone();
+        Tamper::connect(addr, move |f: Vec<u8>| {
+            *record.lock().unwrap() = f.clone();
+            f
+        })
+    };
+    // The manifest reply of a keyed send that did happen (to receiver b) ...
+    let (addr_b, _b) = start_keyed(&b, Limits::default(), Some(key(1)));
+    send_keyed(&source, &recorder(addr_b), &options("slot"), Some(&key(1))).unwrap();
+    // ... handed back by a fabric that passes the query on and drops every chunk and the
+    // manifest, in a send to receiver c, which lacks the slot.
+    let (addr_c, server_c) = start_keyed(&c, Limits::default(), Some(key(1)));
+    let liar = |addr| {
+        let replay = recorded.lock().unwrap().clone();
+        let pushes = std::cell::Cell::new(0);
+        Tamper::connect(
+            addr,
+            move |f: Vec<u8>| if f.is_empty() { replay.clone() } else { f },
+        )
+        .pushing(move |f| {
+            pushes.set(pushes.get() + 1);
+            (pushes.get() == 1).then(|| f.to_vec())
+        })
+    };
+    let (err, pushes, live) =
+        liar(addr_c).send_keyed_fails(&source, &options("slot"), Some(&key(1)));
+    assert_eq!(
+        err,
+        "pull manifest: unexpected reply: it answers another send (not this send's nonce): \
+         replayed by the fabric"
+    );
+    assert_eq!((pushes, live), (1 + 4 + 1, 0));
+    assert!(matches!(
+        open(&c).get_manifest("slot"),
+        Err(KvError::NotFound)
+    ));
+    assert_eq!(server_c.stats().chunks_stored, 0);
+
+    // Without a key the same lie is a success line for a transfer that did not happen.
+    let (addr_d, _d) = start(&d, Limits::default());
+    send(&source, &recorder(addr_d), &options("slot")).unwrap();
+    let (addr_e, _e) = start(&e, Limits::default());
+    let lied = send(&source, &liar(addr_e), &options("slot")).unwrap();
+    assert_eq!(lied.sent, 4, "reported sent");
+    assert!(matches!(
+        open(&e).get_manifest("slot"),
+        Err(KvError::NotFound)
+    ));
+}
+
+#[test]
+fn a_chunk_reframed_by_the_fabric_is_refused_with_a_key() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let slot = chunks(3, 1000, 71);
+    let source = source_slot(a.path(), 3, 1000, 71);
+    // The first chunk goes out under another hash, or with other bytes under its own.
+    let rehash = |inner: &[u8]| -> Vec<u8> {
+        let handoff::Message::Chunk { data, .. } = handoff::parse(inner).unwrap() else {
+            return inner.to_vec();
+        };
+        let mut out = Vec::new();
+        handoff::encode_chunk(b"planted", data, &mut out).unwrap();
+        out
+    };
+    let rebytes = |inner: &[u8]| -> Vec<u8> {
+        let handoff::Message::Chunk { hash, .. } = handoff::parse(inner).unwrap() else {
+            return inner.to_vec();
+        };
+        let mut out = Vec::new();
+        handoff::encode_chunk(hash, b"planted bytes", &mut out).unwrap();
+        out
+    };
+    for (what, edit) in [("hash", rehash as fn(&[u8]) -> Vec<u8>), ("bytes", rebytes)] {
+        let (addr, server) = start_keyed(b.path(), Limits::default(), Some(key(1)));
+        let first = std::cell::Cell::new(true);
+        let tamper = Tamper::connect(addr, |f: Vec<u8>| f).pushing(move |f| {
+            let body = kvwasm_mrdn::decode(f).unwrap().body;
+            let (head, inner) = body.split_at(auth::WRAP_LEN);
+            if !inner.starts_with(b"KVC1") || !first.replace(false) {
+                return Some(f.to_vec());
+            }
+            Some(reframe(f, |_| [head, &edit(inner)].concat()))
+        });
+        let (err, pushes, live) = tamper.send_keyed_fails(&source, &options("slot"), Some(&key(1)));
+        assert_eq!(
+            err,
+            "fabric: push chunk: status 2: bad tag: the sender's key is not this server's \
+             (--key-env), or the message was altered on the way",
+            "{what}"
+        );
+        assert_eq!((pushes, live), (2, 0), "{what}");
+        let target = open(b.path());
+        assert!(absent(&target, b"planted"), "{what}");
+        assert!(absent(&target, &slot[0].0), "{what}");
+        assert!(matches!(
+            target.get_manifest("slot"),
+            Err(KvError::NotFound)
+        ));
+        assert_eq!(server.stats().chunks_stored, 0, "{what}");
+    }
+}
+
+#[test]
+fn keyed_messages_are_bound_to_their_connection_and_replies_to_their_send() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, server) = start_keyed(dir.path(), Limits::default(), Some(key(1)));
+    let store = open(dir.path());
+    let u64_of = |reply: Reply| u64::from_le_bytes(reply.unwrap().try_into().unwrap());
+    let mut query = Vec::new();
+    handoff::encode_query([&b"c"[..]].into_iter(), &mut query).unwrap();
+    let mut chunk = Vec::new();
+    handoff::encode_chunk(b"c", b"bytes", &mut chunk).unwrap();
+    let sender = [9; auth::NONCE_LEN];
+
+    // A query (zero server nonce) is answered, wrapped for this send with the server's nonce.
+    let mut link = Link::connect(addr);
+    let handle = u64_of(link.push(&keyed_frame(&key(1), sender, [0; 16], &query)));
+    let answer = link.pull(handle).unwrap();
+    let body = kvwasm_mrdn::decode(&answer).unwrap().body;
+    let sealed = Sealed::parse(body).unwrap().unwrap();
+    assert!(sealed.verify(&key(1), Direction::ToSender));
+    assert!(!sealed.verify(&key(1), Direction::ToServer));
+    assert_eq!(sealed.sender, &sender);
+    let nonce = *sealed.server;
+    assert_ne!(nonce, [0; 16]);
+    // A chunk must carry that nonce: zeros are a query's only.
+    let unbound = link.push(&keyed_frame(&key(1), sender, [0; 16], &chunk));
+    let replayed = (
+        REFUSED,
+        "a message bound to another connection (its server nonce is not this connection's): \
+         replayed"
+            .to_owned(),
+    );
+    assert_eq!(unbound, Err(replayed.clone()));
+    let bound = keyed_frame(&key(1), sender, nonce, &chunk);
+    let handle = u64_of(link.push(&bound));
+    // Its echo is tagged for the send that pushed it.
+    let echo = link.pull(handle).unwrap();
+    let (head, inner) = unwrap(&echo);
+    let body = [&head[..], &inner].concat();
+    let sealed = Sealed::parse(&body).unwrap().unwrap();
+    assert!(sealed.verify(&key(1), Direction::ToSender));
+    assert_eq!((sealed.sender, sealed.server), (&sender, &nonce));
+    assert_eq!(inner, chunk);
+    // The same frame on another connection, which has another nonce: refused, not stored.
+    let mut other = Link::connect(addr);
+    let mut chunk2 = Vec::new();
+    handoff::encode_chunk(b"d", b"bytes", &mut chunk2).unwrap();
+    assert_eq!(other.push(&bound), Err(replayed.clone()));
+    assert_eq!(
+        other.push(&keyed_frame(&key(1), sender, nonce, &chunk2)),
+        Err(replayed)
+    );
+    assert!(absent(&store, b"d"));
+    // A reply pushed back as a request: its tag is for the other direction.
+    assert_eq!(other.push(&echo).unwrap_err().0, REFUSED);
+    assert_eq!(server.stats().frames_refused, 4);
+}
+
+#[test]
+fn an_unkeyed_client_stores_nothing_on_a_keyed_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, server) = start_keyed(dir.path(), Limits::default(), Some(key(1)));
+    let store = open(dir.path());
+    store.put_chunk(b"held", b"already here").unwrap();
+    let unauthenticated = (
+        REFUSED,
+        "this server has a key: an unauthenticated message (no KVS1 wrapper) is refused; \
+         send with --key-env and the same key"
+            .to_owned(),
+    );
+    let mut link = Link::connect(addr);
+    let mut query = Vec::new();
+    handoff::encode_query([&b"held"[..]].into_iter(), &mut query).unwrap();
+    for frame in [
+        frame(&query),
+        chunk_frame(b"c", b"bytes"),
+        chunk_frame(b"held", b"other bytes"),
+        manifest_frame("slot", &[b"held"], b"m"),
+    ] {
+        assert_eq!(link.push(&frame), Err(unauthenticated.clone()));
+    }
+    // Nor with a key of its own: the first exchange already fails.
+    let mut link = Link::connect(addr);
+    let err = link
+        .push(&keyed_frame(&key(2), [3; 16], [0; 16], &query))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        (
+            REFUSED,
+            "bad tag: the sender's key is not this server's (--key-env), or the message was \
+             altered on the way"
+                .to_owned()
+        )
+    );
+    assert!(absent(&store, b"c"));
+    assert_eq!(
+        store.get_chunk(b"held").unwrap().as_slice(),
+        b"already here"
+    );
+    assert!(matches!(store.get_manifest("slot"), Err(KvError::NotFound)));
+    let stats = server.stats();
+    assert_eq!(
+        (stats.frames_ok, stats.frames_refused, stats.queries),
+        (0, 5, 0)
+    );
+}
+
+#[test]
+fn a_key_on_one_side_only_or_another_key_fails_the_first_exchange() {
+    let scratch = tempfile::tempdir().unwrap();
+    let source = source_slot(&scratch.path().join("a"), 2, 100, 81);
+    let cases = [
+        (
+            Some(key(1)),
+            Some(key(2)),
+            "fabric: push query: status 2: bad tag: the sender's key is not this server's \
+             (--key-env), or the message was altered on the way",
+        ),
+        (
+            Some(key(1)),
+            None,
+            "fabric: push query: status 2: this server has a key: an unauthenticated message \
+             (no KVS1 wrapper) is refused; send with --key-env and the same key",
+        ),
+        (
+            None,
+            Some(key(1)),
+            "fabric: push query: status 2: this server has no key; start it with --key-env",
+        ),
+    ];
+    for (i, (server_key, sender_key, expected)) in cases.into_iter().enumerate() {
+        let dir = scratch.path().join(format!("b{i}"));
+        let (addr, server) = start_keyed(&dir, Limits::default(), server_key);
+        let fabric = LinkTransport::connect(addr);
+        let err = send_keyed(&source, &fabric, &options("slot"), sender_key.as_ref()).unwrap_err();
+        assert_eq!(err.to_string(), expected);
+        let stats = server.stats();
+        assert_eq!(
+            (stats.frames_ok, stats.frames_refused),
+            (0, 1),
+            "{expected}"
+        );
+    }
 }
