@@ -12,7 +12,6 @@ mod feed;
 mod http;
 mod log;
 mod peers;
-mod sources;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -29,7 +28,7 @@ use serde::Deserialize;
 pub use config::ServeConfig;
 use feed::{Feed, request};
 pub use feed::{Guest, GuestCell, GuestStats};
-use sources::{NatsSource, Sink, SourceHandle, ZmqWorker};
+use kvwasm_event_sources::{self as sources, NatsSource, Sink, SourceHandle, ZmqWorker};
 
 /// How long a starting replica lets its sources connect before it takes a
 /// peer's `/dump` (so the dump covers what they missed while joining).
