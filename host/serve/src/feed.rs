@@ -125,7 +125,7 @@ impl GuestCell {
 
     /// Deliver queued batches (in queue order) in `on-batch` calls of at
     /// most `batch_events` events.
-    fn deliver(&self, items: &[(u64, Arc<[Event]>)]) {
+    fn deliver(&self, items: &[Queued]) {
         let mut state = self.lock();
         self.ensure_current(&mut state);
         let generation = state.generation;
@@ -263,10 +263,13 @@ pub(crate) fn request(method: &str, path: &str, body: Vec<u8>) -> Request {
     }
 }
 
+/// A batch in a guest's queue, with its log sequence number.
+type Queued = (u64, Arc<[Event]>);
+
 /// The queues and the threads draining them.
 pub(crate) struct Feed {
     pub cells: Vec<Arc<GuestCell>>,
-    queues: Vec<mpsc::Sender<(u64, Arc<[Event]>)>>,
+    queues: Vec<mpsc::Sender<Queued>>,
     queue_events: usize,
     pub log: Arc<EventLog>,
     pub events_in: AtomicU64,
@@ -278,7 +281,7 @@ impl Feed {
     pub fn new(
         guests: Vec<Arc<dyn Guest>>,
         settings: &crate::ServeConfig,
-    ) -> (Feed, Vec<mpsc::Receiver<(u64, Arc<[Event]>)>>) {
+    ) -> (Feed, Vec<mpsc::Receiver<Queued>>) {
         let log = Arc::new(EventLog::new(settings.log_events));
         let mut cells = Vec::new();
         let mut queues = Vec::new();
@@ -331,7 +334,7 @@ impl Feed {
     }
 
     /// One thread per guest draining its queue.
-    pub fn start(&self, receivers: Vec<mpsc::Receiver<(u64, Arc<[Event]>)>>) -> anyhow::Result<()> {
+    pub fn start(&self, receivers: Vec<mpsc::Receiver<Queued>>) -> anyhow::Result<()> {
         for (cell, rx) in self.cells.iter().zip(receivers) {
             let cell = cell.clone();
             std::thread::Builder::new()
@@ -344,7 +347,7 @@ impl Feed {
 
 /// Take whatever is queued (up to about a batch), deliver it, repeat until
 /// the feed is gone.
-fn drain(cell: &GuestCell, rx: &mpsc::Receiver<(u64, Arc<[Event]>)>) {
+fn drain(cell: &GuestCell, rx: &mpsc::Receiver<Queued>) {
     while let Ok(first) = rx.recv() {
         let mut taken = first.1.len();
         let mut items = vec![first];

@@ -112,14 +112,14 @@ async fn answer(service: &Arc<Service>, request: hyper::Request<Incoming>) -> Re
                 service.peers.add(url.clone());
                 json_response(StatusCode::CREATED, &json!({ "url": url }))
             }
-            Err(response) => response,
+            Err(e) => error(StatusCode::BAD_REQUEST, &e),
         },
         ("/deregister_peer", &Method::POST) => match peer_url(&body) {
             Ok(url) if service.peers.remove(&url) => {
                 json_response(StatusCode::OK, &json!({ "url": url }))
             }
             Ok(_) => error(StatusCode::NOT_FOUND, "peer not found"),
-            Err(response) => response,
+            Err(e) => error(StatusCode::BAD_REQUEST, &e),
         },
         ("/health" | "/metrics" | "/peers" | "/register_peer" | "/deregister_peer", _) => error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -201,14 +201,14 @@ async fn read_body(request: hyper::Request<Incoming>, max: usize) -> Result<Byte
     }
 }
 
-fn peer_url(body: &[u8]) -> Result<String, Response> {
+fn peer_url(body: &[u8]) -> Result<String, String> {
     #[derive(serde::Deserialize)]
     struct Peer {
         url: String,
     }
     serde_json::from_slice::<Peer>(body)
         .map(|p| p.url)
-        .map_err(|e| error(StatusCode::BAD_REQUEST, &format!("invalid request: {e}")))
+        .map_err(|e| format!("invalid request: {e}"))
 }
 
 pub(crate) fn error(status: StatusCode, message: &str) -> Response {
