@@ -35,6 +35,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// server goes away, reconnects forever with exponential backoff (100 ms
 /// doubling to 5 s), subscriptions restored; each reconnection is
 /// counted. Messages published while it is away are lost (core NATS).
+/// Order is kept per subject subscription, not across subscriptions.
 pub fn spawn_nats(source: NatsSource, sink: Sink) -> SourceHandle {
     let counters = Arc::new(SourceCounters::default());
     let task = tokio::spawn(run(source, sink, counters.clone()));

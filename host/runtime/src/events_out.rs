@@ -19,7 +19,8 @@
 //! queue drops the event, counted as `events_dropped` in the backend's
 //! metrics). A task on the host's I/O runtime ([`crate::deadline`]) owns the
 //! socket and drains the queue. No replay socket: a subscriber that missed
-//! messages sees a gap it cannot fill.
+//! messages sees a gap it cannot fill; events still queued when the process
+//! exits are lost.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
