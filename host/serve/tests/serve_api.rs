@@ -379,3 +379,87 @@ fn a_guest_lost_mid_stream_is_rebuilt_from_the_log_with_identical_answers() {
     assert_eq!(reference.guest_metric(rebuilds, "guest"), 0);
     assert_eq!(lossy.guest_metric("kvwasm_traps_total", "backend"), 1);
 }
+
+/// One vLLM-format ZMQ message (`[topic, seq, [ts, [BlockStored], rank]]`):
+/// `worker`'s first two blocks of tokens 0..32.
+fn vllm_message(seq: u64) -> zeromq::ZmqMessage {
+    use rmpv::Value;
+    let stored = Value::Map(vec![
+        ("type".into(), "BlockStored".into()),
+        (
+            "block_hashes".into(),
+            Value::Array(vec![1000.into(), 1001.into()]),
+        ),
+        ("parent_block_hash".into(), Value::Nil),
+        (
+            "token_ids".into(),
+            Value::Array((0..32).map(Value::from).collect()),
+        ),
+        ("block_size".into(), 16.into()),
+        ("lora_id".into(), Value::Nil),
+        ("medium".into(), "GPU".into()),
+    ]);
+    let batch = Value::Array(vec![
+        Value::F64(0.0),
+        Value::Array(vec![stored]),
+        Value::Nil,
+    ]);
+    let mut payload = Vec::new();
+    rmpv::encode::write_value(&mut payload, &batch).unwrap();
+    let frames: Vec<bytes::Bytes> = vec![
+        bytes::Bytes::new(),
+        bytes::Bytes::copy_from_slice(&seq.to_be_bytes()),
+        payload.into(),
+    ];
+    frames.try_into().unwrap()
+}
+
+#[test]
+fn register_starts_a_zmq_source_and_unregister_stops_it() {
+    use zeromq::{Socket as _, SocketSend as _};
+    let h = Harness::start("zmq", "", "");
+    // The socket belongs to the service's runtime (made, used and dropped there).
+    let (mut publisher, bound) = h.runtime.block_on(async {
+        let mut publisher = zeromq::PubSocket::new();
+        let bound = publisher.bind("tcp://127.0.0.1:0").await.unwrap();
+        (publisher, bound)
+    });
+    let endpoint = match bound {
+        zeromq::Endpoint::Tcp(host, port) => format!("tcp://{host}:{port}"),
+        other => panic!("{other}"),
+    };
+    let registration = json!({"instance_id": 5, "endpoint": endpoint, "model_name": "m",
+                              "block_size": 16});
+    assert_eq!(h.json("POST", "/register", &registration).0, 201);
+    // A PUB socket drops what it sends before the subscriber has joined:
+    // publish (the same blocks) until the indexer has them.
+    let mut seq = 0;
+    wait_for("the published blocks", || {
+        h.runtime
+            .block_on(publisher.send(vllm_message(seq)))
+            .unwrap();
+        seq += 1;
+        std::thread::sleep(Duration::from_millis(50));
+        query(&h, 2)["scores"] == json!({"5": {"0": 32}})
+    });
+    let source = "{source=\"zmq:5:0@m/default\"}";
+    assert!(h.metric(&format!("kvwasm_source_events_total{source}")) >= 1);
+
+    let (status, answer) = h.json(
+        "POST",
+        "/unregister",
+        &json!({"instance_id": 5, "model_name": "m"}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert!(!h.metrics().contains(source), "the source still runs");
+    let events_in = h.metric("kvwasm_serve_events_in_total");
+    for _ in 0..5 {
+        h.runtime
+            .block_on(publisher.send(vllm_message(seq)))
+            .unwrap();
+        seq += 1;
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(h.metric("kvwasm_serve_events_in_total"), events_in);
+    h.runtime.block_on(async move { drop(publisher) });
+}
