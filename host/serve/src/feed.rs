@@ -282,12 +282,13 @@ impl Feed {
         guests: Vec<Arc<dyn Guest>>,
         settings: &crate::ServeConfig,
     ) -> (Feed, Vec<mpsc::Receiver<Queued>>) {
-        let log = Arc::new(EventLog::new(settings.log_events));
+        let compacted = guests.first().is_some_and(|g| g.serves_http());
+        let log = Arc::new(EventLog::new(settings.log_events, compacted));
         let mut cells = Vec::new();
         let mut queues = Vec::new();
         let mut receivers = Vec::new();
         for (i, guest) in guests.into_iter().enumerate() {
-            let compacts = i == 0 && guest.serves_http();
+            let compacts = i == 0 && compacted;
             cells.push(Arc::new(GuestCell::new(
                 guest,
                 log.clone(),

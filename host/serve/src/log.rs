@@ -62,13 +62,22 @@ struct State {
 pub(crate) struct EventLog {
     state: Mutex<State>,
     limit: usize,
+    /// Past this many events the oldest batches are dropped outright: the
+    /// limit itself when no guest can compact the log (no indexer), twice
+    /// it when one should but has not (its `/dump` keeps failing).
+    hard_limit: usize,
 }
 
 impl EventLog {
-    pub fn new(limit: usize) -> EventLog {
+    pub fn new(limit: usize, compacted: bool) -> EventLog {
         EventLog {
             state: Mutex::default(),
             limit,
+            hard_limit: if compacted {
+                limit.saturating_mul(2)
+            } else {
+                limit
+            },
         }
     }
 
@@ -81,6 +90,18 @@ impl EventLog {
             state.events += events.len();
         }
         state.entries.push_back((seq, entry));
+        while state.events > self.hard_limit {
+            let Some(oldest) = state
+                .entries
+                .iter()
+                .position(|(_, e)| matches!(e, Entry::Events(_)))
+            else {
+                break;
+            };
+            if let Some((_, Entry::Events(events))) = state.entries.remove(oldest) {
+                state.events -= events.len();
+            }
+        }
         seq
     }
 
@@ -152,8 +173,27 @@ mod tests {
     }
 
     #[test]
+    fn without_compaction_the_oldest_batches_go_past_the_limit() {
+        let log = EventLog::new(5, false);
+        log.push(batch(3));
+        log.push(request("/register"));
+        log.push(batch(2));
+        assert_eq!(log.events(), 5);
+        log.push(batch(1));
+        assert_eq!(log.events(), 3);
+        let seqs: Vec<u64> = log.snapshot().entries.iter().map(|(s, _)| *s).collect();
+        assert_eq!(seqs, [2, 3, 4]);
+        // A compacting log tolerates twice the limit before it drops.
+        let log = EventLog::new(5, true);
+        log.push(batch(10));
+        assert_eq!(log.events(), 10);
+        log.push(batch(1));
+        assert_eq!(log.events(), 1);
+    }
+
+    #[test]
     fn compaction_keeps_registrations_and_later_entries() {
-        let log = EventLog::new(5);
+        let log = EventLog::new(5, true);
         assert_eq!(log.push(request("/register")), 1);
         assert_eq!(log.push(batch(4)), 2);
         assert_eq!(log.push(request(RESTORE)), 3);
