@@ -463,3 +463,42 @@ fn register_starts_a_zmq_source_and_unregister_stops_it() {
     assert_eq!(h.metric("kvwasm_serve_events_in_total"), events_in);
     h.runtime.block_on(async move { drop(publisher) });
 }
+
+#[test]
+fn a_configured_nats_source_feeds_the_indexer() {
+    let nats = kvwasm_tests::servers::NatsServer::start();
+    let h = Harness::start(
+        "nats",
+        "",
+        &format!(
+            "[[serve.nats]]\nurl = {:?}\nmodel = \"m\"\ntenant = \"default\"\n",
+            nats.url()
+        ),
+    );
+    // The tree for (m, default) comes from a registration.
+    let registration = json!({"instance_id": 1, "endpoint": "tcp://127.0.0.1:9",
+                              "model_name": "m", "block_size": 16});
+    assert_eq!(h.json("POST", "/register", &registration).0, 201);
+    let router_event = json!({"worker_id": 1, "event": {"event_id": 1, "dp_rank": 0,
+        "data": {"stored": {"parent_hash": null, "blocks": [
+            {"block_hash": 100, "tokens_hash": 15310707395893867146_u64},
+            {"block_hash": 101, "tokens_hash": 15292316782987903195_u64}]}}}});
+    let client = h.runtime.block_on(async_nats::connect(nats.url())).unwrap();
+    // Core NATS drops what is published before the subscription exists:
+    // publish (the same blocks) until the indexer has them.
+    wait_for("the RouterEvent", || {
+        h.runtime.block_on(async {
+            let subject = "namespace.dynamo.component.backend.kv-events";
+            client
+                .publish(subject, router_event.to_string().into())
+                .await
+                .unwrap();
+            client.flush().await.unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        query(&h, 2)["scores"] == json!({"1": {"0": 32}})
+    });
+    let source = format!("{{source=\"nats:{}\"}}", nats.url());
+    assert!(h.metric(&format!("kvwasm_source_events_total{source}")) >= 1);
+    h.runtime.block_on(async move { drop(client) });
+}
