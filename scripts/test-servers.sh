@@ -3,19 +3,32 @@
 # tests start and stop them themselves, on loopback ports:
 #   - redis-server and redis-cli, from Debian's `redis-server` package;
 #   - s3s-fs, an S3 server that checks SigV4 signatures, built from
-#     crates.io into target/tools (0.14.1: the last release for Rust 1.95).
+#     crates.io into target/tools (0.14.1: the last release for Rust 1.95);
+#   - nats-server, from Debian's `nats-server` package (the NATS event
+#     source's tests);
+#   - a Python venv in target/tools/pyenv with pyzmq and msgpack from PyPI,
+#     for tests/scripts/kv_publisher.py (a vLLM/SGLang-shaped KV event
+#     publisher, the ZMQ event source's tests).
 # Idempotent; called by scripts/test.sh and scripts/bench.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+APT_UPDATED=""
+apt_install() {
+    if [ -z "$APT_UPDATED" ]; then
+        $SUDO apt-get update -qq
+        APT_UPDATED=1
+    fi
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@"
+}
+
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
     step "apt-get install redis-server (the Redis backend's tests run a real server)"
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server
+    apt_install redis-server
     # The package starts a system-wide server on :6379; the tests run their own.
     $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true
 fi
@@ -24,4 +37,23 @@ S3S_FS_VERSION=0.14.1
 if [ ! -x target/tools/bin/s3s-fs ]; then
     step "cargo install s3s-fs $S3S_FS_VERSION (the S3 backend's tests run a real S3 server; ~4 min)"
     cargo install --quiet --locked --root target/tools s3s-fs --version "=$S3S_FS_VERSION" --features binary
+fi
+
+if ! command -v nats-server >/dev/null; then
+    step "apt-get install nats-server (the NATS event source's tests run a real server)"
+    apt_install nats-server
+    # Should the package start a system-wide server, the tests run their own.
+    $SUDO systemctl disable --now nats-server >/dev/null 2>&1 || true
+fi
+
+# Pinned, so a cached venv is reused only while it holds exactly these.
+PY_REQUIREMENTS="pyzmq==27.3.0 msgpack==1.2.4"
+PYENV=target/tools/pyenv
+if [ "$(cat "$PYENV/requirements" 2>/dev/null)" != "$PY_REQUIREMENTS" ]; then
+    step "python venv $PYENV with $PY_REQUIREMENTS (the ZMQ event source's tests run a real publisher)"
+    rm -rf "$PYENV"
+    python3 -m venv "$PYENV"
+    # shellcheck disable=SC2086 # one word per requirement
+    "$PYENV/bin/pip" install --quiet --disable-pip-version-check $PY_REQUIREMENTS
+    echo "$PY_REQUIREMENTS" >"$PYENV/requirements"
 fi

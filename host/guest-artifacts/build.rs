@@ -17,6 +17,7 @@ const BACKENDS: &[(&str, &str)] = &[
     ("kvwasm-guest-s3", "S3"),
     ("kvwasm-fabric-synthetic", "SYNTHETIC"),
     ("kvwasm-fabric-tcp", "TCP"),
+    ("kvwasm-kv-indexer", "KV_INDEXER"),
 ];
 const TEST_GUESTS: &[(&str, &str)] = &[
     ("kvwasm-guest-hostile", "HOSTILE"),

@@ -2,6 +2,9 @@
 //! by the tests themselves and stopped when dropped: `redis-server` (from
 //! Debian's `redis-server` package) and `s3s-fs` (an S3 server that checks
 //! SigV4 signatures; `scripts/setup.sh` installs it into `target/tools`).
+//! For the event sources: `nats-server` (Debian's `nats-server`) and
+//! `tests/scripts/kv_publisher.py`, a vLLM/SGLang-shaped KV event publisher
+//! run by the venv `scripts/test-servers.sh` makes in `target/tools/pyenv`.
 //!
 //! A server that cannot start fails the test with its log: these tests
 //! never skip.
@@ -12,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A free loopback port (bound, then released for the server to take).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
     listener.local_addr().expect("local addr").port()
 }
@@ -281,6 +284,145 @@ pub fn s3s_fs_binary() -> PathBuf {
             local.display()
         )
     })
+}
+
+/// A `nats-server` on 127.0.0.1 (a free port), killed when dropped.
+pub struct NatsServer {
+    pub addr: SocketAddr,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    pub fn start() -> NatsServer {
+        let mut server = NatsServer {
+            addr: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            dir: tempfile::tempdir().expect("temp dir"),
+            child: None,
+        };
+        server.restart();
+        server
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://{}", self.addr)
+    }
+
+    /// Start (again) on the same port.
+    pub fn restart(&mut self) {
+        let binary = which("nats-server").unwrap_or_else(|| {
+            panic!("nats-server not found: run `bash scripts/test-servers.sh` (apt-get install nats-server)")
+        });
+        let log = self.dir.path().join("nats-server.log");
+        let mut child = Command::new(binary)
+            .args(["-a", "127.0.0.1", "-p", &self.addr.port().to_string()])
+            .arg("-l")
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nats-server");
+        wait_listening(self.addr, &mut child, "nats-server", &log);
+        self.child = Some(child);
+    }
+
+    /// SIGKILL the server: its clients lose their connections at once.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A run of `tests/scripts/kv_publisher.py` (see its docstring), killed
+/// when dropped. `endpoint` is its publisher socket, `replay_endpoint` its
+/// ROUTER.
+pub struct KvPublisher {
+    pub endpoint: String,
+    pub replay_endpoint: String,
+    child: Child,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl KvPublisher {
+    /// Start the publisher on fresh loopback ports with `args` (`--shape`
+    /// and the rest); returns once it has bound its sockets.
+    pub fn start(args: &[&str]) -> KvPublisher {
+        let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+        let replay_endpoint = format!("tcp://127.0.0.1:{}", free_port());
+        KvPublisher::start_at(&endpoint, &replay_endpoint, args)
+    }
+
+    /// As [`KvPublisher::start`], on given endpoints (a publisher restarted
+    /// where its predecessor was).
+    pub fn start_at(endpoint: &str, replay_endpoint: &str, args: &[&str]) -> KvPublisher {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/kv_publisher.py");
+        let mut child = Command::new(python_binary())
+            .arg(script)
+            .args(["--pub", endpoint, "--replay", replay_endpoint])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn kv_publisher.py");
+        let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut publisher = KvPublisher {
+            endpoint: endpoint.to_owned(),
+            replay_endpoint: replay_endpoint.to_owned(),
+            child,
+            stdout,
+        };
+        assert_eq!(publisher.line(), "ready");
+        publisher
+    }
+
+    /// The next line the publisher prints (`published`, `replayed FROM N`).
+    pub fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        let n = self
+            .stdout
+            .read_line(&mut line)
+            .expect("read kv_publisher.py");
+        if n == 0 {
+            let status = self.child.wait();
+            panic!("kv_publisher.py ended early: {status:?}");
+        }
+        line.trim_end().to_owned()
+    }
+
+    /// SIGKILL the publisher.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for KvPublisher {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The venv's python (`target/tools/pyenv`, made by
+/// `scripts/test-servers.sh` with pyzmq and msgpack).
+pub fn python_binary() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/pyenv/bin/python");
+    assert!(
+        venv.is_file(),
+        "{} missing: run `bash scripts/test-servers.sh` (a venv with pyzmq and msgpack)",
+        venv.display()
+    );
+    venv
 }
 
 fn which(name: &str) -> Option<PathBuf> {

@@ -55,6 +55,10 @@ pub struct BenchArgs {
     /// blake3; the tcp handoff against raw loopback TCP).
     #[arg(long)]
     fabric: bool,
+    /// Measure the KV indexer instead: event ingest and /query latency of
+    /// the builtin:kv-indexer guest against the same indexer run natively.
+    #[arg(long, conflicts_with = "fabric")]
+    events: bool,
     /// Internal: time dlopen and the first open in this fresh process.
     #[arg(long, hide = true)]
     open_probe: bool,
@@ -77,6 +81,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.fabric {
         return bench_fabric(&args);
+    }
+    if args.events {
+        return bench_events(&args);
     }
     let targets = if args.targets.is_empty() {
         default_targets(&args)?
@@ -196,6 +203,19 @@ fn bench_fabric(args: &BenchArgs) -> anyhow::Result<()> {
     print!("{}", kvwasm_bench::fabric::markdown(&pairs, reps));
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&pairs)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `--events`: the KV indexer guest against the native core, as Markdown.
+fn bench_events(args: &BenchArgs) -> anyhow::Result<()> {
+    let reps = if args.quick { 1 } else { args.reps.max(1) };
+    let shape = kvwasm_bench::events::Shape::new(args.quick);
+    let report = kvwasm_bench::events::run(shape, reps).map_err(anyhow::Error::msg)?;
+    print!("{}", kvwasm_bench::events::markdown(&report));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

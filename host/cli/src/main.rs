@@ -9,6 +9,7 @@ mod demo;
 mod fabric;
 mod inspect;
 mod metrics;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -43,6 +44,7 @@ enum Command {
     Metrics(metrics::MetricsArgs),
     Compile(compile::CompileArgs),
     Fabric(fabric::FabricArgs),
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -63,6 +65,7 @@ fn main() -> std::process::ExitCode {
         Command::Metrics(args) => metrics::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Compile(args) => compile::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Fabric(args) => fabric::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Serve(args) => serve::run(args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

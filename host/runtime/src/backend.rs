@@ -36,6 +36,8 @@ pub struct Backend {
     pub metrics: Arc<BackendMetrics>,
     /// `grants.settings` as every instance's `wasi:config` store serves it.
     pub(crate) config_vars: Arc<WasiConfigVariables>,
+    /// The publisher of this backend's kv_store traffic (`publish_events`).
+    pub(crate) events_out: Option<crate::events_out::EventsOut>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -72,6 +74,7 @@ impl Backend {
             max_concurrent_calls: None,
             calls_in_flight: CallGate::default(),
             metrics: crate::metrics::for_backend(name),
+            events_out: None,
         }
     }
 

@@ -43,6 +43,9 @@ pub enum Builtin {
     /// `guest-backends/tcp`: moves frames to one granted peer running
     /// `kvwasm fabric serve`; needs `net` and `settings.peer`.
     Tcp,
+    /// `guest-backends/kv-indexer`: Dynamo's standalone KV indexer as an
+    /// event subscriber with an HTTP API (`[subscribers.NAME]`).
+    KvIndexer,
 }
 
 impl Builtin {
@@ -55,6 +58,7 @@ impl Builtin {
             Builtin::S3 => "s3",
             Builtin::Synthetic => "synthetic",
             Builtin::Tcp => "tcp",
+            Builtin::KvIndexer => "kv-indexer",
         }
     }
 
@@ -66,6 +70,7 @@ impl Builtin {
             Builtin::S3 => kvwasm_guest_artifacts::S3,
             Builtin::Synthetic => kvwasm_guest_artifacts::SYNTHETIC,
             Builtin::Tcp => kvwasm_guest_artifacts::TCP,
+            Builtin::KvIndexer => kvwasm_guest_artifacts::KV_INDEXER,
         }
     }
 
@@ -78,13 +83,14 @@ impl Builtin {
     }
 
     /// Every builtin.
-    pub const ALL: [Builtin; 6] = [
+    pub const ALL: [Builtin; 7] = [
         Builtin::Fs,
         Builtin::Memory,
         Builtin::Redis,
         Builtin::S3,
         Builtin::Synthetic,
         Builtin::Tcp,
+        Builtin::KvIndexer,
     ];
 }
 

@@ -19,6 +19,7 @@
 //! max_payload_mib = 1024
 //! fuel = 50000000                   # optional: instructions per call (metered engine)
 //! max_resources = 1024              # files, sockets, payloads... one instance may hold
+//! publish_events = "tcp://127.0.0.1:5557"  # optional: stored chunks as KV events (ZMQ PUB)
 //!
 //! [backends.acme.tenants.alice]     # limits for wasm://acme/alice/...
 //! memory_limit_mib = 64
@@ -136,6 +137,9 @@ pub struct BackendConfig {
     /// Limits for tenants (the first component of the namespace).
     #[serde(default)]
     pub tenants: BTreeMap<String, LimitsConfig>,
+    /// Publish every stored chunk as a vLLM-format KV event on a ZMQ PUB
+    /// socket bound here (`tcp://host:port`, see [`crate::events_out`]).
+    pub publish_events: Option<String>,
 }
 
 impl Config {
@@ -243,6 +247,10 @@ impl Config {
         backend.limits = limits;
         backend.max_instances = spec.max_instances.unwrap_or_else(default_max_instances);
         backend.max_concurrent_calls = spec.max_concurrent_calls;
+        backend.events_out = spec
+            .publish_events
+            .as_ref()
+            .map(|address| crate::events_out::EventsOut::new(address, backend.metrics.clone()));
         Ok(backend)
     }
 
@@ -336,6 +344,9 @@ impl BackendConfig {
         if self.max_instances.is_some() {
             return Err("this guest runs one instance; max_instances does not apply".into());
         }
+        if self.publish_events.is_some() {
+            return Err("this guest has no kv_store traffic; publish_events does not apply".into());
+        }
         self.validate()
     }
 
@@ -354,6 +365,9 @@ impl BackendConfig {
         }
         if self.max_concurrent_calls == Some(0) {
             return Err("max_concurrent_calls must be at least 1".into());
+        }
+        if let Some(address) = &self.publish_events {
+            crate::events_out::validate_address(address)?;
         }
         if let Some(pin) = &self.sha256
             && (pin.len() != 64 || !pin.bytes().all(|b| b.is_ascii_hexdigit()))
@@ -508,6 +522,15 @@ mod tests {
                 "not an environment variable",
             ),
             (format!("{fs}max_concurrent_calls = 0"), "at least 1"),
+            (
+                format!("{fs}publish_events = \"127.0.0.1:5557\""),
+                "expected tcp://host:port",
+            ),
+            (
+                "[subscribers.s]\ncomponent = \"builtin:fs\"\npublish_events = \"tcp://127.0.0.1:1\""
+                    .to_owned(),
+                "publish_events does not apply",
+            ),
             (
                 format!("{fs}[backends.a.tenants.t]\nmemory_limit_mib = 0"),
                 "tenants.t",

@@ -72,7 +72,8 @@ impl Deadline {
 /// themselves run on the consumer's threads. Name lookups run on its
 /// blocking pool (tokio's default size, threads started on demand and gone
 /// after 10 s idle), so lookups a deadline abandoned cannot starve others.
-fn runtime() -> &'static tokio::runtime::Runtime {
+/// The kv_store-traffic publisher's task runs here too ([`crate::events_out`]).
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)

@@ -16,6 +16,7 @@
 //! * `instance` — one kv-store instance and typed, deadline-bound calls;
 //! * [`fabric`] — fabric guests: MRDN frames, verified by the host;
 //! * [`subscriber`] — event subscriber guests, fed by `kvwasm serve`;
+//! * [`events_out`] — a backend's kv_store traffic, published as KV events;
 //! * [`handle`] — an open store: a pool of instances, safe from many threads;
 //! * [`config`] and [`uri`] — how operators and consumers name backends.
 
@@ -28,6 +29,7 @@ pub mod config;
 pub mod deadline;
 pub mod engine;
 mod error;
+pub mod events_out;
 pub mod fabric;
 mod guest_log;
 pub mod handle;

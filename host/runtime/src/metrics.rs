@@ -27,6 +27,7 @@ pub struct BackendMetrics {
     denials: AtomicU64,
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
+    events_dropped: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -39,12 +40,20 @@ pub struct Counters {
     pub denials: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// KV events of this backend's traffic (`publish_events`) dropped.
+    pub events_dropped: u64,
 }
 
 impl BackendMetrics {
     /// A capability the host refused.
     pub fn denial(&self) {
         self.denials.fetch_add(1, Relaxed);
+    }
+
+    /// A KV event of the backend's traffic dropped (`publish_events`: its
+    /// queue was full, or its socket could not bind or send).
+    pub fn event_dropped(&self) {
+        self.events_dropped.fetch_add(1, Relaxed);
     }
 
     /// One finished call: `bytes_in` from the consumer, `bytes_out` to it.
@@ -75,6 +84,7 @@ impl BackendMetrics {
             denials: self.denials.load(Relaxed),
             bytes_in: self.bytes_in.load(Relaxed),
             bytes_out: self.bytes_out.load(Relaxed),
+            events_dropped: self.events_dropped.load(Relaxed),
         }
     }
 }
@@ -103,7 +113,7 @@ pub fn snapshot() -> BTreeMap<String, Counters> {
 pub fn prometheus_text() -> String {
     let all = snapshot();
     type Family = (&'static str, &'static str, fn(&Counters) -> u64);
-    let families: [Family; 7] = [
+    let families: [Family; 8] = [
         ("calls", "Calls into backend guests.", |c| c.calls),
         ("errors", "Calls that failed (misses excluded).", |c| {
             c.errors
@@ -123,6 +133,11 @@ pub fn prometheus_text() -> String {
         ("bytes_out", "Payload bytes returned by backends.", |c| {
             c.bytes_out
         }),
+        (
+            "events_dropped",
+            "KV events of the backend's traffic dropped (publish_events).",
+            |c| c.events_dropped,
+        ),
     ];
     let mut out = String::new();
     for (name, help, value) in families {

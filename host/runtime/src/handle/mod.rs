@@ -92,6 +92,7 @@ impl StoreHandle {
             1
         };
         let label = format!("backend {:?}, namespace {namespace:?}", backend.name);
+        backend.start_publishing();
         Ok(StoreHandle {
             pool: Pool::new(first, max_instances, label),
             backend,
@@ -114,6 +115,7 @@ impl StoreHandle {
                 self.check_payload(data)?;
                 self.checkout(deadline)?
                     .run(CallKind::Put, |i| i.put_chunk(deadline, hash, data))
+                    .inspect(|_| self.backend.publish_stored(hash))
                     .map(|outcome| outcome == PutOutcome::AlreadyPresent)
             },
         )

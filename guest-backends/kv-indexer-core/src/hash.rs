@@ -1,0 +1,86 @@
+//! Dynamo's local block hashes (interop-facts §4): what the radix tree is
+//! keyed by, computed the same way on ingest (from an event's token ids)
+//! and on `/query` (from the prompt), so the two meet.
+
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+/// The seed of every block hash without a LoRA adapter.
+pub const SEED: u64 = 1337;
+
+/// The seed for blocks computed with `lora_name`: [`SEED`] plus the
+/// adapter's own hash, so the same tokens under two adapters never match.
+pub fn seed_for(lora_name: Option<&str>) -> u64 {
+    match lora_name {
+        Some(name) => SEED.wrapping_add(xxh3_64(name.as_bytes())),
+        None => SEED,
+    }
+}
+
+/// One hash per FULL block of `block_size` tokens (the tail is ignored):
+/// xxh3-64 of the tokens' little-endian u32 bytes. Not chained: the tree's
+/// paths carry the prefix structure.
+pub fn block_hashes(tokens: &[u32], block_size: u32, lora_name: Option<&str>) -> Vec<u64> {
+    let Some(size) = usize::try_from(block_size).ok().filter(|&s| s > 0) else {
+        return Vec::new();
+    };
+    let seed = seed_for(lora_name);
+    let mut bytes = Vec::with_capacity(size * 4);
+    tokens
+        .chunks_exact(size)
+        .map(|block| {
+            bytes.clear();
+            block
+                .iter()
+                .for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
+            xxh3_64_with_seed(&bytes, seed)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_the_published_vector() {
+        let tokens: Vec<u32> = (0..=31).collect();
+        assert_eq!(
+            block_hashes(&tokens, 16, None),
+            [15310707395893867146, 15292316782987903195]
+        );
+    }
+
+    #[test]
+    fn partial_tail_is_ignored() {
+        let tokens: Vec<u32> = (0..=40).collect();
+        assert_eq!(block_hashes(&tokens, 16, None).len(), 2);
+        assert_eq!(
+            block_hashes(&tokens, 16, None),
+            block_hashes(&tokens[..32], 16, None)
+        );
+        assert!(block_hashes(&tokens[..15], 16, None).is_empty());
+        assert!(block_hashes(&tokens, 0, None).is_empty());
+    }
+
+    #[test]
+    fn lora_seed_is_1337_plus_the_adapter_hash() {
+        let name = "my-adapter";
+        let expected = 1337u64.wrapping_add(xxh3_64_with_seed(name.as_bytes(), 0));
+        assert_eq!(seed_for(Some(name)), expected);
+        assert_eq!(seed_for(None), 1337);
+        let tokens: Vec<u32> = (0..16).collect();
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        assert_eq!(
+            block_hashes(&tokens, 16, Some(name)),
+            [xxh3_64_with_seed(&bytes, expected)]
+        );
+        assert_ne!(
+            block_hashes(&tokens, 16, Some(name)),
+            block_hashes(&tokens, 16, None)
+        );
+        assert_ne!(
+            block_hashes(&tokens, 16, Some(name)),
+            block_hashes(&tokens, 16, Some("other"))
+        );
+    }
+}

@@ -1,0 +1,609 @@
+//! Registrations, the trees, event ingest and the HTTP API.
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+
+use serde::de::{DeserializeOwned, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::tree::{ApplyError, Tree, Worker};
+use crate::{Event, EventData, Stored, hash};
+
+/// Longest `token_ids` of a `/query` (a request can make the indexer
+/// allocate no more than this).
+pub const MAX_TOKEN_IDS: usize = 1 << 20;
+/// Longest `block_hashes` of a `/query_by_hash`.
+pub const MAX_QUERY_BLOCKS: usize = 1 << 20;
+/// Longest endpoint accepted by `/register`.
+const MAX_ENDPOINT: usize = 1024;
+
+/// What ingest did, since start (a replaced guest starts again at zero).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Counters {
+    pub events: u64,
+    pub blocks_stored: u64,
+    pub blocks_removed: u64,
+    /// Blocks of events whose `block_size` differs from the tree's.
+    pub blocks_wrong_size: u64,
+    /// Engine hashes without a full block of tokens (or a local hash).
+    pub blocks_incomplete: u64,
+    /// Stores whose parent the worker does not hold.
+    pub parent_not_found: u64,
+    /// Removals of blocks the worker does not hold.
+    pub block_not_found: u64,
+    /// Stores that would make a block its own ancestor.
+    pub invalid_sequence: u64,
+    /// Events with no tree: no model and the worker is not registered, or
+    /// a model with no tree and no block size to start one.
+    pub unroutable: u64,
+}
+
+/// The tree of one (model, tenant) and its block size.
+struct Index {
+    block_size: u32,
+    /// The adapter `/query` hashes with when the request names none.
+    lora_name: Option<String>,
+    tree: Tree,
+}
+
+impl Index {
+    fn new(block_size: u32, lora_name: Option<String>) -> Index {
+        Index {
+            block_size,
+            lora_name,
+            tree: Tree::default(),
+        }
+    }
+}
+
+/// A `/register`ed (instance, rank).
+struct Registration {
+    endpoint: String,
+    key: Key,
+}
+
+/// (model, tenant)
+type Key = (String, String);
+
+/// The whole indexer: what one guest instance holds.
+#[derive(Default)]
+pub struct Indexer {
+    indexes: BTreeMap<Key, Index>,
+    workers: BTreeMap<u64, BTreeMap<u32, Registration>>,
+    counters: Counters,
+}
+
+impl Indexer {
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Apply events in order; returns how many were not (fully) applied
+    /// (each is counted in [`Counters`]).
+    pub fn ingest(&mut self, events: &[Event]) -> usize {
+        events.iter().filter(|e| !self.ingest_one(e)).count()
+    }
+
+    fn ingest_one(&mut self, event: &Event) -> bool {
+        self.counters.events += 1;
+        let Some(key) = self.route(event) else {
+            self.counters.unroutable += 1;
+            return false;
+        };
+        let index = self.indexes.get_mut(&key).expect("routed to an index");
+        let worker = (event.worker_id, event.dp_rank);
+        let counters = &mut self.counters;
+        let result = match &event.data {
+            EventData::Stored(stored) => store(index, counters, worker, stored),
+            EventData::Removed(hashes) => {
+                let before = index.tree.size(worker);
+                let result = index.tree.remove(worker, hashes);
+                counters.blocks_removed += (before - index.tree.size(worker)) as u64;
+                result.map(|()| true)
+            }
+            EventData::Cleared => {
+                index.tree.remove_worker(event.worker_id, None);
+                Ok(true)
+            }
+        };
+        match result {
+            Ok(applied) => applied,
+            Err(err) => {
+                count_error(counters, err);
+                false
+            }
+        }
+    }
+
+    /// The index an event belongs to: its own (model, tenant), else the
+    /// registration of its (worker, rank), else any of its worker's (a
+    /// batch's rank may differ from the registered one).
+    fn route(&mut self, event: &Event) -> Option<Key> {
+        let Some(model) = &event.model else {
+            let ranks = self.workers.get(&event.worker_id)?;
+            let registration = ranks
+                .get(&event.dp_rank)
+                .or_else(|| ranks.values().next())?;
+            return Some(registration.key.clone());
+        };
+        let key = (
+            model.clone(),
+            event.tenant.clone().unwrap_or_else(default_tenant),
+        );
+        if !self.indexes.contains_key(&key) {
+            let EventData::Stored(Stored {
+                block_size: Some(size @ 1..),
+                ..
+            }) = event.data
+            else {
+                return None;
+            };
+            self.indexes.insert(key.clone(), Index::new(size, None));
+        }
+        Some(key)
+    }
+
+    /// Answer one request of the API: (status, JSON body).
+    pub fn handle(
+        &mut self,
+        method: &str,
+        path: &str,
+        _query: &str,
+        body: &[u8],
+    ) -> (u16, Vec<u8>) {
+        let expected = match path {
+            "/register" | "/unregister" | "/query" | "/query_by_hash" | "/restore" => "POST",
+            "/workers" | "/dump" => "GET",
+            _ => return error(404, format!("no route for {path}")),
+        };
+        if method != expected {
+            return error(405, format!("{path} takes {expected}"));
+        }
+        let result = match path {
+            "/register" => parse(body).and_then(|r| self.register(r)),
+            "/unregister" => parse(body).and_then(|r| self.unregister(r)),
+            "/workers" => Ok(self.list_workers()),
+            "/query" => parse(body).and_then(|r| self.query(r)),
+            "/query_by_hash" => parse(body).and_then(|r| self.query_by_hash(r)),
+            "/dump" => Ok(json(200, &self.dump())),
+            _ => parse(body).map(|dump| self.restore(dump)),
+        };
+        result.unwrap_or_else(|e| e)
+    }
+
+    fn register(&mut self, req: RegisterRequest) -> Reply {
+        for endpoint in std::iter::once(&req.endpoint).chain(&req.replay_endpoint) {
+            if !valid_endpoint(endpoint) {
+                return Err(error(400, format!("invalid endpoint {endpoint:?}")));
+            }
+        }
+        if req.block_size == 0 {
+            return Err(error(400, "block_size must be positive".into()));
+        }
+        let rank = req.dp_rank.unwrap_or(0);
+        let key = (req.model_name, req.tenant_id);
+        if let Some(index) = self.indexes.get(&key)
+            && index.block_size != req.block_size
+        {
+            return Err(error(
+                409,
+                format!(
+                    "block_size mismatch for model={} tenant={}: existing={}, requested={}",
+                    key.0, key.1, index.block_size, req.block_size
+                ),
+            ));
+        }
+        if self
+            .workers
+            .get(&req.instance_id)
+            .is_some_and(|ranks| ranks.contains_key(&rank))
+        {
+            return Err(error(
+                409,
+                format!(
+                    "instance {} dp_rank {rank} already registered",
+                    req.instance_id
+                ),
+            ));
+        }
+        self.indexes
+            .entry(key.clone())
+            .or_insert_with(|| Index::new(req.block_size, req.lora_name));
+        self.workers.entry(req.instance_id).or_default().insert(
+            rank,
+            Registration {
+                endpoint: req.endpoint,
+                key,
+            },
+        );
+        Ok(json(201, &serde_json::json!({"status": "ok"})))
+    }
+
+    /// Remove the instance's registrations for the model (one tenant's
+    /// when given, one rank's when given) and their blocks.
+    fn unregister(&mut self, req: UnregisterRequest) -> Reply {
+        let id = req.instance_id;
+        let Some(ranks) = self.workers.get_mut(&id) else {
+            return Err(error(404, format!("instance {id} not found")));
+        };
+        let matches = |rank: u32, r: &Registration| {
+            r.key.0 == req.model_name
+                && req.tenant_id.as_ref().is_none_or(|t| *t == r.key.1)
+                && req.dp_rank.is_none_or(|d| d == rank)
+        };
+        let removed: Vec<(u32, Key)> = ranks
+            .iter()
+            .filter(|(rank, r)| matches(**rank, r))
+            .map(|(rank, r)| (*rank, r.key.clone()))
+            .collect();
+        if removed.is_empty() {
+            let what = match req.dp_rank {
+                Some(rank) => format!("instance {id} dp_rank {rank} not found"),
+                None => format!("instance {id} not found for model {}", req.model_name),
+            };
+            return Err(error(404, what));
+        }
+        for (rank, _) in &removed {
+            ranks.remove(rank);
+        }
+        let left: Vec<Key> = ranks.values().map(|r| r.key.clone()).collect();
+        if ranks.is_empty() {
+            self.workers.remove(&id);
+        }
+        for (rank, key) in removed {
+            if let Some(index) = self.indexes.get_mut(&key) {
+                // Ranks never registered (a batch's own rank) go with the
+                // instance's last registration in the tree, as in Dynamo.
+                let all = req.dp_rank.is_none() || !left.contains(&key);
+                index.tree.remove_worker(id, (!all).then_some(rank));
+            }
+        }
+        Ok(json(200, &serde_json::json!({"status": "ok"})))
+    }
+
+    fn list_workers(&self) -> (u16, Vec<u8>) {
+        let workers: Vec<_> = self
+            .workers
+            .iter()
+            .map(|(id, ranks)| {
+                let endpoints: BTreeMap<u32, &str> = ranks
+                    .iter()
+                    .map(|(rank, r)| (*rank, r.endpoint.as_str()))
+                    .collect();
+                serde_json::json!({"instance_id": id, "endpoints": endpoints})
+            })
+            .collect();
+        json(200, &workers)
+    }
+
+    fn index(&self, model: &str, tenant: &str) -> Result<&Index, (u16, Vec<u8>)> {
+        self.indexes
+            .get(&(model.to_owned(), tenant.to_owned()))
+            .ok_or_else(|| error(404, format!("no indexer for model={model} tenant={tenant}")))
+    }
+
+    fn query(&self, req: QueryRequest) -> Reply {
+        let index = self.index(&req.model_name, &req.tenant_id)?;
+        let lora = req.lora_name.as_deref().or(index.lora_name.as_deref());
+        let hashes = hash::block_hashes(&req.token_ids, index.block_size, lora);
+        Ok(scores(index, &hashes))
+    }
+
+    fn query_by_hash(&self, req: QueryByHashRequest) -> Reply {
+        let index = self.index(&req.model_name, &req.tenant_id)?;
+        let hashes: Vec<u64> = req.block_hashes.iter().map(|h| *h as u64).collect();
+        Ok(scores(index, &hashes))
+    }
+
+    /// Every index as Dynamo's `/dump` gives it: a breadth-first list of
+    /// one-block store events per worker per reachable node.
+    fn dump(&self) -> BTreeMap<String, DumpIndex> {
+        self.indexes
+            .iter()
+            .map(|((model, tenant), index)| {
+                let events = index
+                    .tree
+                    .walk()
+                    .into_iter()
+                    .enumerate()
+                    .map(
+                        |(n, ((worker_id, dp_rank), parent, ext, local))| RouterEvent {
+                            worker_id,
+                            event: DumpEvent {
+                                event_id: n as u64,
+                                data: DumpData::Stored {
+                                    parent_hash: parent,
+                                    blocks: vec![DumpBlock {
+                                        block_hash: ext,
+                                        tokens_hash: local,
+                                    }],
+                                },
+                                dp_rank,
+                            },
+                        },
+                    )
+                    .collect();
+                let dump = DumpIndex {
+                    block_size: index.block_size,
+                    events,
+                };
+                (format!("{model}:{tenant}"), dump)
+            })
+            .collect()
+    }
+
+    /// `POST /restore` (a kvwasm extension): the trees become the dump's.
+    /// Registrations stay; an index registered but absent from the dump
+    /// is emptied.
+    fn restore(&mut self, dump: BTreeMap<String, DumpIndex>) -> (u16, Vec<u8>) {
+        let mut indexes = BTreeMap::new();
+        for (name, dumped) in dump {
+            let Some((model, tenant)) = name.split_once(':') else {
+                return error(400, format!("dump key {name:?} is not model:tenant"));
+            };
+            if dumped.block_size == 0 {
+                return error(400, format!("{name}: block_size must be positive"));
+            }
+            indexes.insert((model.to_owned(), tenant.to_owned()), dumped);
+        }
+        let mut restored = BTreeMap::new();
+        for (key, dumped) in indexes {
+            let lora = self.indexes.get(&key).and_then(|i| i.lora_name.clone());
+            let mut index = Index::new(dumped.block_size, lora);
+            for event in dumped.events {
+                self.counters.events += 1;
+                let worker = (event.worker_id, event.event.dp_rank);
+                let result = match event.event.data {
+                    DumpData::Stored {
+                        parent_hash,
+                        blocks,
+                    } => index.tree.store(
+                        worker,
+                        parent_hash,
+                        blocks.iter().map(|b| (b.block_hash, b.tokens_hash)),
+                    ),
+                    DumpData::Removed { block_hashes } => index.tree.remove(worker, &block_hashes),
+                    DumpData::Cleared => {
+                        index.tree.remove_worker(event.worker_id, None);
+                        Ok(())
+                    }
+                };
+                if let Err(err) = result {
+                    count_error(&mut self.counters, err);
+                }
+            }
+            restored.insert(key, index);
+        }
+        for ranks in self.workers.values() {
+            for r in ranks.values() {
+                if !restored.contains_key(&r.key) {
+                    let old = &self.indexes[&r.key];
+                    let fresh = Index::new(old.block_size, old.lora_name.clone());
+                    restored.insert(r.key.clone(), fresh);
+                }
+            }
+        }
+        self.indexes = restored;
+        json(200, &serde_json::json!({"status": "ok"}))
+    }
+}
+
+/// Apply a store; an event of another block size is dropped whole (and
+/// counted, not an [`ApplyError`]: `Ok(false)`).
+fn store(
+    index: &mut Index,
+    counters: &mut Counters,
+    worker: Worker,
+    stored: &Stored,
+) -> Result<bool, ApplyError> {
+    let blocks = stored.block_hashes.len() as u64;
+    if stored
+        .block_size
+        .is_some_and(|size| size != index.block_size)
+    {
+        counters.blocks_wrong_size += blocks;
+        return Ok(false);
+    }
+    let locals = if stored.tokens_hashes.is_empty() {
+        hash::block_hashes(
+            &stored.token_ids,
+            index.block_size,
+            stored.lora_name.as_deref(),
+        )
+    } else {
+        stored.tokens_hashes.clone()
+    };
+    let complete = locals.len().min(stored.block_hashes.len());
+    counters.blocks_incomplete += blocks - complete as u64;
+    let before = index.tree.size(worker);
+    let result = index.tree.store(
+        worker,
+        stored.parent_hash,
+        stored.block_hashes.iter().copied().zip(locals),
+    );
+    counters.blocks_stored += index.tree.size(worker).saturating_sub(before) as u64;
+    result.map(|()| true)
+}
+
+fn count_error(counters: &mut Counters, err: ApplyError) {
+    match err {
+        ApplyError::ParentNotFound => counters.parent_not_found += 1,
+        ApplyError::BlockNotFound => counters.block_not_found += 1,
+        ApplyError::InvalidSequence => counters.invalid_sequence += 1,
+    }
+}
+
+/// The score response: matched tokens and table sizes per instance per
+/// rank; `frequencies` stays empty, as in the standalone indexer (it
+/// keeps no access-time window).
+fn scores(index: &Index, hashes: &[u64]) -> (u16, Vec<u8>) {
+    let overlap = index.tree.overlap(hashes);
+    let mut scores: BTreeMap<u64, BTreeMap<u32, u64>> = BTreeMap::new();
+    for ((id, rank), blocks) in overlap.scores {
+        let tokens = u64::from(blocks) * u64::from(index.block_size);
+        scores.entry(id).or_default().insert(rank, tokens);
+    }
+    let mut tree_sizes: BTreeMap<u64, BTreeMap<u32, usize>> = BTreeMap::new();
+    for ((id, rank), size) in overlap.tree_sizes {
+        tree_sizes.entry(id).or_default().insert(rank, size);
+    }
+    json(
+        200,
+        &serde_json::json!({"scores": scores, "frequencies": [], "tree_sizes": tree_sizes}),
+    )
+}
+
+/// A handler's answer; `Err` carries an error response.
+type Reply = Result<(u16, Vec<u8>), (u16, Vec<u8>)>;
+
+fn json(status: u16, value: &impl Serialize) -> (u16, Vec<u8>) {
+    (
+        status,
+        serde_json::to_vec(value).expect("plain data serialises"),
+    )
+}
+
+fn error(status: u16, message: String) -> (u16, Vec<u8>) {
+    json(status, &serde_json::json!({ "error": message }))
+}
+
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, (u16, Vec<u8>)> {
+    serde_json::from_slice(body).map_err(|e| error(400, format!("invalid request body: {e}")))
+}
+
+/// `tcp://host:port` (host may be `*` or a bracketed IPv6 address) or
+/// `ipc://path`, as ZMQ connects to them.
+fn valid_endpoint(endpoint: &str) -> bool {
+    if endpoint.len() > MAX_ENDPOINT || endpoint.chars().any(char::is_control) {
+        return false;
+    }
+    if let Some(path) = endpoint.strip_prefix("ipc://") {
+        return !path.is_empty();
+    }
+    let Some((host, port)) = endpoint
+        .strip_prefix("tcp://")
+        .and_then(|a| a.rsplit_once(':'))
+    else {
+        return false;
+    };
+    !host.is_empty() && !host.contains(['/', ' ']) && port.parse::<u16>().is_ok_and(|p| p > 0)
+}
+
+fn default_tenant() -> String {
+    "default".into()
+}
+
+#[derive(Deserialize)]
+struct RegisterRequest {
+    instance_id: u64,
+    endpoint: String,
+    model_name: String,
+    #[serde(default = "default_tenant", alias = "routing_group")]
+    tenant_id: String,
+    block_size: u32,
+    #[serde(default)]
+    dp_rank: Option<u32>,
+    #[serde(default)]
+    replay_endpoint: Option<String>,
+    #[serde(default)]
+    lora_name: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct UnregisterRequest {
+    instance_id: u64,
+    model_name: String,
+    #[serde(default, alias = "routing_group")]
+    tenant_id: Option<String>,
+    #[serde(default)]
+    dp_rank: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct QueryRequest {
+    #[serde(deserialize_with = "bounded::<_, _, MAX_TOKEN_IDS>")]
+    token_ids: Vec<u32>,
+    model_name: String,
+    #[serde(default = "default_tenant", alias = "routing_group")]
+    tenant_id: String,
+    #[serde(default)]
+    lora_name: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct QueryByHashRequest {
+    /// Signed, as Dynamo's API takes them; bit-cast to the u64 hashes.
+    #[serde(deserialize_with = "bounded::<_, _, MAX_QUERY_BLOCKS>")]
+    block_hashes: Vec<i64>,
+    model_name: String,
+    #[serde(default = "default_tenant", alias = "routing_group")]
+    tenant_id: String,
+}
+
+/// A list of at most `MAX` items: a longer one fails while parsing,
+/// before it is held in memory.
+fn bounded<'de, D, T, const MAX: usize>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Bounded<T, const MAX: usize>(PhantomData<T>);
+    impl<'de, T: Deserialize<'de>, const MAX: usize> Visitor<'de> for Bounded<T, MAX> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a list of at most {MAX} items")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+            while let Some(item) = seq.next_element()? {
+                if items.len() == MAX {
+                    return Err(serde::de::Error::custom(format!("more than {MAX} items")));
+                }
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+    deserializer.deserialize_seq(Bounded::<T, MAX>(PhantomData))
+}
+
+/// One index of a `/dump` document.
+#[derive(Serialize, Deserialize)]
+struct DumpIndex {
+    block_size: u32,
+    events: Vec<RouterEvent>,
+}
+
+/// Dynamo's `RouterEvent`.
+#[derive(Serialize, Deserialize)]
+struct RouterEvent {
+    worker_id: u64,
+    event: DumpEvent,
+}
+
+#[derive(Serialize, Deserialize)]
+struct DumpEvent {
+    event_id: u64,
+    data: DumpData,
+    #[serde(default)]
+    dp_rank: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum DumpData {
+    Stored {
+        parent_hash: Option<u64>,
+        blocks: Vec<DumpBlock>,
+    },
+    Removed {
+        block_hashes: Vec<u64>,
+    },
+    Cleared,
+}
+
+#[derive(Serialize, Deserialize)]
+struct DumpBlock {
+    block_hash: u64,
+    tokens_hash: u64,
+}

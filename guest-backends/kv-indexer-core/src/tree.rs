@@ -1,0 +1,433 @@
+//! One radix tree of cached blocks, as Dynamo's standalone indexer keeps it
+//! per (model, tenant): nodes keyed under their parent by the local block
+//! hash, each holding the set of workers that cache it, plus a per-worker
+//! table from the engine's block hash to the node (for parents and
+//! removals).
+//!
+//! Nodes live in an arena (indices, not `Rc`s) so a tree of millions of
+//! blocks is a few flat vectors, cheap to build inside a wasm guest. A node
+//! is freed once no worker's table refers to it. As in Dynamo, a node that
+//! loses its last worker is cut from its parent and drops its children:
+//! those become orphans, still in their workers' tables (so they count in
+//! `tree_sizes` and can be parents of new blocks) but unreachable by
+//! queries, until the same worker stores their parent again and they are
+//! reattached.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hasher};
+
+/// A worker: (instance id, data-parallel rank).
+pub type Worker = (u64, u32);
+
+/// Index of a node in the arena.
+type NodeId = u32;
+const ROOT: NodeId = 0;
+/// `parent` of a node not linked under any other node.
+const DETACHED: NodeId = NodeId::MAX;
+
+/// Why a store or removal was not (fully) applied; the blocks before the
+/// failure stay applied, as in Dynamo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyError {
+    /// The parent hash is not one of this worker's blocks.
+    ParentNotFound,
+    /// A removed hash is not one of this worker's blocks (the others were
+    /// removed).
+    BlockNotFound,
+    /// A block would become its own ancestor.
+    InvalidSequence,
+}
+
+/// Matched blocks per worker, and the size of each matched worker's table.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Overlap {
+    pub scores: BTreeMap<Worker, u32>,
+    pub tree_sizes: BTreeMap<Worker, usize>,
+}
+
+struct Node {
+    parent: NodeId,
+    /// Key under the parent.
+    local: u64,
+    /// The engine hash of the worker that created the node (the dump's
+    /// `block_hash`).
+    ext: u64,
+    children: Children,
+    /// Interned worker indices, sorted.
+    workers: Vec<u32>,
+    /// Entries of worker tables pointing here; the node is freed at 0.
+    refs: u32,
+}
+
+/// Most nodes have at most one child: no map for them.
+enum Children {
+    None,
+    One(u64, NodeId),
+    Many(HashMap<u64, NodeId, Fold>),
+}
+
+impl Children {
+    fn get(&self, key: u64) -> Option<NodeId> {
+        match self {
+            Children::None => None,
+            Children::One(k, v) => (*k == key).then_some(*v),
+            Children::Many(map) => map.get(&key).copied(),
+        }
+    }
+
+    fn insert(&mut self, key: u64, id: NodeId) {
+        match self {
+            Children::None => *self = Children::One(key, id),
+            Children::One(k, _) if *k == key => *self = Children::One(key, id),
+            Children::One(k, v) => {
+                let mut map = HashMap::with_capacity_and_hasher(2, Fold::default());
+                map.insert(*k, *v);
+                map.insert(key, id);
+                *self = Children::Many(map);
+            }
+            Children::Many(map) => {
+                map.insert(key, id);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: u64) {
+        match self {
+            Children::One(k, _) if *k == key => *self = Children::None,
+            Children::Many(map) => {
+                map.remove(&key);
+            }
+            _ => {}
+        }
+    }
+
+    fn ids(&self) -> Vec<NodeId> {
+        match self {
+            Children::None => Vec::new(),
+            Children::One(_, v) => vec![*v],
+            Children::Many(map) => map.values().copied().collect(),
+        }
+    }
+}
+
+/// A radix tree of one (model, tenant).
+pub struct Tree {
+    nodes: Vec<Node>,
+    free: Vec<NodeId>,
+    /// Worker → its interned index.
+    index: HashMap<Worker, u32, Fold>,
+    /// By interned index: the worker and its engine hash → node table.
+    workers: Vec<(Worker, HashMap<u64, NodeId, Fold>)>,
+}
+
+impl Default for Tree {
+    fn default() -> Self {
+        Tree {
+            nodes: vec![Node {
+                parent: DETACHED,
+                local: 0,
+                ext: 0,
+                children: Children::None,
+                workers: Vec::new(),
+                refs: 0,
+            }],
+            free: Vec::new(),
+            index: HashMap::default(),
+            workers: Vec::new(),
+        }
+    }
+}
+
+impl Tree {
+    /// Apply a store of `blocks` (engine hash, local hash) after `parent`
+    /// (an engine hash of this worker's, or the root).
+    pub fn store(
+        &mut self,
+        worker: Worker,
+        parent: Option<u64>,
+        blocks: impl IntoIterator<Item = (u64, u64)>,
+    ) -> Result<(), ApplyError> {
+        let w = self.intern(worker);
+        let mut current = match parent {
+            None => ROOT,
+            Some(hash) => *self.workers[w as usize]
+                .1
+                .get(&hash)
+                .ok_or(ApplyError::ParentNotFound)?,
+        };
+        for (ext, local) in blocks {
+            let child = match self.nodes[current as usize].children.get(local) {
+                Some(child) => child,
+                None => match self.workers[w as usize].1.get(&ext).copied() {
+                    Some(own) if own == current => return Err(ApplyError::InvalidSequence),
+                    // The worker's orphan comes back under its new parent,
+                    // with its subtree.
+                    Some(own) if self.nodes[own as usize].parent == DETACHED => {
+                        if self.is_ancestor(own, current) {
+                            return Err(ApplyError::InvalidSequence);
+                        }
+                        self.link(current, local, own);
+                        own
+                    }
+                    _ => {
+                        let id = self.alloc(ext);
+                        self.link(current, local, id);
+                        id
+                    }
+                },
+            };
+            let node = &mut self.nodes[child as usize];
+            if let Err(at) = node.workers.binary_search(&w) {
+                node.workers.insert(at, w);
+            }
+            match self.workers[w as usize].1.insert(ext, child) {
+                None => self.nodes[child as usize].refs += 1,
+                Some(old) if old == child => {}
+                Some(old) => {
+                    self.nodes[child as usize].refs += 1;
+                    self.unref(old, w);
+                }
+            }
+            current = child;
+        }
+        Ok(())
+    }
+
+    /// Remove the blocks with these engine hashes from `worker`.
+    pub fn remove(&mut self, worker: Worker, hashes: &[u64]) -> Result<(), ApplyError> {
+        let Some(&w) = self.index.get(&worker) else {
+            return if hashes.is_empty() {
+                Ok(())
+            } else {
+                Err(ApplyError::BlockNotFound)
+            };
+        };
+        let mut result = Ok(());
+        for hash in hashes {
+            match self.workers[w as usize].1.remove(hash) {
+                Some(node) => self.unref(node, w),
+                None => result = Err(ApplyError::BlockNotFound),
+            }
+        }
+        result
+    }
+
+    /// Drop every block of `instance` (every rank when `rank` is `None`).
+    pub fn remove_worker(&mut self, instance: u64, rank: Option<u32>) {
+        let matching: Vec<u32> = self
+            .index
+            .iter()
+            .filter(|((id, r), _)| *id == instance && rank.is_none_or(|rank| rank == *r))
+            .map(|(_, &w)| w)
+            .collect();
+        for w in matching {
+            let table = std::mem::take(&mut self.workers[w as usize].1);
+            for node in table.into_values() {
+                self.unref(node, w);
+            }
+        }
+    }
+
+    /// Matched blocks of `sequence` (local hashes) per worker: the depth
+    /// down to which the worker holds every block of the path.
+    pub fn overlap(&self, sequence: &[u64]) -> Overlap {
+        let mut overlap = Overlap::default();
+        let mut current = ROOT;
+        let mut active: Vec<u32> = Vec::new();
+        let mut depth = 0u32;
+        for &local in sequence {
+            let Some(next) = self.nodes[current as usize].children.get(local) else {
+                break;
+            };
+            let held = &self.nodes[next as usize].workers;
+            if depth == 0 {
+                active.clone_from(held);
+            } else if held.len() < active.len() || active.iter().any(|w| !contains(held, *w)) {
+                active.retain(|w| {
+                    let stays = contains(held, *w);
+                    if !stays {
+                        overlap.scores.insert(self.workers[*w as usize].0, depth);
+                    }
+                    stays
+                });
+            }
+            if active.is_empty() {
+                break;
+            }
+            depth += 1;
+            current = next;
+        }
+        for w in active {
+            overlap.scores.insert(self.workers[w as usize].0, depth);
+        }
+        overlap.tree_sizes = overlap
+            .scores
+            .keys()
+            .map(|worker| (*worker, self.size(*worker)))
+            .collect();
+        overlap
+    }
+
+    /// Blocks `worker` holds.
+    pub fn size(&self, worker: Worker) -> usize {
+        self.index
+            .get(&worker)
+            .map_or(0, |&w| self.workers[w as usize].1.len())
+    }
+
+    /// Blocks all workers hold.
+    pub fn total_blocks(&self) -> usize {
+        self.workers.iter().map(|(_, table)| table.len()).sum()
+    }
+
+    /// The reachable tree, breadth first: (worker, parent's engine hash,
+    /// engine hash, local hash) per worker per node, parents before
+    /// children, as Dynamo's dump lists them.
+    pub fn walk(&self) -> Vec<(Worker, Option<u64>, u64, u64)> {
+        let mut out = Vec::new();
+        let mut queue = std::collections::VecDeque::from(self.nodes[0].children.ids());
+        while let Some(id) = queue.pop_front() {
+            let node = &self.nodes[id as usize];
+            let parent = (node.parent != ROOT).then(|| self.nodes[node.parent as usize].ext);
+            for &w in &node.workers {
+                out.push((self.workers[w as usize].0, parent, node.ext, node.local));
+            }
+            queue.extend(node.children.ids());
+        }
+        out
+    }
+
+    fn intern(&mut self, worker: Worker) -> u32 {
+        *self.index.entry(worker).or_insert_with(|| {
+            self.workers.push((worker, HashMap::default()));
+            (self.workers.len() - 1) as u32
+        })
+    }
+
+    fn alloc(&mut self, ext: u64) -> NodeId {
+        let node = Node {
+            parent: DETACHED,
+            local: 0,
+            ext,
+            children: Children::None,
+            workers: Vec::new(),
+            refs: 0,
+        };
+        match self.free.pop() {
+            Some(id) => {
+                self.nodes[id as usize] = node;
+                id
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as NodeId
+            }
+        }
+    }
+
+    fn link(&mut self, parent: NodeId, local: u64, child: NodeId) {
+        self.nodes[parent as usize].children.insert(local, child);
+        let node = &mut self.nodes[child as usize];
+        node.parent = parent;
+        node.local = local;
+    }
+
+    /// Whether `ancestor` is `node` or above it.
+    fn is_ancestor(&self, ancestor: NodeId, mut node: NodeId) -> bool {
+        loop {
+            if node == ancestor {
+                return true;
+            }
+            if node == DETACHED || node == ROOT {
+                return false;
+            }
+            node = self.nodes[node as usize].parent;
+        }
+    }
+
+    /// One table entry of worker `w` no longer points at `id`.
+    fn unref(&mut self, id: NodeId, w: u32) {
+        let node = &mut self.nodes[id as usize];
+        node.refs -= 1;
+        if let Ok(at) = node.workers.binary_search(&w) {
+            node.workers.remove(at);
+            if node.workers.is_empty() {
+                self.cut(id);
+            }
+        }
+        if self.nodes[id as usize].refs == 0 {
+            self.nodes[id as usize].workers = Vec::new();
+            self.free.push(id);
+        }
+    }
+
+    /// Unlink an emptied node from its parent and drop its children (they
+    /// become orphans).
+    fn cut(&mut self, id: NodeId) {
+        let (parent, local) = {
+            let node = &self.nodes[id as usize];
+            (node.parent, node.local)
+        };
+        if parent != DETACHED {
+            self.nodes[parent as usize].children.remove(local);
+        }
+        let node = &mut self.nodes[id as usize];
+        node.parent = DETACHED;
+        let children = std::mem::replace(&mut node.children, Children::None).ids();
+        for child in children {
+            self.nodes[child as usize].parent = DETACHED;
+        }
+    }
+}
+
+fn contains(sorted: &[u32], w: u32) -> bool {
+    sorted.binary_search(&w).is_ok()
+}
+
+/// A fast hasher for keys that are already hashes or small ids (a
+/// folded multiply of each word; `std`'s SipHash costs several times more
+/// per lookup). Seeded per map from `RandomState`, so collisions cannot be
+/// planned by a publisher.
+#[derive(Clone, Copy)]
+pub(crate) struct Fold(u64);
+
+impl Default for Fold {
+    fn default() -> Self {
+        thread_local! {
+            static SEED: u64 = std::collections::hash_map::RandomState::new().hash_one(0u64);
+        }
+        Fold(SEED.with(|s| *s))
+    }
+}
+
+impl BuildHasher for Fold {
+    type Hasher = FoldHasher;
+    fn build_hasher(&self) -> FoldHasher {
+        FoldHasher(self.0)
+    }
+}
+
+pub(crate) struct FoldHasher(u64);
+
+impl Hasher for FoldHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        let product = u128::from(self.0 ^ word) * 0x5851_f42d_4c95_7f2d_u128;
+        self.0 = (product as u64) ^ ((product >> 64) as u64);
+    }
+
+    fn write_u32(&mut self, word: u32) {
+        self.write_u64(u64::from(word));
+    }
+}

@@ -1,0 +1,79 @@
+//! `builtin:kv-indexer`: Dynamo's standalone KV indexer as an event-service
+//! guest. Events arrive through `on-batch`, the indexer's API through
+//! `http-api.handle`; both go to one [`Indexer`] (kvwasm-kv-indexer-core),
+//! which lives as long as this instance. The host rebuilds a replaced
+//! instance by replaying its log (docs/events.md).
+
+use std::cell::RefCell;
+
+use kvwasm_guest_support::events_bindings::exports::kvwasm::events::{http_api, subscriber};
+use kvwasm_guest_support::events_bindings::kvwasm::events::types;
+use kvwasm_kv_indexer_core::{Event, EventData, Indexer, Stored};
+
+thread_local! {
+    static INDEXER: RefCell<Indexer> = RefCell::new(Indexer::default());
+}
+
+struct KvIndexer;
+
+impl subscriber::Guest for KvIndexer {
+    /// Apply the batch; events not applied (unknown parent, wrong block
+    /// size, unregistered worker...) are reported as the call's error so
+    /// the host logs and counts them. The rest of the batch still applies.
+    fn on_batch(events: Vec<types::Event>) -> Result<(), String> {
+        let total = events.len();
+        let events: Vec<Event> = events.into_iter().map(convert).collect();
+        let rejected = INDEXER.with_borrow_mut(|indexer| indexer.ingest(&events));
+        match rejected {
+            0 => Ok(()),
+            n => Err(format!(
+                "{n} of {total} events not applied (unknown parent or block, other block \
+                 size, or no index for the worker)"
+            )),
+        }
+    }
+}
+
+impl http_api::Guest for KvIndexer {
+    fn handle(request: http_api::Request) -> http_api::Response {
+        let (status, body) = INDEXER.with_borrow_mut(|indexer| {
+            indexer.handle(
+                &request.method,
+                &request.path,
+                &request.query,
+                &request.body,
+            )
+        });
+        http_api::Response {
+            status,
+            content_type: None,
+            body,
+        }
+    }
+}
+
+/// The WIT record as the core's mirror (the tier and source are not kept).
+fn convert(event: types::Event) -> Event {
+    let data = match event.data {
+        types::EventData::Stored(s) => EventData::Stored(Stored {
+            block_hashes: s.block_hashes,
+            parent_hash: s.parent_hash,
+            token_ids: s.token_ids,
+            tokens_hashes: s.tokens_hashes,
+            block_size: s.block_size,
+            lora_name: s.lora_name,
+        }),
+        types::EventData::Removed(r) => EventData::Removed(r.block_hashes),
+        types::EventData::Cleared => EventData::Cleared,
+    };
+    Event {
+        worker_id: event.worker_id,
+        dp_rank: event.dp_rank,
+        event_id: event.event_id,
+        model: event.model,
+        tenant: event.tenant,
+        data,
+    }
+}
+
+kvwasm_guest_support::export_subscriber!(KvIndexer);

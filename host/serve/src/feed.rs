@@ -1,0 +1,588 @@
+//! The feed: sources → one fan-out task → a bounded queue per guest → one
+//! std thread per guest calling `on-batch`.
+//!
+//! Sources never wait for a guest: the fan-out only appends to the log and
+//! offers each batch to each queue; a full queue drops the batch for that
+//! guest (counted). Every call into a guest (batches from its thread, API
+//! requests from `spawn_blocking`) goes through its [`GuestCell`], which
+//! first rebuilds a replaced instance from the log.
+
+use std::collections::HashSet;
+use std::ops::RangeInclusive;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+
+use kvwasm_host::KvError;
+use kvwasm_host::subscriber::{Event, Request, Response, Subscriber};
+
+use crate::log::{Entry, EventLog, RESTORE};
+
+/// What the feed needs of a subscriber guest; [`Subscriber`] in service,
+/// anything in tests.
+pub trait Guest: Send + Sync {
+    fn name(&self) -> &str;
+    /// Whether it answers API requests (exports `http-api`).
+    fn serves_http(&self) -> bool;
+    fn on_batch(&self, events: &[Event]) -> Result<(), KvError>;
+    fn handle(&self, request: &Request) -> Result<Response, KvError>;
+    /// Changes when the instance was replaced by an empty one.
+    fn generation(&self) -> u64;
+}
+
+impl Guest for Subscriber {
+    fn name(&self) -> &str {
+        Subscriber::name(self)
+    }
+    fn serves_http(&self) -> bool {
+        Subscriber::serves_http(self)
+    }
+    fn on_batch(&self, events: &[Event]) -> Result<(), KvError> {
+        Subscriber::on_batch(self, events)
+    }
+    fn handle(&self, request: &Request) -> Result<Response, KvError> {
+        Subscriber::handle(self, request)
+    }
+    fn generation(&self) -> u64 {
+        Subscriber::generation(self)
+    }
+}
+
+/// A rebuild that loses its instance again skips the entry that killed it
+/// and starts over, at most this many times.
+const REBUILD_ATTEMPTS: usize = 4;
+
+/// Counters of one guest, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct GuestStats {
+    /// Events waiting in its queue.
+    pub queued: AtomicUsize,
+    pub delivered: AtomicU64,
+    pub dropped: AtomicU64,
+    pub batches: AtomicU64,
+    pub batch_errors: AtomicU64,
+    pub rebuilds: AtomicU64,
+}
+
+/// One guest, its rebuild state and its counters.
+pub struct GuestCell {
+    guest: Arc<dyn Guest>,
+    log: Arc<EventLog>,
+    pub stats: GuestStats,
+    batch_events: usize,
+    /// This guest keeps the log bounded by dumping itself (the indexer).
+    compacts: bool,
+    state: Mutex<CellState>,
+}
+
+struct CellState {
+    /// The instance generation the guest's state was built for.
+    generation: u64,
+    /// Event batches the last rebuild replayed (skipped when dequeued).
+    replayed: Option<RangeInclusive<u64>>,
+    /// The last event batch delivered.
+    applied: u64,
+    /// Log entries that killed a fresh instance during a rebuild.
+    poisoned: HashSet<u64>,
+}
+
+impl GuestCell {
+    pub(crate) fn new(
+        guest: Arc<dyn Guest>,
+        log: Arc<EventLog>,
+        batch_events: usize,
+        compacts: bool,
+    ) -> GuestCell {
+        let generation = guest.generation();
+        GuestCell {
+            guest,
+            log,
+            stats: GuestStats::default(),
+            batch_events,
+            compacts,
+            state: Mutex::new(CellState {
+                generation,
+                replayed: None,
+                applied: 0,
+                poisoned: HashSet::new(),
+            }),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        self.guest.name()
+    }
+
+    /// Ask the guest's API; an accepted state change is logged for replay.
+    pub fn handle(&self, request: Request) -> Result<Response, KvError> {
+        let mut state = self.lock();
+        self.ensure_current(&mut state);
+        let response = self.guest.handle(&request)?;
+        if is_logged(&request, response.status) {
+            self.log.push(Entry::Request(Arc::new(request)));
+        }
+        Ok(response)
+    }
+
+    /// Deliver queued batches (in queue order) in `on-batch` calls of at
+    /// most `batch_events` events.
+    fn deliver(&self, items: &[Queued]) {
+        let mut state = self.lock();
+        self.ensure_current(&mut state);
+        let generation = state.generation;
+        let fresh = items
+            .iter()
+            .filter(|(seq, _)| !state.replayed.as_ref().is_some_and(|r| r.contains(seq)));
+        let mut merged: Vec<Event> = Vec::with_capacity(self.batch_events);
+        let mut last = 0;
+        for (seq, events) in fresh {
+            for chunk in events.chunks(self.batch_events) {
+                if merged.len() + chunk.len() > self.batch_events {
+                    self.call_on_batch(&mut merged);
+                }
+                merged.extend_from_slice(chunk);
+            }
+            last = *seq;
+        }
+        self.call_on_batch(&mut merged);
+        if self.guest.generation() != generation {
+            // Lost mid-delivery: every item is in the log, so the rebuild
+            // replays them all.
+            self.ensure_current(&mut state);
+            return;
+        }
+        state.applied = state.applied.max(last);
+        if self.compacts && self.log.over_limit() {
+            self.compact(&state);
+        }
+    }
+
+    fn call_on_batch(&self, merged: &mut Vec<Event>) {
+        if merged.is_empty() {
+            return;
+        }
+        self.stats.batches.fetch_add(1, Relaxed);
+        self.stats.delivered.fetch_add(merged.len() as u64, Relaxed);
+        if let Err(e) = self.guest.on_batch(merged) {
+            self.stats.batch_errors.fetch_add(1, Relaxed);
+            tracing::warn!("subscriber {:?}: on-batch failed: {e}", self.name());
+        }
+        merged.clear();
+    }
+
+    /// Replace the log's oldest events by the guest's own `/dump`.
+    fn compact(&self, state: &CellState) {
+        match self.guest.handle(&request("GET", "/dump", Vec::new())) {
+            Ok(r) if r.status == 200 => self.log.compact(r.body, state.applied),
+            Ok(r) => tracing::warn!(
+                "subscriber {:?}: /dump answered {} while compacting the log",
+                self.name(),
+                r.status
+            ),
+            Err(e) => tracing::warn!(
+                "subscriber {:?}: /dump failed while compacting the log: {e}",
+                self.name()
+            ),
+        }
+    }
+
+    /// If the instance was replaced since the guest's state was built,
+    /// replay the log into the new one.
+    fn ensure_current(&self, state: &mut CellState) {
+        for _ in 0..REBUILD_ATTEMPTS {
+            let generation = self.guest.generation();
+            if generation == state.generation {
+                return;
+            }
+            state.generation = generation;
+            self.stats.rebuilds.fetch_add(1, Relaxed);
+            let snapshot = self.log.snapshot();
+            state.replayed = snapshot.covers();
+            tracing::warn!(
+                "subscriber {:?}: rebuilding a replaced instance from the log ({} entries)",
+                self.name(),
+                snapshot.entries.len()
+            );
+            let http = self.guest.serves_http();
+            if http && let Some(base) = &snapshot.base {
+                let restore = request("POST", RESTORE, base.to_vec());
+                if let Err(e) = self.guest.handle(&restore) {
+                    tracing::warn!(
+                        "subscriber {:?}: restoring the log's base: {e}",
+                        self.name()
+                    );
+                }
+            }
+            let poisoned = snapshot
+                .entries
+                .iter()
+                .filter(|(seq, _)| !state.poisoned.contains(seq))
+                .find(|(_, entry)| {
+                    let result = match entry {
+                        Entry::Events(events) => self.guest.on_batch(events).map(drop),
+                        Entry::Request(r) if http => self.guest.handle(r).map(drop),
+                        Entry::Request(_) => Ok(()),
+                    };
+                    result.is_err() && self.guest.generation() != generation
+                });
+            match poisoned {
+                Some((seq, _)) => {
+                    tracing::warn!(
+                        "subscriber {:?}: log entry {seq} lost the instance again; skipping it",
+                        self.name()
+                    );
+                    state.poisoned.insert(*seq);
+                }
+                None => return,
+            }
+        }
+        tracing::error!(
+            "subscriber {:?}: gave up rebuilding after {REBUILD_ATTEMPTS} attempts",
+            self.name()
+        );
+        state.generation = self.guest.generation();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CellState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// State-changing API calls, replayed into a replaced instance.
+fn is_logged(request: &Request, status: u16) -> bool {
+    request.method == "POST"
+        && matches!(request.path.as_str(), "/register" | "/unregister" | RESTORE)
+        && (200..300).contains(&status)
+}
+
+pub(crate) fn request(method: &str, path: &str, body: Vec<u8>) -> Request {
+    Request {
+        method: method.into(),
+        path: path.into(),
+        query: String::new(),
+        body,
+    }
+}
+
+/// A batch in a guest's queue, with its log sequence number.
+type Queued = (u64, Arc<[Event]>);
+
+/// The queues and the threads draining them.
+pub(crate) struct Feed {
+    pub cells: Vec<Arc<GuestCell>>,
+    queues: Vec<mpsc::Sender<Queued>>,
+    queue_events: usize,
+    pub log: Arc<EventLog>,
+    pub events_in: AtomicU64,
+}
+
+impl Feed {
+    /// Cells for `guests` (the API guest, if any, first: it compacts the
+    /// log) and their queues; the threads start with [`Feed::start`].
+    pub fn new(
+        guests: Vec<Arc<dyn Guest>>,
+        settings: &crate::ServeConfig,
+    ) -> (Feed, Vec<mpsc::Receiver<Queued>>) {
+        let compacted = guests.first().is_some_and(|g| g.serves_http());
+        let log = Arc::new(EventLog::new(settings.log_events, compacted));
+        let mut cells = Vec::new();
+        let mut queues = Vec::new();
+        let mut receivers = Vec::new();
+        for (i, guest) in guests.into_iter().enumerate() {
+            let compacts = i == 0 && compacted;
+            cells.push(Arc::new(GuestCell::new(
+                guest,
+                log.clone(),
+                settings.batch_events,
+                compacts,
+            )));
+            let (tx, rx) = mpsc::channel();
+            queues.push(tx);
+            receivers.push(rx);
+        }
+        let feed = Feed {
+            cells,
+            queues,
+            queue_events: settings.queue_events,
+            log,
+            events_in: AtomicU64::new(0),
+        };
+        (feed, receivers)
+    }
+
+    /// Log `events` and offer them to every guest's queue.
+    pub fn fan_out(&self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        let n = events.len();
+        self.events_in.fetch_add(n as u64, Relaxed);
+        let events: Arc<[Event]> = events.into();
+        let seq = self.log.push(Entry::Events(events.clone()));
+        for (cell, queue) in self.cells.iter().zip(&self.queues) {
+            let queued = &cell.stats.queued;
+            let admitted = queued
+                .fetch_update(Relaxed, Relaxed, |q| {
+                    (q + n <= self.queue_events).then_some(q + n)
+                })
+                .is_ok();
+            if !admitted || queue.send((seq, events.clone())).is_err() {
+                if admitted {
+                    queued.fetch_sub(n, Relaxed);
+                }
+                cell.stats.dropped.fetch_add(n as u64, Relaxed);
+            }
+        }
+    }
+
+    /// One thread per guest draining its queue.
+    pub fn start(&self, receivers: Vec<mpsc::Receiver<Queued>>) -> anyhow::Result<()> {
+        for (cell, rx) in self.cells.iter().zip(receivers) {
+            let cell = cell.clone();
+            std::thread::Builder::new()
+                .name(format!("kvwasm-feed-{}", cell.name()))
+                .spawn(move || drain(&cell, &rx))?;
+        }
+        Ok(())
+    }
+}
+
+/// Take whatever is queued (up to about a batch), deliver it, repeat until
+/// the feed is gone.
+fn drain(cell: &GuestCell, rx: &mpsc::Receiver<Queued>) {
+    while let Ok(first) = rx.recv() {
+        let mut taken = first.1.len();
+        let mut items = vec![first];
+        while taken < cell.batch_events
+            && let Ok(next) = rx.try_recv()
+        {
+            taken += next.1.len();
+            items.push(next);
+        }
+        cell.stats.queued.fetch_sub(taken, Relaxed);
+        cell.deliver(&items);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    //! The feed against an in-memory guest that can be made to lose its
+    //! instance, like a trapping guest.
+
+    use super::*;
+    use kvwasm_host::subscriber::{EventData, SourceKind};
+    use std::time::{Duration, Instant};
+
+    /// Keeps the ids of the events it was given and the registrations;
+    /// `/dump` and `/restore` move the ids as JSON. Any batch holding an
+    /// event with id `TRAP` loses the instance while `traps` > 0.
+    #[derive(Default)]
+    pub(crate) struct Recorder {
+        pub state: Mutex<(u64, Vec<u64>, Vec<String>)>,
+        pub batch_sizes: Mutex<Vec<usize>>,
+        pub traps: AtomicUsize,
+        pub gate: Mutex<()>,
+    }
+
+    pub(crate) const TRAP: u64 = 666;
+
+    impl Recorder {
+        pub fn ids(&self) -> Vec<u64> {
+            self.state.lock().unwrap().1.clone()
+        }
+        fn lose(&self) -> KvError {
+            let mut s = self.state.lock().unwrap();
+            *s = (s.0 + 1, Vec::new(), Vec::new());
+            KvError::Trapped("unreachable".into())
+        }
+    }
+
+    impl Guest for Recorder {
+        fn name(&self) -> &str {
+            "recorder"
+        }
+        fn serves_http(&self) -> bool {
+            true
+        }
+        fn on_batch(&self, events: &[Event]) -> Result<(), KvError> {
+            let _gate = self.gate.lock().unwrap();
+            if events.iter().any(|e| e.event_id == TRAP)
+                && self
+                    .traps
+                    .fetch_update(Relaxed, Relaxed, |t| t.checked_sub(1))
+                    .is_ok()
+            {
+                return Err(self.lose());
+            }
+            self.batch_sizes.lock().unwrap().push(events.len());
+            let mut s = self.state.lock().unwrap();
+            s.1.extend(events.iter().map(|e| e.event_id));
+            Ok(())
+        }
+        fn handle(&self, r: &Request) -> Result<Response, KvError> {
+            let body = String::from_utf8_lossy(&r.body).into_owned();
+            if body == "trap" {
+                return Err(self.lose());
+            }
+            let mut s = self.state.lock().unwrap();
+            let (status, body) = match (r.method.as_str(), r.path.as_str()) {
+                ("POST", "/register") if s.2.contains(&body) => {
+                    (409, "{\"error\": \"dup\"}".into())
+                }
+                ("POST", "/register") => {
+                    s.2.push(body);
+                    (201, "{}".into())
+                }
+                ("GET", "/dump") => (200, serde_json::to_string(&s.1).unwrap()),
+                ("POST", "/restore") => {
+                    s.1 = serde_json::from_str(&body).unwrap();
+                    (200, "{}".into())
+                }
+                ("GET", "/query") => (200, serde_json::to_string(&(&s.1, &s.2)).unwrap()),
+                _ => (404, "{\"error\": \"no\"}".into()),
+            };
+            Ok(Response {
+                status,
+                content_type: None,
+                body: body.into_bytes(),
+            })
+        }
+        fn generation(&self) -> u64 {
+            self.state.lock().unwrap().0
+        }
+    }
+
+    pub(crate) fn events(ids: impl IntoIterator<Item = u64>) -> Vec<Event> {
+        ids.into_iter()
+            .map(|event_id| Event {
+                worker_id: 1,
+                dp_rank: 0,
+                event_id,
+                source: SourceKind::Zmq,
+                model: None,
+                tenant: None,
+                data: EventData::Cleared,
+            })
+            .collect()
+    }
+
+    fn settings(queue_events: usize, batch_events: usize, log_events: usize) -> crate::ServeConfig {
+        crate::ServeConfig {
+            queue_events,
+            batch_events,
+            log_events,
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "timed out: {what}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn batches_are_merged_up_to_batch_events_and_a_full_queue_drops() {
+        let guest = Arc::new(Recorder::default());
+        let (feed, rx) = Feed::new(vec![guest.clone()], &settings(10, 4, 1000));
+        // Not started: the queue fills up to 10 events, the rest drops.
+        feed.fan_out(events(0..3));
+        feed.fan_out(events(3..9));
+        feed.fan_out(events(9..12));
+        feed.fan_out(events(12..13));
+        let stats = &feed.cells[0].stats;
+        assert_eq!(stats.queued.load(Relaxed), 10);
+        assert_eq!(stats.dropped.load(Relaxed), 3);
+        feed.start(rx).unwrap();
+        wait_for("delivery", || guest.ids().len() == 10);
+        assert_eq!(guest.ids(), [0, 1, 2, 3, 4, 5, 6, 7, 8, 12]);
+        let sizes = guest.batch_sizes.lock().unwrap().clone();
+        assert!(sizes.iter().all(|&s| s <= 4), "{sizes:?}");
+        assert_eq!(feed.events_in.load(Relaxed), 13);
+        assert_eq!(stats.queued.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn a_lost_instance_is_rebuilt_from_the_log_with_requests_in_order() {
+        let guest = Arc::new(Recorder::default());
+        let (feed, rx) = Feed::new(vec![guest.clone()], &settings(1000, 100, 1000));
+        let cell = feed.cells[0].clone();
+        assert_eq!(
+            cell.handle(request("POST", "/register", b"w1".to_vec()))
+                .unwrap()
+                .status,
+            201
+        );
+        // Refused: not logged.
+        assert_eq!(
+            cell.handle(request("POST", "/register", b"w1".to_vec()))
+                .unwrap()
+                .status,
+            409
+        );
+        feed.start(rx).unwrap();
+        feed.fan_out(events(0..5));
+        wait_for("first batch", || guest.ids().len() == 5);
+        guest.traps.store(1, Relaxed);
+        feed.fan_out(events([5, TRAP, 7]));
+        feed.fan_out(events(8..10));
+        wait_for("rebuild", || {
+            cell.stats.rebuilds.load(Relaxed) == 1 && guest.ids().len() == 10
+        });
+        let query = cell.handle(request("GET", "/query", Vec::new())).unwrap();
+        let (ids, workers): (Vec<u64>, Vec<String>) = serde_json::from_slice(&query.body).unwrap();
+        assert_eq!(
+            ids,
+            [0, 1, 2, 3, 4, 5, TRAP, 7, 8, 9],
+            "each event exactly once"
+        );
+        assert_eq!(workers, ["w1"]);
+        assert_eq!(guest.generation(), 1);
+    }
+
+    #[test]
+    fn an_entry_that_kills_every_instance_is_skipped_on_rebuild() {
+        let guest = Arc::new(Recorder::default());
+        let (feed, rx) = Feed::new(vec![guest.clone()], &settings(1000, 100, 1000));
+        feed.start(rx).unwrap();
+        guest.traps.store(2, Relaxed);
+        feed.fan_out(events([1, TRAP]));
+        feed.fan_out(events([3]));
+        wait_for("rebuild", || guest.ids() == [3]);
+        let cell = &feed.cells[0];
+        assert_eq!(cell.stats.rebuilds.load(Relaxed), 2);
+        assert_eq!(guest.generation(), 2);
+    }
+
+    #[test]
+    fn past_log_events_the_log_is_compacted_into_a_dump_and_replay_restores_it() {
+        let guest = Arc::new(Recorder::default());
+        let (feed, rx) = Feed::new(vec![guest.clone()], &settings(1000, 100, 4));
+        let cell = feed.cells[0].clone();
+        cell.handle(request("POST", "/register", b"w1".to_vec()))
+            .unwrap();
+        feed.start(rx).unwrap();
+        feed.fan_out(events(0..3));
+        wait_for("first", || guest.ids().len() == 3);
+        feed.fan_out(events(3..6));
+        wait_for("second", || guest.ids().len() == 6);
+        wait_for("compaction", || feed.log.events() == 0);
+        feed.fan_out(events(6..8));
+        wait_for("third", || guest.ids().len() == 8);
+        assert_eq!(feed.log.events(), 2);
+        // Lose the instance through the API: the next call rebuilds it from
+        // the base dump, the registration and the later events.
+        assert!(
+            cell.handle(request("POST", "/x", b"trap".to_vec()))
+                .is_err()
+        );
+        let query = cell.handle(request("GET", "/query", Vec::new())).unwrap();
+        let (ids, workers): (Vec<u64>, Vec<String>) = serde_json::from_slice(&query.body).unwrap();
+        assert_eq!(ids, (0..8).collect::<Vec<_>>());
+        assert_eq!(workers, ["w1"]);
+    }
+}

@@ -1,0 +1,487 @@
+//! `kvwasm serve`: KV-cache events from the sources, fed to subscriber
+//! guests, and the KV indexer's HTTP API (docs/events.md).
+//!
+//! * [`config`] — the `[serve]` table;
+//! * `feed` — the fan-out, the per-guest queues and threads, guest rebuilds;
+//! * `log` — the replay log a replaced guest instance is rebuilt from;
+//! * `http` — the listener: host routes, the guest's API, body limits;
+//! * `peers` — peer replicas and startup recovery from a peer's `/dump`.
+
+pub mod config;
+mod feed;
+mod http;
+mod log;
+mod peers;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kvwasm_host::subscriber::{Event, Request, Subscriber};
+use serde::Deserialize;
+
+pub use config::ServeConfig;
+use feed::{Feed, request};
+pub use feed::{Guest, GuestCell, GuestStats};
+use kvwasm_event_sources::{self as sources, NatsSource, Sink, SourceHandle, ZmqWorker};
+
+/// How long a starting replica lets its sources connect before it takes a
+/// peer's `/dump` (so the dump covers what they missed while joining).
+const RECOVERY_DELAY: Duration = Duration::from_secs(1);
+/// Batches the sources may have in flight to the fan-out.
+const SINK_BATCHES: usize = 1024;
+
+/// The running service's shared state.
+pub(crate) struct Service {
+    settings: ServeConfig,
+    feed: Feed,
+    sink: Sink,
+    peers: peers::Peers,
+    http_stats: http::HttpStats,
+    /// ZMQ sources by (model, tenant, instance_id, dp_rank).
+    zmq: Mutex<BTreeMap<WorkerKey, SourceHandle>>,
+    nats: Vec<(String, SourceHandle)>,
+}
+
+type WorkerKey = (String, String, u64, u32);
+
+/// A started service; dropping it stops the listener and the sources.
+pub struct Running {
+    addr: SocketAddr,
+    service: Arc<Service>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.service
+            .zmq
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+}
+
+impl Running {
+    /// The listener's address (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Where sources deliver: events sent here reach every guest.
+    pub fn sink(&self) -> Sink {
+        self.service.sink.clone()
+    }
+
+    /// Every guest, the indexer first.
+    pub fn guests(&self) -> &[Arc<GuestCell>] {
+        &self.service.feed.cells
+    }
+}
+
+/// The guests `[serve]` names, started from the config's
+/// `[subscribers.NAME]` tables: the indexer (which must export `http-api`)
+/// first.
+pub fn guests_from_config(
+    config: &kvwasm_host::config::Config,
+    settings: &ServeConfig,
+) -> anyhow::Result<Vec<Arc<dyn Guest>>> {
+    let mut guests: Vec<Arc<dyn Guest>> = Vec::new();
+    for name in settings.guest_names() {
+        let policy = config.subscriber(name).map_err(anyhow::Error::msg)?;
+        let subscriber = Subscriber::start(Arc::new(policy))
+            .with_context(|| format!("cannot start subscriber {name:?}"))?;
+        if settings.indexer.as_deref() == Some(name) && !subscriber.serves_http() {
+            anyhow::bail!(
+                "[serve].indexer = {name:?}, but that subscriber does not export \
+                 kvwasm:events/http-api"
+            );
+        }
+        guests.push(Arc::new(subscriber));
+    }
+    if guests.is_empty() {
+        anyhow::bail!("[serve] names no subscriber: set `indexer` and/or `subscribers`");
+    }
+    Ok(guests)
+}
+
+/// Start the service on the current tokio runtime: sources, recovery from a
+/// peer, the guest threads, then the listener. `guests` are those of
+/// `settings.guest_names()`, in that order.
+pub async fn start(settings: ServeConfig, guests: Vec<Arc<dyn Guest>>) -> anyhow::Result<Running> {
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let addr = listener.local_addr()?;
+    let (feed, receivers) = Feed::new(guests, &settings);
+    let (sink, mut events) = tokio::sync::mpsc::channel::<Vec<Event>>(SINK_BATCHES);
+    let nats = settings
+        .nats
+        .iter()
+        .map(|n| {
+            let source = NatsSource {
+                url: n.url.clone(),
+                subjects: n.subjects.clone(),
+                model: n.model.clone(),
+                tenant: n.tenant.clone(),
+            };
+            (
+                format!("nats:{}", n.url),
+                sources::spawn_nats(source, sink.clone()),
+            )
+        })
+        .collect();
+    let service = Arc::new(Service {
+        peers: peers::Peers::new(&settings.peers),
+        settings,
+        feed,
+        sink,
+        http_stats: Default::default(),
+        zmq: Mutex::default(),
+        nats,
+    });
+    let fan_out = {
+        let service = service.clone();
+        tokio::spawn(async move {
+            while let Some(batch) = events.recv().await {
+                service.feed.fan_out(batch);
+            }
+        })
+    };
+    // Workers' sources connect now; the guest hears of them after any
+    // recovery, whose /restore replaces its state.
+    for worker in &service.settings.workers {
+        service.start_zmq(&Registration::from(worker));
+    }
+    if let Some(indexer) = service.indexer()
+        && !service.settings.peers.is_empty()
+    {
+        tokio::time::sleep(RECOVERY_DELAY).await;
+        peers::recover(&service.settings.peers, &indexer).await;
+    }
+    service.register_configured_workers().await?;
+    service.feed.start(receivers)?;
+    let server = tokio::spawn(http::serve(listener, service.clone()));
+    tracing::info!(%addr, "kvwasm serve: listening");
+    Ok(Running {
+        addr,
+        service,
+        tasks: vec![fan_out, server],
+    })
+}
+
+/// `kvwasm serve`: run until interrupted.
+pub fn run(config_path: &Path, listen: Option<SocketAddr>) -> anyhow::Result<()> {
+    let config = kvwasm_host::config::Config::load(config_path).map_err(anyhow::Error::msg)?;
+    let mut settings = ServeConfig::parse(config.serve.as_ref()).map_err(anyhow::Error::msg)?;
+    if let Some(listen) = listen {
+        settings.listen = listen;
+    }
+    let guests = guests_from_config(&config, &settings)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("kvwasm-serve")
+        .build()?;
+    runtime.block_on(async {
+        let running = start(settings, guests).await?;
+        // Machine-readable for scripts and tests.
+        println!("listening on http://{}", running.local_addr());
+        shutdown_signal().await;
+        drop(running);
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// A `/register` body, as far as the host needs it (the guest checks it).
+#[derive(Clone, Debug, Deserialize)]
+struct Registration {
+    instance_id: u64,
+    #[serde(default)]
+    dp_rank: u32,
+    endpoint: String,
+    replay_endpoint: Option<String>,
+    model_name: String,
+    #[serde(alias = "routing_group", default = "default_tenant")]
+    tenant_id: String,
+}
+
+/// An `/unregister` body: no tenant means every tenant, no rank every rank.
+#[derive(Clone, Debug, Deserialize)]
+struct Unregistration {
+    instance_id: u64,
+    model_name: String,
+    #[serde(alias = "routing_group")]
+    tenant_id: Option<String>,
+    dp_rank: Option<u32>,
+}
+
+fn default_tenant() -> String {
+    "default".into()
+}
+
+impl From<&config::WorkerConfig> for Registration {
+    fn from(w: &config::WorkerConfig) -> Registration {
+        Registration {
+            instance_id: w.instance_id,
+            dp_rank: w.dp_rank,
+            endpoint: w.endpoint.clone(),
+            replay_endpoint: w.replay_endpoint.clone(),
+            model_name: w.model_name.clone(),
+            tenant_id: w.tenant_id.clone(),
+        }
+    }
+}
+
+impl Registration {
+    fn key(&self) -> WorkerKey {
+        (
+            self.model_name.clone(),
+            self.tenant_id.clone(),
+            self.instance_id,
+            self.dp_rank,
+        )
+    }
+}
+
+/// What the host does after the guest accepts an API call.
+pub(crate) enum Effect {
+    Register(Registration),
+    Unregister(Unregistration),
+}
+
+impl Effect {
+    /// The effect `request` would have, if it is a well-formed `/register`
+    /// or `/unregister` (the guest answers malformed ones itself).
+    pub(crate) fn of(request: &Request) -> Option<Effect> {
+        match (request.method.as_str(), request.path.as_str()) {
+            ("POST", "/register") => serde_json::from_slice(&request.body)
+                .ok()
+                .map(Effect::Register),
+            ("POST", "/unregister") => serde_json::from_slice(&request.body)
+                .ok()
+                .map(Effect::Unregister),
+            _ => None,
+        }
+    }
+}
+
+impl Service {
+    /// The guest answering the API, if `[serve].indexer` is set.
+    fn indexer(&self) -> Option<Arc<GuestCell>> {
+        self.settings
+            .indexer
+            .as_ref()
+            .and_then(|_| self.feed.cells.first().cloned())
+    }
+
+    /// Start (201 to `/register`) or stop (200 to `/unregister`) sources.
+    pub(crate) fn apply(&self, effect: Effect, status: u16) {
+        match effect {
+            Effect::Register(r) if status == 201 => self.start_zmq(&r),
+            Effect::Unregister(u) if status == 200 => {
+                let mut zmq = self.zmq.lock().unwrap_or_else(|p| p.into_inner());
+                zmq.retain(|(model, tenant, instance, rank), _| {
+                    !(*model == u.model_name
+                        && *instance == u.instance_id
+                        && u.tenant_id.as_ref().is_none_or(|t| t == tenant)
+                        && u.dp_rank.is_none_or(|r| r == *rank))
+                });
+            }
+            _ => {}
+        }
+    }
+
+    fn start_zmq(&self, r: &Registration) {
+        let worker = ZmqWorker {
+            instance_id: r.instance_id,
+            dp_rank: r.dp_rank,
+            endpoint: r.endpoint.clone(),
+            replay_endpoint: r.replay_endpoint.clone(),
+            model: r.model_name.clone(),
+            tenant: r.tenant_id.clone(),
+        };
+        let handle = sources::spawn_zmq(worker, self.sink.clone());
+        let mut zmq = self.zmq.lock().unwrap_or_else(|p| p.into_inner());
+        zmq.insert(r.key(), handle);
+    }
+
+    /// `/register` each `[[serve.workers]]` with the indexer; a refused one
+    /// loses its source.
+    async fn register_configured_workers(self: &Arc<Service>) -> anyhow::Result<()> {
+        let Some(indexer) = self.indexer() else {
+            return Ok(());
+        };
+        for worker in &self.settings.workers {
+            let body = serde_json::to_vec(worker)?;
+            let indexer = indexer.clone();
+            let answer = tokio::task::spawn_blocking(move || {
+                indexer.handle(request("POST", "/register", body))
+            })
+            .await?;
+            match answer {
+                Ok(r) if r.status == 201 => {}
+                other => {
+                    let why = match other {
+                        Ok(r) => format!("{}: {}", r.status, String::from_utf8_lossy(&r.body)),
+                        Err(e) => e.to_string(),
+                    };
+                    tracing::error!(
+                        "[[serve.workers]] instance {} rank {}: the indexer refused it ({why})",
+                        worker.instance_id,
+                        worker.dp_rank
+                    );
+                    let key = Registration::from(worker).key();
+                    self.zmq
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&key);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `/metrics`: the host's guest counters, then the service's and the
+    /// sources'.
+    fn metrics_text(&self) -> String {
+        let mut out = kvwasm_host::metrics::prometheus_text();
+        let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
+            let _ = writeln!(out, "# HELP kvwasm_{name} {help}");
+            let _ = writeln!(out, "# TYPE kvwasm_{name} {kind}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "kvwasm_{name}{labels} {value}");
+            }
+        };
+        family(
+            "serve_events_in_total",
+            "counter",
+            "Events received from the sources.",
+            vec![(String::new(), self.feed.events_in.load(Relaxed))],
+        );
+        family(
+            "serve_log_events",
+            "gauge",
+            "Events held by the replay log.",
+            vec![(String::new(), self.feed.log.events() as u64)],
+        );
+        type Stat = fn(&GuestStats) -> u64;
+        let guest_families: [(&str, &str, &str, Stat); 6] = [
+            (
+                "serve_events_delivered_total",
+                "counter",
+                "Events handed to the guest.",
+                |s| s.delivered.load(Relaxed),
+            ),
+            (
+                "serve_events_dropped_total",
+                "counter",
+                "Events dropped: the guest's queue was full.",
+                |s| s.dropped.load(Relaxed),
+            ),
+            (
+                "serve_queued_events",
+                "gauge",
+                "Events waiting in the guest's queue.",
+                |s| s.queued.load(Relaxed) as u64,
+            ),
+            ("serve_batches_total", "counter", "on-batch calls.", |s| {
+                s.batches.load(Relaxed)
+            }),
+            (
+                "serve_batch_errors_total",
+                "counter",
+                "on-batch calls that failed.",
+                |s| s.batch_errors.load(Relaxed),
+            ),
+            (
+                "serve_rebuilds_total",
+                "counter",
+                "Replaced instances rebuilt from the log.",
+                |s| s.rebuilds.load(Relaxed),
+            ),
+        ];
+        for (name, kind, help, stat) in guest_families {
+            let samples = self
+                .feed
+                .cells
+                .iter()
+                .map(|c| {
+                    (
+                        format!("{{guest=\"{}\"}}", escape(c.name())),
+                        stat(&c.stats),
+                    )
+                })
+                .collect();
+            family(name, kind, help, samples);
+        }
+        let requests = self
+            .http_stats
+            .snapshot()
+            .into_iter()
+            .map(|((endpoint, class), n)| {
+                (format!("{{endpoint=\"{endpoint}\",class=\"{class}\"}}"), n)
+            })
+            .collect();
+        family(
+            "serve_http_requests_total",
+            "counter",
+            "HTTP requests answered, by endpoint and status class.",
+            requests,
+        );
+        let mut by_counter: BTreeMap<&'static str, Vec<(String, u64)>> = BTreeMap::new();
+        let zmq = self.zmq.lock().unwrap_or_else(|p| p.into_inner());
+        let zmq_labels = zmq.iter().map(|((model, tenant, instance, rank), handle)| {
+            (format!("zmq:{instance}:{rank}@{model}/{tenant}"), handle)
+        });
+        let nats_labels = self
+            .nats
+            .iter()
+            .map(|(label, handle)| (label.clone(), handle));
+        for (label, handle) in zmq_labels.chain(nats_labels) {
+            for (counter, value) in handle.counters.snapshot() {
+                let labels = format!("{{source=\"{}\"}}", escape(&label));
+                by_counter.entry(counter).or_default().push((labels, value));
+            }
+        }
+        for (counter, samples) in by_counter {
+            family(
+                &format!("source_{counter}_total"),
+                "counter",
+                "An event source's counter.",
+                samples,
+            );
+        }
+        out
+    }
+}
+
+/// A Prometheus label value.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
