@@ -447,10 +447,21 @@ fn scores(index: &Index, hashes: &[u64]) -> (u16, Vec<u8>) {
     for ((id, rank), size) in overlap.tree_sizes {
         tree_sizes.entry(id).or_default().insert(rank, size);
     }
-    json(
-        200,
-        &serde_json::json!({"scores": scores, "frequencies": [], "tree_sizes": tree_sizes}),
-    )
+    let response = ScoreResponse {
+        scores,
+        frequencies: [],
+        tree_sizes,
+    };
+    json(200, &response)
+}
+
+/// Serialised directly (no `serde_json::Value` in between): `/query` is
+/// the hot path.
+#[derive(Serialize)]
+struct ScoreResponse {
+    scores: BTreeMap<u64, BTreeMap<u32, u64>>,
+    frequencies: [u64; 0],
+    tree_sizes: BTreeMap<u64, BTreeMap<u32, usize>>,
 }
 
 /// A handler's answer; `Err` carries an error response.
@@ -554,7 +565,8 @@ where
             write!(f, "a list of at most {MAX} items")
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-            let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+            // A prompt's worth up front (JSON gives no length hint).
+            let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(4096).min(4096));
             while let Some(item) = seq.next_element()? {
                 if items.len() == MAX {
                     return Err(serde::de::Error::custom(format!("more than {MAX} items")));
