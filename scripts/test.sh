@@ -40,6 +40,7 @@ step "kvwasm bench --quick (smoke: seconds, no timing assertions)"
 mkdir -p "$scratch/bench"
 target/release/kvwasm bench --quick --no-progress --native "$scratch/libkv_store_cfs.so" \
     --dir "scratch=$scratch/bench" --plot "$scratch/bench.svg" >/dev/null
+target/release/kvwasm bench --events --quick >/dev/null
 
 step "kvwasm demo (smoke)"
 target/release/kvwasm compile

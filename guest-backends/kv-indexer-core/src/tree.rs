@@ -53,10 +53,69 @@ struct Node {
     /// `block_hash`).
     ext: u64,
     children: Children,
-    /// Interned worker indices, sorted.
-    workers: Vec<u32>,
+    /// Interned indices of the workers holding the block.
+    workers: Holders,
     /// Entries of worker tables pointing here; the node is freed at 0.
     refs: u32,
+}
+
+/// A sorted set of interned workers. Most blocks are held by one worker:
+/// no allocation for them.
+enum Holders {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl Default for Holders {
+    fn default() -> Self {
+        Holders::Many(Vec::new())
+    }
+}
+
+impl Holders {
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            Holders::One(w) => std::slice::from_ref(w),
+            Holders::Many(ws) => ws,
+        }
+    }
+
+    fn insert(&mut self, w: u32) {
+        match self {
+            Holders::One(one) if *one == w => {}
+            Holders::One(one) => {
+                *self = Holders::Many(if *one < w {
+                    vec![*one, w]
+                } else {
+                    vec![w, *one]
+                })
+            }
+            Holders::Many(ws) if ws.is_empty() => *self = Holders::One(w),
+            Holders::Many(ws) => {
+                if let Err(at) = ws.binary_search(&w) {
+                    ws.insert(at, w);
+                }
+            }
+        }
+    }
+
+    /// Whether `w` was there.
+    fn remove(&mut self, w: u32) -> bool {
+        match self {
+            Holders::One(one) if *one == w => {
+                *self = Holders::default();
+                true
+            }
+            Holders::One(_) => false,
+            Holders::Many(ws) => match ws.binary_search(&w) {
+                Ok(at) => {
+                    ws.remove(at);
+                    true
+                }
+                Err(_) => false,
+            },
+        }
+    }
 }
 
 /// Most nodes have at most one child: no map for them.
@@ -128,7 +187,7 @@ impl Default for Tree {
                 local: 0,
                 ext: 0,
                 children: Children::None,
-                workers: Vec::new(),
+                workers: Holders::default(),
                 refs: 0,
             }],
             free: Vec::new(),
@@ -176,10 +235,7 @@ impl Tree {
                     }
                 },
             };
-            let node = &mut self.nodes[child as usize];
-            if let Err(at) = node.workers.binary_search(&w) {
-                node.workers.insert(at, w);
-            }
+            self.nodes[child as usize].workers.insert(w);
             match self.workers[w as usize].1.insert(ext, child) {
                 None => self.nodes[child as usize].refs += 1,
                 Some(old) if old == child => {}
@@ -239,12 +295,15 @@ impl Tree {
             let Some(next) = self.nodes[current as usize].children.get(local) else {
                 break;
             };
-            let held = &self.nodes[next as usize].workers;
+            let held = self.nodes[next as usize].workers.as_slice();
             if depth == 0 {
-                active.clone_from(held);
-            } else if held.len() < active.len() || active.iter().any(|w| !contains(held, *w)) {
+                active.extend_from_slice(held);
+            } else if held != active {
+                // Both sorted: one merge keeps the workers still present.
+                let mut h = held.iter().peekable();
                 active.retain(|w| {
-                    let stays = contains(held, *w);
+                    while h.next_if(|x| *x < w).is_some() {}
+                    let stays = h.peek() == Some(&w);
                     if !stays {
                         overlap.scores.insert(self.workers[*w as usize].0, depth);
                     }
@@ -289,7 +348,7 @@ impl Tree {
         while let Some(id) = queue.pop_front() {
             let node = &self.nodes[id as usize];
             let parent = (node.parent != ROOT).then(|| self.nodes[node.parent as usize].ext);
-            for &w in &node.workers {
+            for &w in node.workers.as_slice() {
                 out.push((self.workers[w as usize].0, parent, node.ext, node.local));
             }
             queue.extend(node.children.ids());
@@ -310,7 +369,7 @@ impl Tree {
             local: 0,
             ext,
             children: Children::None,
-            workers: Vec::new(),
+            workers: Holders::default(),
             refs: 0,
         };
         match self.free.pop() {
@@ -349,14 +408,11 @@ impl Tree {
     fn unref(&mut self, id: NodeId, w: u32) {
         let node = &mut self.nodes[id as usize];
         node.refs -= 1;
-        if let Ok(at) = node.workers.binary_search(&w) {
-            node.workers.remove(at);
-            if node.workers.is_empty() {
-                self.cut(id);
-            }
+        if node.workers.remove(w) && node.workers.as_slice().is_empty() {
+            self.cut(id);
         }
         if self.nodes[id as usize].refs == 0 {
-            self.nodes[id as usize].workers = Vec::new();
+            self.nodes[id as usize].workers = Holders::default();
             self.free.push(id);
         }
     }
@@ -380,14 +436,10 @@ impl Tree {
     }
 }
 
-fn contains(sorted: &[u32], w: u32) -> bool {
-    sorted.binary_search(&w).is_ok()
-}
-
 /// A fast hasher for keys that are already hashes or small ids (a
-/// folded multiply of each word; `std`'s SipHash costs several times more
-/// per lookup). Seeded per map from `RandomState`, so collisions cannot be
-/// planned by a publisher.
+/// rotate-xor-multiply per word, cheap in wasm too; `std`'s SipHash costs
+/// several times more per lookup). Seeded from `RandomState`, so
+/// collisions are not trivially planned by a publisher.
 #[derive(Clone, Copy)]
 pub(crate) struct Fold(u64);
 
@@ -410,8 +462,10 @@ impl BuildHasher for Fold {
 pub(crate) struct FoldHasher(u64);
 
 impl Hasher for FoldHasher {
+    /// The product's high half folded down: bucket indices (low bits)
+    /// depend on every input bit.
     fn finish(&self) -> u64 {
-        self.0
+        self.0 ^ (self.0 >> 32)
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -423,8 +477,7 @@ impl Hasher for FoldHasher {
     }
 
     fn write_u64(&mut self, word: u64) {
-        let product = u128::from(self.0 ^ word) * 0x5851_f42d_4c95_7f2d_u128;
-        self.0 = (product as u64) ^ ((product >> 64) as u64);
+        self.0 = (self.0.rotate_left(26) ^ word).wrapping_mul(0x5851_f42d_4c95_7f2d);
     }
 
     fn write_u32(&mut self, word: u32) {

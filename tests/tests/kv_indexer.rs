@@ -1,0 +1,192 @@
+//! `builtin:kv-indexer` through the host's `Subscriber`: the guest answers
+//! exactly as the indexer core run natively on the same events.
+
+use kvwasm_bench::events::{self, Shape};
+use kvwasm_host::KvError;
+use kvwasm_host::subscriber::{Request, Subscriber};
+use kvwasm_kv_indexer_core::{Event, EventData, Indexer, Stored};
+use serde_json::{Value, json};
+
+/// The subscriber `[subscribers.idx]` of a config file, as `kvwasm serve`
+/// builds it.
+fn subscriber(dir: &tempfile::TempDir) -> Subscriber {
+    let path = dir.path().join("kvwasm.toml");
+    std::fs::write(
+        &path,
+        "[subscribers.idx]\ncomponent = \"builtin:kv-indexer\"\nmemory_limit_mib = 256\n",
+    )
+    .unwrap();
+    let subscriber = Subscriber::from_config(&path, "idx").expect("start the guest");
+    assert!(subscriber.serves_http());
+    subscriber
+}
+
+/// The same request to the guest and the native indexer: same status and
+/// body, returned parsed.
+fn both(
+    guest: &Subscriber,
+    native: &mut Indexer,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> (u16, Value) {
+    let request = Request {
+        method: method.into(),
+        path: path.into(),
+        query: String::new(),
+        body: body.to_vec(),
+    };
+    let answer = guest.handle(&request).expect("the guest answers");
+    let (status, expected) = native.handle(method, path, "", body);
+    assert_eq!(
+        (answer.status, String::from_utf8_lossy(&answer.body)),
+        (status, String::from_utf8_lossy(&expected)),
+        "{method} {path}"
+    );
+    (status, serde_json::from_slice(&answer.body).expect("JSON"))
+}
+
+#[test]
+fn guest_answers_like_the_native_core() {
+    let dir = tempfile::tempdir().unwrap();
+    let guest = subscriber(&dir);
+    let mut native = Indexer::default();
+    let shape = Shape {
+        blocks: 6_000,
+        workers: 6,
+        block_size: 16,
+        batch: 64,
+        prompt_tokens: 4096,
+        queries: 24,
+    };
+    for body in events::registrations(&shape) {
+        assert_eq!(both(&guest, &mut native, "POST", "/register", &body).0, 201);
+    }
+    // Refusals come from the guest too.
+    let duplicate = &events::registrations(&shape)[0];
+    assert_eq!(
+        both(&guest, &mut native, "POST", "/register", duplicate).0,
+        409
+    );
+    let unknown = json!({"token_ids": [1, 2], "model_name": "nope"}).to_string();
+    assert_eq!(
+        both(&guest, &mut native, "POST", "/query", unknown.as_bytes()).0,
+        404
+    );
+
+    let trace = events::trace(&shape);
+    assert!(
+        trace
+            .events
+            .iter()
+            .any(|e| matches!(e.data, EventData::Removed(_)))
+    );
+    let queries: Vec<Vec<u8>> = trace
+        .prompts
+        .iter()
+        .map(|p| events::query_body(p))
+        .collect();
+    for (n, batch) in trace.events.chunks(shape.batch).enumerate() {
+        let wit: Vec<_> = batch.iter().map(events::to_wit).collect();
+        guest.on_batch(&wit).expect("every trace event applies");
+        assert_eq!(native.ingest(batch), 0);
+        if n % 2 == 0 {
+            for body in &queries {
+                assert_eq!(both(&guest, &mut native, "POST", "/query", body).0, 200);
+            }
+        }
+    }
+    let matched = queries
+        .iter()
+        .filter(|body| both(&guest, &mut native, "POST", "/query", body).1["scores"] != json!({}))
+        .count();
+    assert!(
+        matched > queries.len() / 2,
+        "most prompts match cached blocks"
+    );
+    let hashes: Vec<i64> = kvwasm_kv_indexer_core::hash::block_hashes(&trace.prompts[0], 16, None)
+        .into_iter()
+        .map(|h| h as i64)
+        .collect();
+    let by_hash = json!({"block_hashes": hashes, "model_name": events::MODEL}).to_string();
+    let (_, answer) = both(
+        &guest,
+        &mut native,
+        "POST",
+        "/query_by_hash",
+        by_hash.as_bytes(),
+    );
+    assert_ne!(answer["scores"], json!({}));
+    both(&guest, &mut native, "GET", "/workers", b"");
+
+    // The guest's dump restores into a native indexer that then answers
+    // as both do.
+    let dump = guest
+        .handle(&Request {
+            method: "GET".into(),
+            path: "/dump".into(),
+            query: String::new(),
+            body: Vec::new(),
+        })
+        .unwrap();
+    assert_eq!(dump.status, 200);
+    let mut restored = Indexer::default();
+    assert_eq!(restored.handle("POST", "/restore", "", &dump.body).0, 200);
+    for body in &queries {
+        assert_eq!(
+            restored.handle("POST", "/query", "", body),
+            native.handle("POST", "/query", "", body)
+        );
+    }
+    assert_eq!(guest.generation(), 0, "the instance was never replaced");
+}
+
+#[test]
+fn events_not_applied_are_the_batch_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let guest = subscriber(&dir);
+    let mut native = Indexer::default();
+    let register = json!({"instance_id": 1, "endpoint": "tcp://127.0.0.1:5557",
+        "model_name": "m", "block_size": 16})
+    .to_string();
+    assert_eq!(
+        both(
+            &guest,
+            &mut native,
+            "POST",
+            "/register",
+            register.as_bytes()
+        )
+        .0,
+        201
+    );
+    let stored = |worker: u64| Event {
+        worker_id: worker,
+        dp_rank: 0,
+        event_id: 0,
+        model: None,
+        tenant: None,
+        data: EventData::Stored(Stored {
+            block_hashes: vec![7],
+            token_ids: (0..16).collect(),
+            block_size: Some(16),
+            ..Stored::default()
+        }),
+    };
+    // Worker 2 is not registered and its event names no model.
+    let batch = [stored(2), stored(1)];
+    let wit: Vec<_> = batch.iter().map(events::to_wit).collect();
+    match guest.on_batch(&wit) {
+        Err(KvError::Other(message)) => assert!(message.contains("1 of 2 events"), "{message}"),
+        other => panic!("expected the guest's error, got {other:?}"),
+    }
+    assert_eq!(native.ingest(&batch), 1);
+    let query = json!({"token_ids": (0..16).collect::<Vec<u32>>(), "model_name": "m"}).to_string();
+    let (_, answer) = both(&guest, &mut native, "POST", "/query", query.as_bytes());
+    assert_eq!(
+        answer["scores"],
+        json!({"1": {"0": 16}}),
+        "the rest of the batch applied"
+    );
+    assert_eq!(guest.generation(), 0, "an error is not a lost instance");
+}
