@@ -150,8 +150,10 @@ static struct llama_context *new_context(struct llama_model *model) {
     p.n_batch = 1024;
     p.n_ubatch = 1024;
     p.n_seq_max = 1;
-    p.n_threads = 2;
-    p.n_threads_batch = 2;
+    /* One thread: logits of a batch can depend on how work is split, and a
+     * spinning second thread only slows a shared 2-core machine. */
+    p.n_threads = 1;
+    p.n_threads_batch = 1;
     /* Flash attention keeps V untransposed: one row per cell, like K, so
      * a prompt prefix is a prefix of every layer's V rows too. */
     p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
