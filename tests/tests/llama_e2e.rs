@@ -21,7 +21,7 @@ fn llama_stamp() -> PathBuf {
 
 #[test]
 fn llama_cpp_restores_its_kv_state_through_the_shim_bit_for_bit() {
-    // An empty cache pays the llama.cpp build (~25 min on 2 loaded cores);
+    // An empty cache pays the llama.cpp build (~12 min on 2 loaded cores);
     // with it cached, the runs take seconds.
     let limit = Duration::from_secs(if llama_stamp().exists() { 300 } else { 3000 });
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama-e2e.sh");
