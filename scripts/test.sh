@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 bash scripts/test-servers.sh
+# llama.cpp for tests/tests/llama_e2e.rs, built once into the tool cache
+# (~12 min on an empty cache, 2 cores; a no-op afterwards).
+bash scripts/llama-build.sh >/dev/null
 
 step() { printf '\n== %s\n' "$*"; }
 
