@@ -12,7 +12,7 @@ use kvwasm_host::component::{ComponentSource, describe};
 #[command(verbatim_doc_comment)]
 pub struct InspectArgs {
     /// A .wasm component (a kv-store backend or a fabric), or builtin:NAME
-    /// (fs, memory, redis, s3, synthetic, tcp).
+    /// (fs, memory, redis, s3, synthetic, tcp, kv-indexer).
     file: String,
 }
 
@@ -87,6 +87,7 @@ fn grant_for(interface: &str) -> &'static str {
         "wasi:cli/stderr" => "always (goes to the host log)",
         n if n.starts_with("wasi:cli/") || n.starts_with("wasi:io/") => "always (inert)",
         "kvwasm:kv-store/types" => "always (payloads)",
+        "kvwasm:events/types" => "always (event records)",
         _ => "unknown to kvwasm: instantiation will fail",
     }
 }
