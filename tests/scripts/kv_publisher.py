@@ -17,6 +17,8 @@ Batch k holds (hashes h(i) per --hashes: `int` i + 1000, `signed` -(i + 1),
     trailing key or field;
   - for odd k, BlockRemoved [h(2k-2)], medium CPU_PINNED;
   - for the last batch, AllBlocksCleared.
+--remove-from K leaves out the removals of batches before K, --no-clear
+the AllBlocksCleared (a state worth querying: the prefix survives).
 Shapes: `vllm-map` (tagged maps, batch rank 1), `vllm-array` (tagged
 arrays, batch rank nil), `sglang` (tagged arrays, `[ts, events]`).
 --drop seqs are kept for replay but never published live (a forced gap);
@@ -60,8 +62,8 @@ def events_of(args, k):
         "extra_keys": [[1, 2]],
     }
     removed = {"type": "BlockRemoved", "block_hashes": [h(2 * k - 2)], "medium": "CPU_PINNED"}
-    events = [stored] + ([removed] if k % 2 == 1 else [])
-    if k == args.batches - 1:
+    events = [stored] + ([removed] if k % 2 == 1 and k >= args.remove_from else [])
+    if k == args.batches - 1 and not args.no_clear:
         events.append({"type": "AllBlocksCleared"})
     if args.shape == "vllm-map":
         return events
@@ -98,6 +100,8 @@ def main():
     parser.add_argument("--drop", type=seqs, default=set())
     parser.add_argument("--garbage", type=seqs, default=set())
     parser.add_argument("--reply-topic", action="store_true")
+    parser.add_argument("--remove-from", type=int, default=0)
+    parser.add_argument("--no-clear", action="store_true")
     parser.add_argument("--topic", default="kv-events")
     parser.add_argument("--serve-for", type=float, default=60.0)
     args = parser.parse_args()

@@ -2,8 +2,10 @@
 //! `tests/scripts/kv_publisher.py` (pyzmq + msgpack, the vLLM and SGLang
 //! shapes, a ROUTER replay socket) and a real `nats-server`, killed and
 //! restarted mid-stream; and the shim's own `publish_events`, received by a
-//! SUB while llama.cpp-style traffic goes through libkv_store_wasm.so.
+//! SUB while llama.cpp-style traffic goes through libkv_store_wasm.so, and
+//! by `kvwasm serve`'s KV indexer.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kvwasm_event_sources::{
@@ -11,7 +13,7 @@ use kvwasm_event_sources::{
     spawn_nats, spawn_zmq,
 };
 use kvwasm_tests::servers::{KvPublisher, NatsServer, free_port};
-use kvwasm_tests::{Probe, pattern, write_config, xxh3_key};
+use kvwasm_tests::{Probe, RunningProbe, pattern, write_config, xxh3_key};
 use tokio::sync::mpsc;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
@@ -389,19 +391,30 @@ async fn nats_router_events_and_kvbm_batches_survive_a_server_restart() {
     assert!(snapshot["reconnects"] >= 1, "{snapshot:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_shim_publishes_every_stored_chunk_of_llama_cpp_style_traffic() {
-    use zeromq::{Socket as _, SocketRecv as _};
-    let dir = tempfile::tempdir().unwrap();
-    let address = format!("tcp://127.0.0.1:{}", free_port());
+/// A PUB socket drops what it sends before a subscription reaches it: the
+/// probe repeats a warm-up put this many times, pausing after each, until
+/// the test's subscriber sees one.
+const WARM_UPS: usize = 50;
+
+/// llama.cpp-style traffic through a shim publishing events: the config
+/// (backend `pub`), the 96 content-addressed chunks of a slot save (xxh3-64
+/// keys, as llama.cpp writes them) and the probe's ops: the warm-ups, the
+/// puts and a manifest, then a restore and a delete.
+struct SlotTraffic {
+    config: PathBuf,
+    /// (hex key, content).
+    chunks: Vec<(String, Vec<u8>)>,
+    ops: Vec<String>,
+}
+
+/// The [`SlotTraffic`] of a backend publishing to `address`.
+fn slot_traffic(dir: &std::path::Path, address: &str) -> SlotTraffic {
     let config = write_config(
-        dir.path(),
+        dir,
         &format!(
             "[backends.pub]\ncomponent = \"builtin:fs\"\ndir = \"data\"\npublish_events = \"{address}\"\n"
         ),
     );
-    // A slot save: 96 content-addressed chunks (xxh3-64 keys, as llama.cpp
-    // writes them) and a manifest; then a restore and a delete.
     let chunks: Vec<(String, Vec<u8>)> = (0..96u64)
         .map(|i| {
             let text: String = hex::encode(pattern(64, i));
@@ -410,9 +423,6 @@ async fn the_shim_publishes_every_stored_chunk_of_llama_cpp_style_traffic() {
         .collect();
     let warm = hex::encode(xxh3_key(b"warm-up"));
     let mut ops: Vec<String> = Vec::new();
-    // A PUB socket drops what it sends before a subscription reaches it:
-    // the probe repeats a warm-up put until the test's SUB sees one.
-    const WARM_UPS: usize = 50;
     for _ in 0..WARM_UPS {
         ops.push(format!("put-chunk:{warm}=warm-up"));
         ops.push("pause".into());
@@ -430,10 +440,45 @@ async fn the_shim_publishes_every_stored_chunk_of_llama_cpp_style_traffic() {
     ops.push(format!("get-chunk:{}", names[0]));
     ops.push("delete-manifest:slot0".into());
     ops.push("pause".into());
-    let ops: Vec<&str> = ops.iter().map(String::as_str).collect();
+    SlotTraffic {
+        config,
+        chunks,
+        ops,
+    }
+}
+
+/// Read the probe's lines for one warm-up (a put and its pause).
+fn warm_up_done(probe: &mut RunningProbe) {
+    let put = probe.line();
+    assert!(
+        put.starts_with("put-chunk") && !put.contains("-> -"),
+        "{put}"
+    );
+    assert_eq!(probe.line(), "pause");
+}
+
+/// Read the probe's lines after the warm-ups: every op succeeded.
+fn traffic_done(probe: &mut RunningProbe, ops: &[String]) {
+    for _ in 0..ops.len() - 2 * WARM_UPS - 1 {
+        let line = probe.line();
+        assert!(line.contains("-> 0"), "{line}");
+    }
+    assert_eq!(probe.line(), "pause");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shim_publishes_every_stored_chunk_of_llama_cpp_style_traffic() {
+    use zeromq::{Socket as _, SocketRecv as _};
+    let dir = tempfile::tempdir().unwrap();
+    let address = format!("tcp://127.0.0.1:{}", free_port());
+    let SlotTraffic {
+        config,
+        chunks,
+        ops,
+    } = slot_traffic(dir.path(), &address);
     let mut probe = Probe::new(PROBE, "wasm://pub/llama")
         .config(&config)
-        .spawn(&ops);
+        .spawn(&ops.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(probe.line(), "open ok");
 
     let mut sub = zeromq::SubSocket::new();
@@ -474,12 +519,7 @@ async fn the_shim_publishes_every_stored_chunk_of_llama_cpp_style_traffic() {
     let warm_hash = kvwasm_host::events_out::fold_hash(&xxh3_key(b"warm-up"));
     let mut warmed = None;
     for _ in 0..WARM_UPS {
-        let put = probe.line();
-        assert!(
-            put.starts_with("put-chunk") && !put.contains("-> -"),
-            "{put}"
-        );
-        assert_eq!(probe.line(), "pause");
+        warm_up_done(&mut probe);
         if warmed.is_none()
             && let Ok(first) = tokio::time::timeout(Duration::from_millis(300), next()).await
         {
@@ -501,17 +541,115 @@ async fn the_shim_publishes_every_stored_chunk_of_llama_cpp_style_traffic() {
         stored.extend(hashes.into_iter().filter(|&h| h != warm_hash));
     }
     assert_eq!(stored, expected, "one BlockStored per put_chunk, in order");
-    for _ in 0..ops.len() - 2 * WARM_UPS - 1 {
-        let line = probe.line();
-        assert!(line.contains("-> 0"), "{line}");
-    }
-    assert_eq!(probe.line(), "pause");
+    traffic_done(&mut probe, &ops);
     // Manifests are not blocks: nothing more was published.
     assert!(
         tokio::time::timeout(Duration::from_millis(300), next())
             .await
             .is_err()
     );
+    probe.resume();
+    let (rest, stderr) = probe.finish();
+    assert!(rest.is_empty(), "{rest:?} {stderr}");
+}
+
+/// As above, with the shim's PUB endpoint registered in `kvwasm serve`
+/// (in process, through its HTTP listener) and the real KV indexer: the
+/// chunks' BlockStored events (no tokens, block size 0) are indexed under
+/// their folded keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kvwasm_serve_indexes_every_chunk_the_shim_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let address = format!("tcp://127.0.0.1:{}", free_port());
+    let SlotTraffic {
+        config,
+        chunks,
+        ops,
+    } = slot_traffic(dir.path(), &address);
+    let mut probe = Probe::new(PROBE, "wasm://pub/llama")
+        .config(&config)
+        .spawn(&ops.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(probe.line(), "open ok");
+
+    let serve_dir = dir.path().join("serve");
+    std::fs::create_dir(&serve_dir).unwrap();
+    let serve_config = write_config(
+        &serve_dir,
+        "[subscribers.idx]\ncomponent = \"builtin:kv-indexer\"\n\
+         [serve]\nindexer = \"idx\"\nlisten = \"127.0.0.1:0\"\n",
+    );
+    let serve_config = kvwasm_host::config::Config::load(&serve_config).unwrap();
+    let settings = kvwasm_serve::ServeConfig::parse(serve_config.serve.as_ref()).unwrap();
+    let guests = kvwasm_serve::guests_from_config(&serve_config, &settings).unwrap();
+    let serve = kvwasm_serve::start(settings, guests).await.unwrap();
+    let url = format!("http://{}", serve.local_addr());
+    let client = reqwest::Client::new();
+    let post = async |path: &str, body: serde_json::Value| {
+        let response = client
+            .post(format!("{url}{path}"))
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body: serde_json::Value =
+            serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        (status, body)
+    };
+    const BLOCK_SIZE: u64 = 16;
+    let (status, answer) = post(
+        "/register",
+        serde_json::json!({"instance_id": 1, "endpoint": address, "model_name": "llama",
+                           "block_size": BLOCK_SIZE}),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+    // The score of worker 1 for one block hash, folded as publish_events
+    // folds a key and sent signed, as Dynamo's API takes them.
+    let score = async |key: &[u8]| {
+        let hash = kvwasm_host::events_out::fold_hash(key) as i64;
+        let (status, answer) = post(
+            "/query_by_hash",
+            serde_json::json!({"block_hashes": [hash], "model_name": "llama"}),
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+        answer
+    };
+    let warm = xxh3_key(b"warm-up");
+    let mut warmed = false;
+    for _ in 0..WARM_UPS {
+        warm_up_done(&mut probe);
+        if !warmed {
+            // The put went out before the pause: indexed shortly if the
+            // source was subscribed by then.
+            let started = Instant::now();
+            while !warmed && started.elapsed() < Duration::from_millis(300) {
+                warmed = score(&warm).await["scores"]["1"]["0"] == BLOCK_SIZE;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        probe.resume();
+    }
+    assert!(warmed, "the indexer never saw a warm-up chunk");
+    traffic_done(&mut probe, &ops);
+    // Every distinct chunk stored, the warm-up's among them, each found
+    // by its own hash.
+    let distinct = chunks.len() as u64 + 1;
+    let started = Instant::now();
+    while score(&warm).await["tree_sizes"]["1"]["0"] != distinct {
+        assert!(started.elapsed() < PATIENCE, "{}", score(&warm).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (hash, _) in &chunks {
+        let answer = score(&hex::decode(hash).unwrap()).await;
+        assert_eq!(
+            answer,
+            serde_json::json!({"scores": {"1": {"0": BLOCK_SIZE}}, "frequencies": [],
+                               "tree_sizes": {"1": {"0": distinct}}}),
+            "{hash}"
+        );
+    }
     probe.resume();
     let (rest, stderr) = probe.finish();
     assert!(rest.is_empty(), "{rest:?} {stderr}");

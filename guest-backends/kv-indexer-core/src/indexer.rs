@@ -392,7 +392,11 @@ impl Indexer {
 }
 
 /// Apply a store; an event of another block size is dropped whole (and
-/// counted, not an [`ApplyError`]: `Ok(false)`).
+/// counted, not an [`ApplyError`]: `Ok(false)`). A block size of 0 means
+/// "not known" (the shim's `publish_events`), like an absent one. A store
+/// with neither token ids nor local hashes is a storage event (the shim's,
+/// KVBM's `Create`): its blocks are content-addressed, so their engine
+/// hashes serve as their local hashes (`/query_by_hash` finds them).
 fn store(
     index: &mut Index,
     counters: &mut Counters,
@@ -402,19 +406,21 @@ fn store(
     let blocks = stored.block_hashes.len() as u64;
     if stored
         .block_size
-        .is_some_and(|size| size != index.block_size)
+        .is_some_and(|size| size != 0 && size != index.block_size)
     {
         counters.blocks_wrong_size += blocks;
         return Ok(false);
     }
-    let locals = if stored.tokens_hashes.is_empty() {
+    let locals = if !stored.tokens_hashes.is_empty() {
+        stored.tokens_hashes.clone()
+    } else if stored.token_ids.is_empty() {
+        stored.block_hashes.clone()
+    } else {
         hash::block_hashes(
             &stored.token_ids,
             index.block_size,
             stored.lora_name.as_deref(),
         )
-    } else {
-        stored.tokens_hashes.clone()
     };
     let complete = locals.len().min(stored.block_hashes.len());
     counters.blocks_incomplete += blocks - complete as u64;

@@ -125,6 +125,50 @@ fn partial_blocks_are_not_stored() {
     assert_eq!(query(&mut ix, &tokens(0..32))["scores"]["1"]["0"], 16);
 }
 
+/// The shim's `publish_events` stores: no tokens, block size 0. Their
+/// engine hashes are their local hashes; nothing is dropped.
+#[test]
+fn storage_events_are_indexed_by_their_engine_hashes() {
+    let mut ix = Indexer::default();
+    register(&mut ix, 1, 0, "m", 16);
+    let storage = |hash: u64, size: Option<u32>| {
+        event(
+            (1, 0),
+            EventData::Stored(Stored {
+                block_hashes: vec![hash],
+                block_size: size,
+                ..Stored::default()
+            }),
+        )
+    };
+    let big = (-5i64) as u64;
+    assert_eq!(
+        ix.ingest(&[storage(7, Some(0)), storage(big, None), storage(9, Some(0))]),
+        0
+    );
+    assert_eq!(ix.counters().blocks_stored, 3);
+    assert_eq!(ix.counters().blocks_incomplete, 0);
+    assert_eq!(ix.counters().blocks_wrong_size, 0);
+    let mut by_hash = |hashes: Value| {
+        call(
+            &mut ix,
+            "POST",
+            "/query_by_hash",
+            &json!({"block_hashes": hashes, "model_name": "m"}),
+        )
+    };
+    for hashes in [json!([7]), json!([-5]), json!([9])] {
+        let (status, answer) = by_hash(hashes);
+        assert_eq!(status, 200);
+        assert_eq!(
+            answer,
+            json!({"scores": {"1": {"0": 16}}, "frequencies": [],
+                   "tree_sizes": {"1": {"0": 3}}})
+        );
+    }
+    assert_eq!(by_hash(json!([8])).1["scores"], json!({}));
+}
+
 #[test]
 fn blocks_of_another_size_are_dropped_and_counted() {
     let mut ix = Indexer::default();
