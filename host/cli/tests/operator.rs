@@ -89,7 +89,7 @@ fn check_config_prints_effective_grants_without_secret_values() {
         "tenant     alice: memory 256 MiB, call deadline 100 ms",
         "[backends.pinned]",
         "but the config pins",
-        "1 backend(s) cannot be loaded",
+        "1 guest(s) cannot be loaded",
     ] {
         assert!(text.contains(expected), "{expected:?} missing:\n{text}");
     }
