@@ -2,7 +2,7 @@
 //! with every wait bounded by the configured deadline.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use kvwasm_guest_support::{Error, Settings};
@@ -161,42 +161,7 @@ impl Connection {
             dropped: false,
             denied: false,
         };
-        let peer: SocketAddr = address
-            .to_socket_addrs()
-            .map_err(|e| {
-                fail(format!(
-                    "cannot resolve the address: {e} (is `dns = true` granted?)"
-                ))
-            })?
-            .next()
-            .ok_or_else(|| fail("the address resolves to nothing".into()))?;
-        let wait = deadline
-            .checked_duration_since(Instant::now())
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| {
-                fail(format!(
-                    "no time left to connect within {} ms",
-                    endpoint.timeout.as_millis()
-                ))
-            })?;
-        let stream = TcpStream::connect_timeout(&peer, wait).map_err(|e| {
-            let hint = match e.kind() {
-                ErrorKind::PermissionDenied => " (the peer is not granted in `net`)",
-                _ => "",
-            };
-            fail(format!("cannot connect: {e}{hint}"))
-        })?;
-        // On wasm32-wasip2, std's `connect_timeout` can return before the
-        // handshake has failed (a refused port); ask the socket.
-        if let Some(e) = stream.take_error().ok().flatten() {
-            return Err(fail(format!("cannot connect: {e}")));
-        }
-        stream
-            .peer_addr()
-            .map_err(|e| fail(format!("cannot connect: {e} (is the server up?)")))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| fail(format!("cannot set TCP_NODELAY: {e}")))?;
+        let stream = kvwasm_guest_support::net::connect(address, deadline).map_err(fail)?;
         let mut conn = Connection {
             stream,
             address: address.clone(),

@@ -52,6 +52,7 @@ pub mod events_bindings {
 
 mod errors;
 pub mod frames;
+pub mod net;
 mod payload;
 pub mod remote;
 pub mod settings;

@@ -2,7 +2,7 @@
 //! by the call's deadline. What goes over it is [`crate::proto`].
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -52,37 +52,7 @@ impl Link {
             message: format!("fabric peer {peer}: {what}"),
             protocol: false,
         };
-        let address: SocketAddr = peer
-            .to_socket_addrs()
-            .map_err(|e| {
-                fail(format!(
-                    "cannot resolve the address: {e} (is `dns = true` granted?)"
-                ))
-            })?
-            .next()
-            .ok_or_else(|| fail("the address resolves to nothing".into()))?;
-        let wait = deadline
-            .checked_duration_since(Instant::now())
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| fail(format!("no time left to connect within {timeout:?}")))?;
-        let stream = TcpStream::connect_timeout(&address, wait).map_err(|e| {
-            let hint = match e.kind() {
-                ErrorKind::PermissionDenied => " (the peer is not granted in `net`)",
-                _ => "",
-            };
-            fail(format!("cannot connect: {e}{hint}"))
-        })?;
-        // On wasm32-wasip2, std's `connect_timeout` can return before the
-        // handshake has failed (a refused port); ask the socket.
-        if let Some(e) = stream.take_error().ok().flatten() {
-            return Err(fail(format!("cannot connect: {e}")));
-        }
-        stream
-            .peer_addr()
-            .map_err(|e| fail(format!("cannot connect: {e} (is the server up?)")))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| fail(format!("cannot set TCP_NODELAY: {e}")))?;
+        let stream = kvwasm_guest_support::net::connect(peer, deadline).map_err(fail)?;
         let mut link = Link {
             stream,
             peer: peer.to_owned(),
