@@ -16,6 +16,7 @@
 //! * `instance` — one kv-store instance and typed, deadline-bound calls;
 //! * [`fabric`] — fabric guests: MRDN frames, verified by the host;
 //! * [`subscriber`] — event subscriber guests, fed by `kvwasm serve`;
+//! * [`tiering`] — backends composed as tiers, moved on a guest's advice;
 //! * [`events_out`] — a backend's kv_store traffic, published as KV events;
 //! * [`handle`] — an open store: a pool of instances, safe from many threads;
 //! * [`config`] and [`uri`] — how operators and consumers name backends.
@@ -41,6 +42,7 @@ mod payload;
 mod sandbox;
 mod state;
 pub mod subscriber;
+pub mod tiering;
 pub mod uri;
 
 use std::sync::Arc;

@@ -1,0 +1,87 @@
+//! Tiered stores (docs/tiering.md): existing backends composed as ordered
+//! tiers, with an untrusted advisor guest proposing moves that trusted host
+//! code validates and applies.
+//!
+//! The contract between the two halves lives here so each side can be
+//! built and tested on its own:
+//!
+//! * the tiered store reports what its consumers do as [`Access`] records
+//!   and what each tier holds as [`TierUsage`];
+//! * the advisor turns those into [`Advice`];
+//! * the store's [`AdviceSink`] validates and applies it, and says what it
+//!   refused and why in an [`AdviceReport`].
+
+/// What the advisor asks the host to do with some chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Copy the chunks one tier up (towards tier 0, the fastest).
+    Promote,
+    /// Move the chunks one tier down (copy, verify, then remove).
+    Demote,
+    /// Remove the chunks from `tier`, only where another tier keeps a copy.
+    Evict,
+}
+
+/// One piece of advice: an action on chunks named by their full kv_store
+/// hash (the bytes the consumer chose).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Advice {
+    pub action: Action,
+    /// The tier the chunks are in now (0 = hottest).
+    pub tier: u32,
+    pub hashes: Vec<Vec<u8>>,
+}
+
+/// What the host did with a batch of advice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdviceReport {
+    /// Chunks moved, copied or evicted as advised.
+    pub applied: u64,
+    /// Chunks the host refused (unknown, last copy, over the rate limit...).
+    pub refused: u64,
+    /// Why, one short line per distinct reason (bounded).
+    pub reasons: Vec<String>,
+}
+
+/// Where the store's consumer traffic went, as the advisor sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessKind {
+    /// A new chunk was stored (in tier 0).
+    Put,
+    /// A chunk was read, from the tier given in [`Access::tier`].
+    Hit,
+    /// A chunk was asked for and no tier had it.
+    Miss,
+    /// The chunk left the store's last tier (it no longer exists).
+    Gone,
+}
+
+/// One chunk-level event of the tiered store's own traffic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Access {
+    pub kind: AccessKind,
+    pub hash: Vec<u8>,
+    /// The chunk's length in bytes.
+    pub len: u64,
+    /// The tier involved (the tier read for `Hit`, 0 for `Put`).
+    pub tier: u32,
+    /// The manifest read or written just before, when the store knows it:
+    /// lets a policy see which sessions share a chunk.
+    pub manifest: Option<String>,
+}
+
+/// What one tier holds now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierUsage {
+    pub name: String,
+    /// The operator's byte capacity, if the tier has one.
+    pub capacity_bytes: Option<u64>,
+    pub used_bytes: u64,
+    pub chunks: u64,
+}
+
+/// Implemented by the tiered store: applies advice under the host's rules.
+pub trait AdviceSink: Send + Sync {
+    fn apply(&self, advice: Vec<Advice>) -> AdviceReport;
+    fn usage(&self) -> Vec<TierUsage>;
+}
