@@ -15,18 +15,16 @@
 //! to the guest's.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use kvwasm_mrdn::{DecodeMode, HEADER_LEN, Header, Tier};
-use wasmtime::Store;
 
 use crate::backend::Backend;
-use crate::bindings::fabric::Fabric as FabricExports;
+use crate::bindings::fabric::Fabric as FabricBindings;
 use crate::deadline::Deadline;
 use crate::error::KvError;
 use crate::payload::{self, MallocBuffer};
-use crate::sandbox::{self, Outcome};
-use crate::state::HostState;
+use crate::single::{GuestKind, Instance, OneInstance};
 
 /// Most frames a fabric may hold unreleased at once, per [`Fabric`].
 pub const MAX_LIVE_HANDLES: usize = 1 << 20;
@@ -34,15 +32,16 @@ pub const MAX_LIVE_HANDLES: usize = 1 << 20;
 /// An open fabric: one guest instance, safe to call from many threads (one
 /// call at a time).
 pub struct Fabric {
-    policy: Arc<Backend>,
-    state: Mutex<State>,
+    guest: OneInstance<FabricExports>,
 }
 
-struct State {
-    instance: Option<FabricInstance>,
-    /// Host handle → what was pushed under it, for the live instance.
-    handles: HashMap<u64, Pushed>,
-    next_handle: u64,
+/// What the host keeps for the live instance.
+struct Handles {
+    /// Host handle → what was pushed under it.
+    live: HashMap<u64, Pushed>,
+    /// Never reused, across instances too: a handle of a lost instance is
+    /// never resolved by the next one to some other frame.
+    next: u64,
 }
 
 /// What the host remembers of a pushed frame.
@@ -91,42 +90,33 @@ impl Fabric {
     /// The first instance starts now, so a broken component fails here.
     pub fn start(policy: Arc<Backend>) -> Result<Fabric, KvError> {
         policy.component.fabric_pre()?;
-        let fabric = Fabric {
-            policy,
-            state: Mutex::new(State {
-                instance: None,
-                handles: HashMap::new(),
-                next_handle: 1,
-            }),
+        let handles = Handles {
+            live: HashMap::new(),
+            next: 1,
         };
-        let deadline = fabric.deadline();
-        let mut state = fabric.lock();
-        fabric.instance(&mut state, deadline)?;
-        drop(state);
-        Ok(fabric)
+        Ok(Fabric {
+            guest: OneInstance::start(policy, handles)?,
+        })
     }
 
     /// The name in logs and metrics (`fabrics.<name>`).
     pub fn name(&self) -> &str {
-        &self.policy.name
+        &self.guest.policy().name
     }
 
     /// The guest's label (`nixl-synth`, `tcp`...), cut to a bounded length.
     pub fn label(&self) -> Result<String, KvError> {
-        self.operation(
+        self.guest.operation(
             0,
             |_| 0,
-            |state, deadline| {
-                let instance = self.instance(state, deadline)?;
-                let guest = instance.bindings.kvwasm_fabric_transport();
-                let outcome =
-                    sandbox::run(&mut instance.store, deadline, instance.fuel, async |s| {
-                        guest
-                            .call_label(s)
-                            .await
-                            .map(|l| Ok::<_, KvError>(crate::log_limit::bounded(l)))
-                    });
-                self.settle(state, outcome)
+            |turn| {
+                turn.call(async |s, guest| {
+                    guest
+                        .transport()
+                        .call_label(s)
+                        .await
+                        .map(|l| Ok::<_, KvError>(crate::log_limit::bounded(l)))
+                })
             },
         )
     }
@@ -147,34 +137,33 @@ impl Fabric {
                 HEADER_LEN + header.body_len as usize
             )));
         }
-        let limit = self.policy.limits.max_payload_bytes();
-        if frame.len() as u64 > limit {
+        let limits = &self.guest.policy().limits;
+        if frame.len() as u64 > limits.max_payload_bytes() {
             return Err(KvError::Limit(format!(
                 "a frame of {} bytes exceeds the fabric's limit of {} MiB",
                 frame.len(),
-                self.policy.limits.max_payload_mib
+                limits.max_payload_mib
             )));
         }
-        self.operation(
+        self.guest.operation(
             frame.len(),
             |_| 0,
-            |state, deadline| {
-                if state.handles.len() >= MAX_LIVE_HANDLES {
+            |turn| {
+                if turn.tied().live.len() >= MAX_LIVE_HANDLES {
                     return Err(KvError::Limit(format!(
                         "{MAX_LIVE_HANDLES} frames are already pushed and not released"
                     )));
                 }
-                let instance = self.instance(state, deadline)?;
-                let guest = instance.bindings.kvwasm_fabric_transport();
-                let outcome =
-                    sandbox::run(&mut instance.store, deadline, instance.fuel, async |s| {
-                        payload::lend(s, frame, async |s, frame| guest.call_push(s, frame).await)
-                            .await?
-                    });
-                let guest_handle = self.settle(state, outcome)?;
-                let handle = state.next_handle;
-                state.next_handle += 1;
-                state.handles.insert(
+                let guest_handle = turn.call(async |s, guest| {
+                    payload::lend(s, frame, async |s, frame| {
+                        guest.transport().call_push(s, frame).await
+                    })
+                    .await?
+                })?;
+                let handles = turn.tied();
+                let handle = handles.next;
+                handles.next += 1;
+                handles.live.insert(
                     handle,
                     Pushed {
                         guest_handle,
@@ -203,27 +192,25 @@ impl Fabric {
     }
 
     fn pull_checked(&self, handle: u64, echo: bool) -> Result<VerifiedFrame, KvError> {
-        self.operation(
+        self.guest.operation(
             0,
             |f: &VerifiedFrame| f.bytes.len(),
-            |state, deadline| {
-                let pushed = self.live(state, handle)?;
-                let instance = self.instance(state, deadline)?;
-                let guest = instance.bindings.kvwasm_fabric_transport();
-                let outcome = sandbox::run(
-                    &mut instance.store,
-                    deadline,
-                    instance.fuel,
-                    async |s| match guest.call_pull(&mut *s, pushed.guest_handle).await? {
+            |turn| {
+                let pushed = live(turn.tied(), handle)?;
+                let bytes = turn.call(async |s, guest| {
+                    match guest
+                        .transport()
+                        .call_pull(&mut *s, pushed.guest_handle)
+                        .await?
+                    {
                         Ok(frame) => Ok(Ok(payload::take(s, frame)?)),
                         Err(e) => Ok(Err(e)),
-                    },
-                );
-                let bytes = self.settle(state, outcome)?;
+                    }
+                })?;
                 let fail = |what: String| {
                     KvError::Io(format!(
                         "fabric {:?} returned a bad frame for handle {handle}: {what}",
-                        self.policy.name
+                        self.name()
                     ))
                 };
                 let tier = kvwasm_mrdn::decode_with(bytes.as_slice(), DecodeMode::Strict)
@@ -240,148 +227,69 @@ impl Fabric {
     /// Tell the guest to forget `handle`; the host forgets it whatever the
     /// guest answers.
     pub fn release(&self, handle: u64) -> Result<(), KvError> {
-        self.operation(
+        self.guest.operation(
             0,
             |_| 0,
-            |state, deadline| {
-                let pushed = self.live(state, handle)?;
-                state.handles.remove(&handle);
-                let instance = self.instance(state, deadline)?;
-                let guest = instance.bindings.kvwasm_fabric_transport();
-                let outcome =
-                    sandbox::run(&mut instance.store, deadline, instance.fuel, async |s| {
-                        guest.call_release(s, pushed.guest_handle).await
-                    });
-                self.settle(state, outcome)
+            |turn| {
+                let pushed = live(turn.tied(), handle)?;
+                turn.tied().live.remove(&handle);
+                turn.call(async |s, guest| {
+                    guest.transport().call_release(s, pushed.guest_handle).await
+                })
             },
         )
     }
 
     /// Handles pushed and not yet released.
     pub fn live_handles(&self) -> usize {
-        self.lock().handles.len()
+        self.guest.with_tied(|handles| handles.live.len())
     }
+}
 
-    /// What was pushed under `handle`, if the instance that took it lives.
-    fn live(&self, state: &State, handle: u64) -> Result<Pushed, KvError> {
-        state.handles.get(&handle).copied().ok_or(KvError::NotFound)
-    }
-
-    /// The live instance, started if there is none.
-    fn instance<'s>(
-        &self,
-        state: &'s mut State,
-        deadline: Deadline,
-    ) -> Result<&'s mut FabricInstance, KvError> {
-        if state.instance.is_none() {
-            state.instance = Some(FabricInstance::start(&self.policy, deadline)?);
-        }
-        Ok(state.instance.as_mut().expect("just started"))
-    }
-
-    /// The result of a call; a lost instance is discarded with its handles.
-    fn settle<T>(&self, state: &mut State, outcome: Outcome<T>) -> Result<T, KvError> {
-        match outcome {
-            Outcome::Returned(result) => result,
-            Outcome::Lost(err) => {
-                tracing::info!(
-                    "fabric {:?}: guest instance discarded after: {err}; a fresh one serves \
-                     the next call",
-                    self.policy.name
-                );
-                state.instance = None;
-                // Its handles go with it: asked about later they are
-                // NotFound, never a frame of the next instance, and they no
-                // longer count against the limit.
-                state.handles.clear();
-                Err(err)
-            }
-        }
-    }
-
-    /// Run one operation under the fabric's deadline and call gate, in a
-    /// `fabric_call` span, counted in its metrics.
-    fn operation<T>(
-        &self,
-        bytes_in: usize,
-        bytes_out: impl FnOnce(&T) -> usize,
-        call: impl FnOnce(&mut State, Deadline) -> Result<T, KvError>,
-    ) -> Result<T, KvError> {
-        let deadline = self.deadline();
-        let result = self.policy.enter_call(deadline).and_then(|_slot| {
-            let mut state = self.lock();
-            call(&mut state, deadline)
-        });
-        let out = result.as_ref().map_or(0, bytes_out);
-        if let Err(e) = &result
-            && !e.is_miss()
-        {
-            crate::log_limit::warn(
-                ("fabric call failed", self.policy.name.as_str()),
-                format_args!("fabric {:?}: {e}", self.policy.name),
-            );
-        }
-        self.policy
-            .metrics
-            .record(bytes_in, out, result.as_ref().err());
-        result
-    }
-
-    fn deadline(&self) -> Deadline {
-        Deadline::after_ms(self.policy.limits.call_timeout_ms)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// What was pushed under `handle`, if the instance that took it lives.
+fn live(handles: &Handles, handle: u64) -> Result<Pushed, KvError> {
+    handles.live.get(&handle).copied().ok_or(KvError::NotFound)
 }
 
 impl Drop for Fabric {
     /// Release what is still pushed, so a transport can free its peer's
-    /// memory, within one deadline; then drop the instance.
+    /// memory, within one deadline; a lost instance is not restarted for it.
     fn drop(&mut self) {
-        let deadline = self.deadline();
-        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        let Some(instance) = state.instance.as_mut() else {
-            return;
-        };
-        let guest = instance.bindings.kvwasm_fabric_transport();
-        for pushed in state.handles.values() {
-            if deadline.remaining().is_zero() {
+        let mut turn = self.guest.last_turn();
+        let pushed: Vec<u64> = turn.tied().live.values().map(|p| p.guest_handle).collect();
+        for guest_handle in pushed {
+            if !turn.is_live() || turn.expired() {
                 break;
             }
-            let outcome = sandbox::run(&mut instance.store, deadline, instance.fuel, async |s| {
-                guest.call_release(s, pushed.guest_handle).await
-            });
-            if let Outcome::Lost(_) = outcome {
-                break;
-            }
+            let _ =
+                turn.call(async |s, guest| guest.transport().call_release(s, guest_handle).await);
         }
     }
 }
 
-/// One instance of a fabric guest.
-struct FabricInstance {
-    store: Store<HostState>,
-    bindings: FabricExports,
-    fuel: Option<u64>,
+/// The exports of one fabric instance.
+struct FabricExports(FabricBindings);
+
+impl FabricExports {
+    fn transport(&self) -> &crate::bindings::fabric::exports::kvwasm::fabric::transport::Guest {
+        self.0.kvwasm_fabric_transport()
+    }
 }
 
-impl FabricInstance {
-    fn start(policy: &Backend, deadline: Deadline) -> Result<FabricInstance, KvError> {
+impl GuestKind for FabricExports {
+    const KIND: &'static str = "fabric";
+    type Tied = Handles;
+
+    fn start(policy: &Backend, deadline: Deadline) -> Result<Instance<Self>, KvError> {
         let pre = policy.component.fabric_pre()?;
-        let (mut store, fuel) = sandbox::new_store(policy, "")?;
-        let started = sandbox::run(&mut store, deadline, fuel, async |s| {
-            pre.instantiate_async(s).await.map(Ok::<_, KvError>)
-        });
-        let bindings = match started {
-            Outcome::Returned(result) => result?,
-            Outcome::Lost(err) => return Err(err),
-        };
-        Ok(FabricInstance {
-            store,
-            bindings,
-            fuel,
+        Instance::start(policy, deadline, async |s| {
+            pre.instantiate_async(s).await.map(FabricExports)
         })
+    }
+
+    /// The lost instance's handles go with it: asked about later they are
+    /// `NotFound`, and they no longer count against the limit.
+    fn discarded(handles: &mut Handles) {
+        handles.live.clear();
     }
 }

@@ -13,6 +13,7 @@
 //! * [`log_limit`] — guest-supplied text and repeated warnings, bounded;
 //! * `payload` — host-owned buffers that carry bytes without copying;
 //! * `sandbox` — the store and call rules every guest kind shares;
+//! * `single` — guests that keep one instance (fabrics, subscribers);
 //! * `instance` — one kv-store instance and typed, deadline-bound calls;
 //! * [`fabric`] — fabric guests: MRDN frames, verified by the host;
 //! * [`subscriber`] — event subscriber guests, fed by `kvwasm serve`;
@@ -40,6 +41,7 @@ pub mod log_limit;
 pub mod metrics;
 mod payload;
 mod sandbox;
+mod single;
 mod state;
 pub mod subscriber;
 pub mod tiering;
