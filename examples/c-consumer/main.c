@@ -10,7 +10,6 @@
  * with seeds 0, 1, 2, ... (to exercise other hash lengths, e.g. oMLX's 32).
  * Exit status: 0 when every check passed. */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +20,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "kv_store_abi.h"
+#include "kv_store_loader.h"
 
 static double now_ms(void) {
     struct timespec ts;
@@ -30,37 +29,13 @@ static double now_ms(void) {
 }
 
 static const kv_store_vtable *load_backend(const char *uri) {
-    const char *sep = strstr(uri, "://");
-    if (!sep) {
-        fprintf(stderr, "URI %s has no scheme\n", uri);
+    char err[4400];
+    const kv_store_vtable *vt = kv_store_load(uri, err, sizeof err);
+    if (!vt) {
+        fprintf(stderr, "%s\n", err);
         return NULL;
     }
-    char lib[256];
-    snprintf(lib, sizeof lib, "libkv_store_%.*s.so", (int)(sep - uri), uri);
-
-    void *dl = NULL;
-    const char *dir = getenv("KV_STORE_LIBRARY_PATH");
-    if (dir) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, lib);
-        if (access(path, F_OK) == 0) dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    }
-    if (!dl) dl = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-    if (!dl) {
-        fprintf(stderr, "dlopen %s: %s\n", lib, dlerror());
-        return NULL;
-    }
-    kv_store_get_vtable_fn get = (kv_store_get_vtable_fn)dlsym(dl, "kv_store_get_vtable");
-    if (!get) {
-        fprintf(stderr, "dlsym kv_store_get_vtable: %s\n", dlerror());
-        return NULL;
-    }
-    const kv_store_vtable *vt = get();
-    if (!vt || vt->version < 1) {
-        fprintf(stderr, "%s: unusable vtable\n", lib);
-        return NULL;
-    }
-    printf("loaded %s: vtable version %u%s\n", lib, vt->version,
+    printf("loaded a backend for %s: vtable version %u%s\n", uri, vt->version,
            vt->version >= 2 && vt->prefetch_chunks ? " (prefetch_chunks)" : "");
     return vt;
 }

@@ -21,7 +21,6 @@
  * the bare name through the system loader, RTLD_LOCAL, kv_store_get_vtable.
  * The chunking is described in docs/llama.md. Prints one JSON line. */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -34,7 +33,7 @@
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 
-#include "kv_store_abi.h"
+#include "kv_store_loader.h"
 #include "llama.h"
 
 #define HASH_LEN 8
@@ -81,23 +80,9 @@ static uint64_t get_u64(const uint8_t *p) {
 /* ---- backend loading, as llama.cpp does it ---- */
 
 static const kv_store_vtable *load_backend(const char *uri) {
-    const char *sep = strstr(uri, "://");
-    if (!sep) die("URI %s has no scheme", uri);
-    char lib[256];
-    snprintf(lib, sizeof lib, "libkv_store_%.*s.so", (int)(sep - uri), uri);
-    void *dl = NULL;
-    const char *dir = getenv("KV_STORE_LIBRARY_PATH");
-    if (dir) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, lib);
-        if (access(path, F_OK) == 0) dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    }
-    if (!dl) dl = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-    if (!dl) die("dlopen %s: %s", lib, dlerror());
-    kv_store_get_vtable_fn get = (kv_store_get_vtable_fn)dlsym(dl, "kv_store_get_vtable");
-    if (!get) die("dlsym kv_store_get_vtable: %s", dlerror());
-    const kv_store_vtable *vt = get();
-    if (!vt || vt->version < 1) die("%s: unusable vtable", lib);
+    char err[4400];
+    const kv_store_vtable *vt = kv_store_load(uri, err, sizeof err);
+    if (!vt) die("%s", err);
     return vt;
 }
 

@@ -1,0 +1,51 @@
+/* Loading a kv_store_v1 backend the way llama.cpp does: the URI's scheme
+ * names the library (wasm://... -> libkv_store_wasm.so), looked up in
+ * $KV_STORE_LIBRARY_PATH first, then by bare name through the system
+ * loader, RTLD_LOCAL; then kv_store_get_vtable. Shared by the examples. */
+#ifndef KV_STORE_LOADER_H
+#define KV_STORE_LOADER_H
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kv_store_abi.h"
+
+/* The backend for `uri`, or NULL with the reason written to `err`. */
+static inline const kv_store_vtable *kv_store_load(const char *uri, char *err, size_t err_len) {
+    const char *sep = strstr(uri, "://");
+    if (!sep) {
+        snprintf(err, err_len, "URI %s has no scheme", uri);
+        return NULL;
+    }
+    char lib[256];
+    snprintf(lib, sizeof lib, "libkv_store_%.*s.so", (int)(sep - uri), uri);
+
+    void *dl = NULL;
+    const char *dir = getenv("KV_STORE_LIBRARY_PATH");
+    if (dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, lib);
+        if (access(path, F_OK) == 0) dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!dl) dl = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (!dl) {
+        snprintf(err, err_len, "dlopen %s: %s", lib, dlerror());
+        return NULL;
+    }
+    kv_store_get_vtable_fn get = (kv_store_get_vtable_fn)dlsym(dl, "kv_store_get_vtable");
+    if (!get) {
+        snprintf(err, err_len, "dlsym kv_store_get_vtable: %s", dlerror());
+        return NULL;
+    }
+    const kv_store_vtable *vt = get();
+    if (!vt || vt->version < 1) {
+        snprintf(err, err_len, "%s: unusable vtable", lib);
+        return NULL;
+    }
+    return vt;
+}
+
+#endif
