@@ -10,6 +10,7 @@ pub mod events;
 pub mod fabric;
 pub mod plot;
 pub mod report;
+pub mod scale;
 mod stats;
 mod target;
 mod workloads;
