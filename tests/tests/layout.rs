@@ -91,3 +91,33 @@ fn a_truncated_chunk_left_by_a_crash_is_rewritten_not_trusted() {
     assert_eq!(store.put_chunk(&key, &chunk), Ok(false));
     assert_eq!(std::fs::read(&path).unwrap(), chunk);
 }
+
+/// An instance keeps three descriptors open (the grant, the namespace
+/// directory, `chunks`), however many fan-out directories its chunks went
+/// to: 1,000 open handles must fit in a process's descriptor budget.
+#[test]
+fn an_instance_holds_three_descriptors_whatever_chunks_it_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let store = open_fs(&root);
+    let mut slots = std::collections::BTreeSet::new();
+    for i in 0u64.. {
+        let data = pattern(64, i);
+        let key = xxh3_key(&data);
+        store.put_chunk(&key, &data).unwrap();
+        assert_eq!(store.get_chunk(&key).unwrap().as_slice(), &data[..]);
+        slots.insert(hex::encode(key).remove(0));
+        if slots.len() == 16 {
+            break;
+        }
+    }
+    store.put_manifest("m", b"all fan-out directories").unwrap();
+    // Descriptors of this process (other tests run in parallel) that point
+    // into this store's directory.
+    let held = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.starts_with(&root))
+        .count();
+    assert!(held <= 3, "{held} descriptors held into {}", root.display());
+}

@@ -66,12 +66,18 @@ impl Guest for FsBackend {
     }
 }
 
-/// One open store: the namespace directory plus lazily opened fan-out dirs.
+/// One open store: the namespace directory and its chunk directory.
+///
+/// Chunk files are reached by `<fan-out>/<hash>` paths under `chunks`
+/// rather than through 16 open fan-out directories: an instance holds
+/// three descriptors (the grant, `root`, `chunks`), so 1,000 open handles
+/// fit in a process's descriptor budget (docs/benchmarks.md, "Performance
+/// at scale").
 struct FsStore {
     root: Dir,
     chunks: Dir,
-    /// `chunks/0` .. `chunks/f`, opened (and created) on first use.
-    fanout: RefCell<[Option<Dir>; 16]>,
+    /// Bit `i`: this instance has made sure `chunks/<i>` exists.
+    fanout_made: Cell<u16>,
     /// Chunks a manifest may name that this instance has not `fsync`ed:
     /// (fan-out index, file).
     unsynced: RefCell<BTreeSet<(usize, String)>>,
@@ -100,7 +106,7 @@ impl GuestStore for FsStore {
         Ok(Store::new(FsStore {
             root: dir,
             chunks,
-            fanout: RefCell::new(Default::default()),
+            fanout_made: Cell::new(0),
             unsynced: RefCell::default(),
             synced: RefCell::default(),
             // RandomState is seeded from wasi:random; two instances writing
@@ -114,37 +120,40 @@ impl GuestStore for FsStore {
         validate::hash(&hash)?;
         let name = validate::hash_hex(&hash);
         let slot = fanout_index(&name);
-        self.with_fanout(slot, |dir| {
-            // A chunk is present when a file of the right size is there: a
-            // crash between rename and fsync can leave a short file behind,
-            // and such a file is rewritten rather than trusted.
-            let outcome = match dir.fd.stat_at(PathFlags::empty(), &name) {
-                Ok(stat) if stat.size == data.len() => PutOutcome::AlreadyPresent,
-                Ok(_) | Err(ErrorCode::NoEntry) => {
-                    self.write_file(dir, &name, data, false)?;
-                    PutOutcome::Stored
-                }
-                Err(e) => return Err(e).fs_context("stat chunk"),
-            };
-            // A chunk found in place may be another writer's, not synced
-            // yet: sync it before this instance's next manifest too.
-            if outcome == PutOutcome::Stored || !self.synced.borrow().contains(&name) {
-                self.unsynced.borrow_mut().insert((slot, name));
+        let dir = self.fanout_dir(slot)?;
+        let path = format!("{dir}/{name}");
+        // A chunk is present when a file of the right size is there: a
+        // crash between rename and fsync can leave a short file behind,
+        // and such a file is rewritten rather than trusted.
+        let outcome = match self.chunks.fd.stat_at(PathFlags::empty(), &path) {
+            Ok(stat) if stat.size == data.len() => PutOutcome::AlreadyPresent,
+            Ok(_) | Err(ErrorCode::NoEntry) => {
+                self.write_file(&self.chunks, &dir, &name, data, false)?;
+                PutOutcome::Stored
             }
-            Ok(outcome)
-        })
+            Err(e) => return Err(e).fs_context("stat chunk"),
+        };
+        // A chunk found in place may be another writer's, not synced
+        // yet: sync it before this instance's next manifest too.
+        if outcome == PutOutcome::Stored || !self.synced.borrow().contains(&name) {
+            self.unsynced.borrow_mut().insert((slot, name));
+        }
+        Ok(outcome)
     }
 
     fn get_chunk(&self, hash: Vec<u8>) -> Result<Payload> {
         validate::hash(&hash)?;
-        let name = validate::hash_hex(&hash);
-        self.with_fanout(fanout_index(&name), |dir| read_file(dir, &name, "chunk"))
+        read_file(
+            &self.chunks,
+            &chunk_path(&validate::hash_hex(&hash)),
+            "chunk",
+        )
     }
 
     fn put_manifest(&self, name: String, data: &Payload) -> Result<()> {
         validate::manifest_name(&name)?;
         let synced = self.sync_chunks()?;
-        self.write_file(&self.root, &name, data, true)?;
+        self.write_file(&self.root, "", &name, data, true)?;
         self.root.fd.sync().fs_context("sync manifest directory")?;
         eprintln!("put-manifest {name:?}: {synced} chunks synced first");
         Ok(())
@@ -172,9 +181,8 @@ impl GuestStore for FsStore {
             validate::hash(hash)?;
         }
         for hash in hashes {
-            let name = validate::hash_hex(&hash);
-            let _ = self.with_fanout(fanout_index(&name), |dir| {
-                let file = dir.open_file(&name, "open chunk")?;
+            let path = chunk_path(&validate::hash_hex(&hash));
+            let _ = self.chunks.open_file(&path, "open chunk").and_then(|file| {
                 let size = file.stat().fs_context("stat chunk")?.size;
                 file.advise(0, size, Advice::WillNeed)
                     .fs_context("advise chunk")
@@ -195,10 +203,10 @@ impl FsStore {
         let unsynced = std::mem::take(&mut *self.unsynced.borrow_mut());
         let mut dirs = BTreeSet::new();
         for (slot, name) in &unsynced {
-            let synced = self.with_fanout(*slot, |dir| {
-                let file = dir.open_file(name, "open chunk for sync")?;
-                file.sync_data().fs_context("sync chunk")
-            });
+            let synced = self
+                .chunks
+                .open_file(&format!("{slot:x}/{name}"), "open chunk for sync")
+                .and_then(|file| file.sync_data().fs_context("sync chunk"));
             if let Err(e) = synced {
                 // Keep the rest queued so a retry syncs them.
                 self.unsynced.borrow_mut().extend(unsynced.iter().cloned());
@@ -210,7 +218,8 @@ impl FsStore {
             return Ok(0);
         }
         let dirs_synced = dirs.into_iter().try_for_each(|slot| {
-            self.with_fanout(slot, |dir| dir.fd.sync().fs_context("sync chunk directory"))
+            let dir = open_dir(&self.chunks.fd, &format!("{slot:x}"), self.chunks.writable)?;
+            dir.fd.sync().fs_context("sync chunk directory")
         });
         // A fan-out directory created since the last flush is an entry here.
         if let Err(e) =
@@ -228,28 +237,50 @@ impl FsStore {
         Ok(count)
     }
 
-    /// Run `f` on fan-out directory `slot`, opening (creating) it on first use.
-    fn with_fanout<T>(&self, slot: usize, f: impl FnOnce(&Dir) -> Result<T>) -> Result<T> {
-        let mut fanout = self.fanout.borrow_mut();
-        if fanout[slot].is_none() {
-            fanout[slot] = Some(self.chunks.subdir(&format!("{slot:x}"))?);
+    /// The name of fan-out directory `slot` under `chunks`, created (once
+    /// per instance) if missing and the grant is writable.
+    fn fanout_dir(&self, slot: usize) -> Result<String> {
+        let name = format!("{slot:x}");
+        let made = self.fanout_made.get();
+        // Under a read-only grant nothing is created: a put then finds its
+        // chunk present or is refused when it writes.
+        if made & (1 << slot) == 0 && self.chunks.writable {
+            match self.chunks.fd.create_directory_at(&name) {
+                Ok(()) | Err(ErrorCode::Exist) => {}
+                Err(e) => return Err(e).fs_context("create directory"),
+            }
+            self.fanout_made.set(made | 1 << slot);
         }
-        f(fanout[slot].as_ref().expect("opened above"))
+        Ok(name)
     }
 
-    /// Write `data` to a fresh temp file in `dir`, then rename it to `name`.
-    /// `durable` syncs the file before the rename (manifests); chunks are
-    /// synced in batch by [`GuestStore::flush`].
-    fn write_file(&self, dir: &Dir, name: &str, data: &Payload, durable: bool) -> Result<()> {
+    /// Write `data` to a fresh temp file in `sub` (a subdirectory of `dir`,
+    /// or `""` for `dir` itself), then rename it to `name` there. `durable`
+    /// syncs the file before the rename (manifests); chunks are synced in
+    /// batch by [`GuestStore::flush`].
+    fn write_file(
+        &self,
+        dir: &Dir,
+        sub: &str,
+        name: &str,
+        data: &Payload,
+        durable: bool,
+    ) -> Result<()> {
         dir.require_writable()?;
         let seq = self.tmp_seq.get();
         self.tmp_seq.set(seq + 1);
-        let tmp = format!("{TMP_PREFIX}{:016x}-{seq}", self.tmp_seed);
+        let sub = if sub.is_empty() {
+            String::new()
+        } else {
+            format!("{sub}/")
+        };
+        let tmp = format!("{sub}{TMP_PREFIX}{:016x}-{seq}", self.tmp_seed);
+        let name = format!("{sub}{name}");
         let written = payload_io::write_file(&dir.fd, &tmp, data, durable)
             .fs_context("write temp file")
             .and_then(|()| {
                 dir.fd
-                    .rename_at(&tmp, &dir.fd, name)
+                    .rename_at(&tmp, &dir.fd, &name)
                     .fs_context("rename temp file")
             });
         if written.is_err() {
@@ -343,6 +374,11 @@ fn namespace_dir(part: &str) -> Result<Cow<'_, str>> {
 /// Index of the fan-out directory: the first hex digit of the hash.
 fn fanout_index(hex_name: &str) -> usize {
     usize::from_str_radix(&hex_name[..1], 16).expect("hex digit")
+}
+
+/// A chunk's path under `chunks`: `<first hex digit>/<hex of whole hash>`.
+fn chunk_path(hex_name: &str) -> String {
+    format!("{}/{hex_name}", &hex_name[..1])
 }
 
 export_backend!(FsBackend);

@@ -10,6 +10,7 @@ pub mod events;
 pub mod fabric;
 pub mod plot;
 pub mod report;
+pub mod scale;
 mod stats;
 mod target;
 mod workloads;
@@ -50,7 +51,7 @@ pub enum Section {
     SaveRestore,
     /// The cost of one call that does nothing.
     SmallCall,
-    /// 1 and 4 threads on one handle.
+    /// 1 and 4 threads on one handle, and 8 threads on 8 handles.
     Threads,
     /// `open` latency.
     Open,
@@ -87,7 +88,8 @@ pub struct Results {
     pub save_restore: Vec<Row>,
     /// Nanoseconds per `get_manifest` of a missing name.
     pub small_call: Option<Row>,
-    /// GB/s at 1 MiB with 1 and with 4 threads on one handle.
+    /// GB/s at 1 MiB with 1 and with 4 threads on one handle, and with 8
+    /// threads on 8 handles.
     pub threads: Vec<Row>,
     /// Milliseconds for `open`.
     pub open: Vec<Row>,

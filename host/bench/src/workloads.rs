@@ -269,53 +269,69 @@ impl<'a> Workloads<'a> {
         )
     }
 
-    /// 1 MiB puts and gets with 1 and with 4 threads on one handle.
+    /// 1 MiB puts and gets with 1 and with 4 threads on one handle, and
+    /// with 8 threads on 8 handles (one each).
     pub fn threads(&mut self) -> Result<Vec<Row>, String> {
         let count = if self.plan.quick { 16 } else { 128 };
         let cases = [
             ("put 1 MiB, 1 thread", Unit::GBps),
             ("put 1 MiB, 4 threads", Unit::GBps),
+            ("put 1 MiB, 8 threads on 8 handles", Unit::GBps),
             ("get 1 MiB, 1 thread", Unit::GBps),
             ("get 1 MiB, 4 threads", Unit::GBps),
+            ("get 1 MiB, 8 threads on 8 handles", Unit::GBps),
         ];
         let medium = self.plan.media[0].clone();
         self.sample(&medium, &cases, "threads", |w, target, medium| {
             let mut out = Vec::new();
             let bytes = (count * MIB) as f64;
             let mut gets = Vec::new();
-            for threads in [1, THREADS] {
-                let (h, dir) = w.fresh(target, medium)?;
+            for (threads, handles) in [(1, 1), (THREADS, 1), (8, 8)] {
+                let (first, dir) = w.fresh(target, medium)?;
+                let uri = target.target.uri(&dir);
+                let mut hs = vec![first];
+                for _ in 1..handles {
+                    hs.push(target.lib.open_store(&uri).ok_or("open returned NULL")?);
+                }
                 let w = &*w;
+                // Thread `t` runs on handle `t % handles`.
                 let parts: Vec<_> = (0..threads)
-                    .map(|t| (t * count / threads)..((t + 1) * count / threads))
+                    .map(|t| {
+                        (
+                            &hs[t % handles],
+                            (t * count / threads)..((t + 1) * count / threads),
+                        )
+                    })
                     .collect();
                 let put = time(|| {
                     std::thread::scope(|s| {
                         let jobs: Vec<_> = parts
                             .iter()
-                            .map(|range| {
-                                s.spawn(|| w.put_chunks_only(&h, MIB, range.clone(), Expect::New))
+                            .map(|(h, range)| {
+                                s.spawn(|| w.put_chunks_only(h, MIB, range.clone(), Expect::New))
                             })
                             .collect();
                         jobs.into_iter().try_for_each(|j| {
                             j.join().unwrap_or_else(|_| Err("thread panicked".into()))
                         })
                     })?;
-                    h.put_manifest("bench", b"threads")
-                        .map_err(|rc| format!("put_manifest: {rc}"))
+                    hs.iter().try_for_each(|h| {
+                        h.put_manifest("bench", b"threads")
+                            .map_err(|rc| format!("put_manifest: {rc}"))
+                    })
                 })?;
                 let get = time(|| {
                     std::thread::scope(|s| {
                         let jobs: Vec<_> = parts
                             .iter()
-                            .map(|range| s.spawn(|| w.get_chunks(&h, MIB, range.clone())))
+                            .map(|(h, range)| s.spawn(|| w.get_chunks(h, MIB, range.clone())))
                             .collect();
                         jobs.into_iter().try_for_each(|j| {
                             j.join().unwrap_or_else(|_| Err("thread panicked".into()))
                         })
                     })
                 })?;
-                drop(h);
+                drop(hs);
                 cleanup(&dir);
                 out.push(gbps(bytes, put));
                 gets.push(gbps(bytes, get));
@@ -549,7 +565,7 @@ fn random_bytes(len: usize) -> Vec<u8> {
     out
 }
 
-fn time(f: impl FnOnce() -> Result<(), String>) -> Result<Duration, String> {
+pub(crate) fn time(f: impl FnOnce() -> Result<(), String>) -> Result<Duration, String> {
     let start = Instant::now();
     f()?;
     Ok(start.elapsed())
@@ -564,7 +580,7 @@ fn millis(d: Duration) -> f64 {
 }
 
 /// `VmRSS` of this process, KiB.
-fn resident_kib() -> f64 {
+pub(crate) fn resident_kib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()

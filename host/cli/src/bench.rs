@@ -59,6 +59,18 @@ pub struct BenchArgs {
     /// the builtin:kv-indexer guest against the same indexer run natively.
     #[arg(long, conflicts_with = "fabric")]
     events: bool,
+    /// Measure many open handles in one process instead: 1,000 handles over
+    /// 10 fs backends × 100 tenants (a generated config) against as many
+    /// native handles: open p50/p99/max, resident memory per idle handle,
+    /// process RSS, calls round-robin over all handles (--quick: 100).
+    #[arg(long, conflicts_with_all = ["fabric", "events"])]
+    scale: bool,
+    /// Handles of each library for --scale (default 1000; 100 with --quick).
+    #[arg(long, value_name = "N")]
+    handles: Option<usize>,
+    /// Internal: one --scale repetition in this fresh process.
+    #[arg(long, hide = true)]
+    scale_probe: bool,
     /// Internal: time dlopen and the first open in this fresh process.
     #[arg(long, hide = true)]
     open_probe: bool,
@@ -79,6 +91,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    if args.scale_probe || args.scale {
+        return bench_scale(&args);
+    }
     if args.fabric {
         return bench_fabric(&args);
     }
@@ -86,7 +101,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         return bench_events(&args);
     }
     let targets = if args.targets.is_empty() {
-        default_targets(&args)?
+        default_targets(&args)?.to_vec()
     } else {
         args.targets
             .iter()
@@ -143,7 +158,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn default_targets(args: &BenchArgs) -> anyhow::Result<Vec<Target>> {
+fn default_targets(args: &BenchArgs) -> anyhow::Result<[Target; 2]> {
     let native = args
         .native
         .clone()
@@ -159,7 +174,7 @@ fn default_targets(args: &BenchArgs) -> anyhow::Result<Vec<Target>> {
         .context(
             "libkv_store_wasm.so not found: pass --shim or build it (cargo build --release)",
         )?;
-    Ok(vec![
+    Ok([
         Target {
             label: "native".into(),
             lib: native,
@@ -203,6 +218,42 @@ fn bench_fabric(args: &BenchArgs) -> anyhow::Result<()> {
     print!("{}", kvwasm_bench::fabric::markdown(&pairs, reps));
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&pairs)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `--scale` (and its child, `--scale-probe`): many handles in one process.
+fn bench_scale(args: &BenchArgs) -> anyhow::Result<()> {
+    let [native, shim] = default_targets(args)?.map(|t| t.lib);
+    let dir = match args.dirs.first() {
+        Some(d) => Medium::parse(d).map_err(anyhow::Error::msg)?.path,
+        None => "/dev/shm".into(),
+    };
+    let handles = args.handles.unwrap_or(if args.quick { 100 } else { 1000 });
+    if args.scale_probe {
+        let sample = kvwasm_bench::scale::probe(&native, &shim, &dir, handles, args.quick)
+            .map_err(anyhow::Error::msg)?;
+        println!("{}", serde_json::to_string(&sample)?);
+        return Ok(());
+    }
+    anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
+    let plan = kvwasm_bench::scale::ScalePlan {
+        native,
+        shim,
+        dir,
+        handles,
+        reps: if args.quick { 1 } else { args.reps.max(1) },
+        quick: args.quick,
+        probe: (
+            std::env::current_exe().context("locating this executable")?,
+            vec!["bench".into()],
+        ),
+    };
+    let rows = kvwasm_bench::scale::run(&plan).map_err(anyhow::Error::msg)?;
+    print!("{}", kvwasm_bench::scale::markdown(&rows, &plan));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

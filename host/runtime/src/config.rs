@@ -439,12 +439,33 @@ pub(crate) fn cached_backend(path: &Path, name: &str) -> Result<Arc<Backend>, St
     if let Some(found) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(found.clone());
     }
-    let backend = Arc::new(Config::load(path)?.backend(name)?);
+    let backend = Arc::new(cached_config(path)?.backend(name)?);
     Ok(cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .entry(key)
         .or_insert(backend)
+        .clone())
+}
+
+/// The config file at `path`, read and parsed once per process: the first
+/// open of each backend would otherwise parse the whole file again (with
+/// 10 backends × 100 tenants, milliseconds each; docs/benchmarks.md,
+/// "Performance at scale").
+fn cached_config(path: &Path) -> Result<Arc<Config>, String> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static CONFIGS: OnceLock<Mutex<HashMap<PathBuf, Arc<Config>>>> = OnceLock::new();
+    let configs = CONFIGS.get_or_init(Default::default);
+    if let Some(found) = configs.lock().unwrap_or_else(|p| p.into_inner()).get(path) {
+        return Ok(found.clone());
+    }
+    let config = Arc::new(Config::load(path)?);
+    Ok(configs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(path.to_owned())
+        .or_insert(config)
         .clone())
 }
 
@@ -491,6 +512,21 @@ mod tests {
         assert_eq!(grants.dirs[1].host, Path::new("/etc/kvwasm/models"));
         assert_eq!(grants.net.addrs.len(), 1);
         assert_eq!(grants.http.origins[0].to_string(), "http://127.0.0.1:9000");
+    }
+
+    #[test]
+    fn a_config_file_is_parsed_once_per_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        let memory = |name: &str| format!("[backends.{name}]\ncomponent = \"builtin:memory\"\n");
+        std::fs::write(&path, memory("first") + &memory("second")).unwrap();
+        cached_backend(&path, "first").unwrap();
+        // The file changes under a running process: its backends are still
+        // the ones it read first (a changed config takes effect in the next
+        // process), and the new text is not parsed again.
+        std::fs::write(&path, "not toml [").unwrap();
+        let second = cached_backend(&path, "second").unwrap();
+        assert_eq!(second.name, "second");
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub(super) struct PoolState {
     idle: Vec<Instance>,
     /// Instances in existence: idle plus checked out.
     live: usize,
+    /// Threads waiting on `Pool::changed`. Wakeups are skipped when there
+    /// are none: `Condvar::notify_all` is a futex system call even with no
+    /// waiter, on every call's check-in.
+    waiters: usize,
     manifest_in_progress: bool,
     pub(super) durability: Durability,
     pub(super) backoff: Backoff,
@@ -63,6 +67,7 @@ impl Pool {
             state: Mutex::new(PoolState {
                 idle: vec![first],
                 live: 1,
+                waiters: 0,
                 manifest_in_progress: false,
                 durability: Durability::default(),
                 backoff: Backoff::default(),
@@ -97,11 +102,20 @@ impl Pool {
             if left.is_zero() {
                 return Err(KvError::Timeout(deadline.budget_ms()));
             }
+            state.waiters += 1;
             state = self
                 .changed
                 .wait_timeout(state, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            state.waiters -= 1;
+        }
+    }
+
+    /// Wake the waiting threads, if any, after `state` changed.
+    fn wake(&self, state: &PoolState) {
+        if state.waiters > 0 {
+            self.changed.notify_all();
         }
     }
 
@@ -126,8 +140,9 @@ impl Pool {
         let instance = match idle {
             Some(instance) => instance,
             None => start().inspect_err(|_| {
-                self.lock().live -= 1;
-                self.changed.notify_all();
+                let mut state = self.lock();
+                state.live -= 1;
+                self.wake(&state);
             })?,
         };
         Ok(self.checked_out(instance))
@@ -198,7 +213,7 @@ impl Pool {
             }
         }
         state.idle.push(instance);
-        self.changed.notify_all();
+        self.wake(&state);
     }
 
     /// Forget an instance that is gone (lost, or dropped by a panic), and
@@ -208,7 +223,7 @@ impl Pool {
         state.live -= 1;
         state.backoff.lost(&self.label);
         state.durability.instance_lost(id);
-        self.changed.notify_all();
+        self.wake(&state);
     }
 }
 
@@ -233,8 +248,9 @@ pub(super) struct ManifestTurn<'p> {
 
 impl Drop for ManifestTurn<'_> {
     fn drop(&mut self) {
-        self.pool.lock().manifest_in_progress = false;
-        self.pool.changed.notify_all();
+        let mut state = self.pool.lock();
+        state.manifest_in_progress = false;
+        self.pool.wake(&state);
     }
 }
 
