@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use wasmtime::Store;
 
 use crate::backend::Backend;
+use crate::bindings::advisor::exports::kvwasm::events::advisor;
 use crate::bindings::events::exports::kvwasm::events::{http_api, subscriber};
 use crate::deadline::Deadline;
 use crate::error::KvError;
@@ -114,6 +115,25 @@ impl Subscriber {
         })
     }
 
+    /// Run `call` on the instance's `advisor` export, under the same
+    /// deadline, replacement and metrics as every call
+    /// ([`crate::tiering::advisor`]). A guest without one: [`KvError::NotFound`].
+    pub(crate) fn call_advisor<T>(
+        &self,
+        call: impl AsyncFnOnce(&advisor::Guest, &mut Store<HostState>) -> wasmtime::Result<T>,
+    ) -> Result<T, KvError> {
+        self.operation(|state, deadline| {
+            let instance = self.instance(state, deadline)?;
+            let Some(guest) = instance.advisor.clone() else {
+                return Err(KvError::NotFound);
+            };
+            let outcome = sandbox::run(&mut instance.store, deadline, instance.fuel, async |s| {
+                call(&guest, s).await.map(Ok::<_, KvError>)
+            });
+            self.settle(state, outcome)
+        })
+    }
+
     /// The live instance, started if there is none.
     fn instance<'s>(
         &self,
@@ -171,6 +191,7 @@ struct SubscriberInstance {
     store: Store<HostState>,
     subscriber: subscriber::Guest,
     http_api: Option<http_api::Guest>,
+    advisor: Option<advisor::Guest>,
     fuel: Option<u64>,
 }
 
@@ -185,9 +206,13 @@ impl SubscriberInstance {
                 Some(indices) => Some(indices.load(&mut *s, &instance)?),
                 None => None,
             };
-            Ok(Ok::<_, KvError>((subscriber, http_api)))
+            let advisor = match &exports.advisor {
+                Some(indices) => Some(indices.load(&mut *s, &instance)?),
+                None => None,
+            };
+            Ok(Ok::<_, KvError>((subscriber, http_api, advisor)))
         });
-        let (subscriber, http_api) = match started {
+        let (subscriber, http_api, advisor) = match started {
             Outcome::Returned(result) => result?,
             Outcome::Lost(err) => return Err(err),
         };
@@ -195,6 +220,7 @@ impl SubscriberInstance {
             store,
             subscriber,
             http_api,
+            advisor,
             fuel,
         })
     }
