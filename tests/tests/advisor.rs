@@ -4,11 +4,12 @@
 //! that applies advice under the host's rules (the real tiered store is
 //! built apart; it implements the same `AdviceSink`).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use kvwasm_host::config::Config;
-use kvwasm_host::tiering::advisor::{Advisor, AdvisorLoop, LoopConfig};
+use kvwasm_host::tiering::advisor::{AdvisedStore, Advisor, AdvisorLoop, LoopConfig};
 use kvwasm_host::tiering::{
     Access, AccessKind, Action, Advice, AdviceReport, AdviceSink, TierUsage,
 };
@@ -16,19 +17,38 @@ use kvwasm_host::tiering::{
 const LEN: u64 = 1000;
 
 /// Two tiers: 0 with a byte capacity, 1 without. Applies advice as the
-/// host must: unknown hashes, a last copy, a full tier refused.
+/// host must: unknown hashes, a last copy, a full tier refused. Logs the
+/// accesses the test reports and keeps the loop's decisions.
 struct TwoTiers {
     capacity: u64,
     /// Which tiers hold each chunk.
     chunks: Mutex<HashMap<Vec<u8>, [bool; 2]>>,
+    log: Mutex<VecDeque<Access>>,
+    decisions: Mutex<Vec<String>>,
 }
 
 impl TwoTiers {
-    fn new(capacity: u64) -> TwoTiers {
-        TwoTiers {
+    fn new(capacity: u64) -> Arc<TwoTiers> {
+        Arc::new(TwoTiers {
             capacity,
             chunks: Mutex::new(HashMap::new()),
-        }
+            log: Mutex::default(),
+            decisions: Mutex::default(),
+        })
+    }
+
+    fn log(&self, kind: AccessKind, hash: &[u8], tier: u32, manifest: &str) {
+        self.log.lock().unwrap().push_back(Access {
+            kind,
+            hash: hash.to_vec(),
+            len: LEN,
+            tier,
+            manifest: Some(manifest.into()),
+        });
+    }
+
+    fn weak(self: &Arc<Self>) -> Weak<dyn AdvisedStore> {
+        Arc::downgrade(self) as Weak<dyn AdvisedStore>
     }
 
     fn used(chunks: &HashMap<Vec<u8>, [bool; 2]>) -> u64 {
@@ -36,13 +56,20 @@ impl TwoTiers {
     }
 
     /// Store a chunk: in tier 0 if it has room, else in tier 1.
-    fn put(&self, hash: &[u8]) -> u32 {
+    fn put(&self, hash: &[u8], manifest: &str) {
         let mut chunks = self.chunks.lock().unwrap();
         let tier = u32::from(Self::used(&chunks) + LEN > self.capacity);
         let mut place = [false; 2];
         place[tier as usize] = true;
         chunks.insert(hash.to_vec(), place);
-        tier
+        drop(chunks);
+        self.log(AccessKind::Put, hash, tier, manifest);
+    }
+
+    /// Read a chunk, from the highest tier holding it.
+    fn get(&self, hash: &[u8], manifest: &str) {
+        let tier = self.tier_of(hash);
+        self.log(AccessKind::Hit, hash, tier, manifest);
     }
 
     /// The highest tier holding `hash`.
@@ -57,6 +84,18 @@ impl TwoTiers {
         assert_eq!(chunks.len(), expected);
         assert!(chunks.values().all(|t| t[0] || t[1]), "a chunk was lost");
         assert!(Self::used(&chunks) <= self.capacity);
+    }
+}
+
+impl AdvisedStore for TwoTiers {
+    fn drain_accesses(&self, max: usize) -> Vec<Access> {
+        let mut log = self.log.lock().unwrap();
+        let n = max.min(log.len());
+        log.drain(..n).collect()
+    }
+
+    fn record_decisions(&self, lines: Vec<String>) {
+        self.decisions.lock().unwrap().extend(lines);
     }
 }
 
@@ -139,16 +178,6 @@ fn advisor(dir: &tempfile::TempDir, component: &str, extra: &str) -> Advisor {
     Advisor::from_config(&config, "adv").expect("start the advisor")
 }
 
-fn access(kind: AccessKind, hash: &[u8], tier: u32, manifest: &str) -> Access {
-    Access {
-        kind,
-        hash: hash.to_vec(),
-        len: LEN,
-        tier,
-        manifest: Some(manifest.into()),
-    }
-}
-
 fn key(kind: u8, i: u32) -> Vec<u8> {
     [[kind].as_slice(), &i.to_be_bytes()].concat()
 }
@@ -164,17 +193,16 @@ fn builtin_advisor_brings_the_shared_prompt_hot() {
     let advisor = advisor(&dir, "builtin:advisor", "");
     let (prefix, own, sessions) = (12u32, 8u32, 10u32);
     let total = prefix + own * sessions;
-    let store = Arc::new(TwoTiers::new(u64::from(total) * LEN * 30 / 100));
+    let store = TwoTiers::new(u64::from(total) * LEN * 30 / 100);
     let looper = AdvisorLoop::start(
         advisor,
-        store.clone(),
+        store.weak(),
         LoopConfig {
             interval_ms: 60_000,
             ..LoopConfig::default()
         },
     )
     .unwrap();
-    let sender = looper.sender();
     let chunks_of = |s: u32| -> Vec<Vec<u8>> {
         (0..own)
             .map(|i| key(b's', s * own + i))
@@ -188,13 +216,7 @@ fn builtin_advisor_brings_the_shared_prompt_hot() {
         .flat_map(|s| (0..own).map(move |i| (s, key(b's', s * own + i))))
         .chain((0..prefix).map(|i| (0, key(b'p', i))));
     for (s, hash) in puts {
-        let tier = store.put(&hash);
-        sender.send(access(
-            AccessKind::Put,
-            &hash,
-            tier,
-            &format!("session-{s}"),
-        ));
+        store.put(&hash, &format!("session-{s}"));
         sent += 1;
     }
     assert!((0..prefix).any(|i| store.tier_of(&key(b'p', i)) == 1));
@@ -202,13 +224,7 @@ fn builtin_advisor_brings_the_shared_prompt_hot() {
     for turn in 0..30 {
         let s = turn % sessions;
         for hash in chunks_of(s) {
-            let tier = store.tier_of(&hash);
-            sender.send(access(
-                AccessKind::Hit,
-                &hash,
-                tier,
-                &format!("session-{s}"),
-            ));
+            store.get(&hash, &format!("session-{s}"));
             sent += 1;
         }
         looper.round();
@@ -219,11 +235,15 @@ fn builtin_advisor_brings_the_shared_prompt_hot() {
         .collect();
     assert!(cold.is_empty(), "prompt chunks still cold: {cold:?}");
     let status = looper.status();
-    assert_eq!(status.observed + status.dropped, sent, "{status:?}");
+    assert_eq!(status.observed, sent, "{status:?}");
     assert!(status.applied > 0, "{status:?}");
     assert_eq!(status.guest_errors, 0, "{status:?}");
     assert_eq!(status.rounds, 31);
-    assert!(status.recent.len() <= LoopConfig::default().history);
+    let decisions = store.decisions.lock().unwrap();
+    assert!(
+        decisions.iter().any(|d| d.contains("promote")),
+        "{decisions:?}"
+    );
 }
 
 /// The hostile advisor on command: evict everything, unknown hashes,
@@ -235,27 +255,24 @@ fn builtin_advisor_brings_the_shared_prompt_hot() {
 fn hostile_advisor_is_refused_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let advisor = advisor(&dir, kvwasm_guest_artifacts::HOSTILE_ADVISOR_PATH, "");
-    let store = Arc::new(TwoTiers::new(40 * LEN));
+    let store = TwoTiers::new(40 * LEN);
     let config = LoopConfig {
         interval_ms: 60_000,
         max_hashes: 10,
         ..LoopConfig::default()
     };
-    let looper = AdvisorLoop::start(advisor, store.clone(), config).unwrap();
-    let sender = looper.sender();
+    let looper = AdvisorLoop::start(advisor, store.weak(), config).unwrap();
     for i in 0..60 {
-        let hash = key(b'c', i);
-        let tier = store.put(&hash);
-        sender.send(access(AccessKind::Put, &hash, tier, "s"));
+        store.put(&key(b'c', i), "s");
     }
     let command = |word: &str| {
-        sender.send(access(AccessKind::Hit, &key(b'c', 0), 0, word));
+        store.get(&key(b'c', 0), word);
         let before = looper.status();
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         looper.round();
         store.assert_nothing_lost(60);
         let after = looper.status();
-        let last = after.recent.back().cloned().unwrap();
+        let last = after.last.clone().unwrap();
         eprintln!("{word}: {:?} in {:?}", last, started.elapsed());
         (before, after, last)
     };
@@ -310,6 +327,45 @@ fn hostile_advisor_is_refused_and_loses_nothing() {
     let (_, after, last) = command("!storm");
     assert!(last.error.is_none() && last.report.applied > 0, "{last:?}");
     assert_eq!(after.restarts, 3);
+    let decisions = store.decisions.lock().unwrap();
+    assert_eq!(
+        decisions
+            .iter()
+            .filter(|d| d.contains("guest failed"))
+            .count(),
+        3,
+        "{decisions:?}"
+    );
+}
+
+/// Without forced rounds the loop drains and advises on its own timer,
+/// and it ends once the store it serves is gone.
+#[test]
+fn the_loop_runs_on_its_timer_and_ends_with_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let advisor = advisor(&dir, "builtin:advisor", "");
+    let store = TwoTiers::new(100 * LEN);
+    let config = LoopConfig {
+        interval_ms: 20,
+        drain_ms: 5,
+        ..LoopConfig::default()
+    };
+    let looper = AdvisorLoop::start(advisor, store.weak(), config).unwrap();
+    for i in 0..50 {
+        store.put(&key(b'c', i), "s");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while looper.status().rounds < 3 || looper.status().observed < 50 {
+        assert!(Instant::now() < deadline, "{:?}", looper.status());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(looper.is_running());
+    drop(store);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while looper.is_running() {
+        assert!(Instant::now() < deadline, "the loop outlived its store");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// A subscriber that is not an advisor is refused up front.

@@ -9,17 +9,15 @@
 //! ratio, so nothing is replayed.
 //!
 //! [`AdvisorLoop`] is a thread owned by the tiered store's open handle:
-//! the store pushes accesses into a bounded queue ([`AccessSender`], drops
-//! counted rather than waited for), the loop hands them to `observe` in
-//! batches, asks `advise` every `interval_ms`, bounds what comes back
-//! ([`LoopConfig`]), and gives the rest to the store's [`AdviceSink`],
-//! which has the last word. What was advised, applied and refused is kept
-//! for `kvwasm tier status` ([`AdvisorStatus`]).
+//! it drains the store's access log (bounded by the store, drops counted
+//! there; [`AdvisedStore`]) into `observe` in batches, asks `advise` every
+//! `interval_ms`, bounds what comes back ([`LoopConfig`]), and gives the
+//! rest to the store's [`AdviceSink`], which has the last word. What was
+//! advised, applied and refused goes to the store's decisions for
+//! `kvwasm tier status`, and the loop's counters to [`AdvisorStatus`].
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
@@ -35,7 +33,6 @@ const MAX_HASH_LEN: usize = 64;
 /// An advisor guest, called one call at a time.
 pub struct Advisor {
     subscriber: Subscriber,
-    policy: Arc<Backend>,
 }
 
 impl Advisor {
@@ -56,8 +53,7 @@ impl Advisor {
             )));
         }
         Ok(Advisor {
-            subscriber: Subscriber::start(policy.clone())?,
-            policy,
+            subscriber: Subscriber::start(policy)?,
         })
     }
 
@@ -196,6 +192,16 @@ fn to_wit(access: &Access) -> wit::ChunkAccess {
     }
 }
 
+/// What the loop needs of a tiered store besides applying advice: its
+/// access log (bounded by the store, which counts what it drops) and a
+/// place for the loop's decisions (`kvwasm tier status`).
+pub trait AdvisedStore: AdviceSink {
+    /// Take up to `max` of the oldest access records.
+    fn drain_accesses(&self, max: usize) -> Vec<Access>;
+    /// Keep these decisions, one line each, for `kvwasm tier status`.
+    fn record_decisions(&self, lines: Vec<String>);
+}
+
 /// The loop's knobs (docs/tiering.md): a tiered backend's
 /// `[backends.NAME.advisor_loop]`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
@@ -203,34 +209,35 @@ fn to_wit(access: &Access) -> wit::ChunkAccess {
 pub struct LoopConfig {
     /// Milliseconds between two `advise` calls.
     pub interval_ms: u64,
-    /// Accesses waiting for the guest at most; more are dropped and
-    /// counted (`events_dropped` of `subscribers.NAME`).
-    pub queue: usize,
+    /// Milliseconds between two drains of the store's access log (keep
+    /// it short enough that the log does not overflow and drop).
+    pub drain_ms: u64,
     /// Accesses per `observe` call at most.
     pub observe_batch: usize,
+    /// `observe` calls per drain at most (bounded work per wake-up).
+    pub max_batches: usize,
     /// Advice records taken from one `advise` answer.
     pub max_advice: usize,
     /// Hashes handed to the store per round, over all records: the rate
-    /// limit of a move storm (`max_hashes` per `interval_ms`).
+    /// limit of a move storm (`max_hashes` per `interval_ms`; the store
+    /// adds its own moves-per-second limit).
     pub max_hashes: usize,
-    /// Rounds kept for `kvwasm tier status`.
-    pub history: usize,
 }
 
 impl Default for LoopConfig {
     fn default() -> LoopConfig {
         LoopConfig {
             interval_ms: 1000,
-            queue: 65536,
+            drain_ms: 100,
             observe_batch: 4096,
+            max_batches: 16,
             max_advice: 64,
             max_hashes: 4096,
-            history: 8,
         }
     }
 }
 
-/// One round of the loop, for `kvwasm tier status`.
+/// One round of the loop.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Decision {
     /// Milliseconds since the loop started.
@@ -243,14 +250,38 @@ pub struct Decision {
     pub error: Option<String>,
 }
 
-/// The loop's counters and its last rounds.
+impl Decision {
+    /// One line for `kvwasm tier status`.
+    pub fn line(&self) -> String {
+        let advised: Vec<String> = self
+            .advised
+            .iter()
+            .map(|(action, tier, n)| format!("{action:?} {n} from tier {tier}").to_lowercase())
+            .collect();
+        let mut line = format!(
+            "+{}ms advised [{}]: {} applied, {} refused",
+            self.at_ms,
+            advised.join(", "),
+            self.report.applied,
+            self.report.refused
+        );
+        if !self.report.reasons.is_empty() {
+            line.push_str(&format!(" ({})", self.report.reasons.join("; ")));
+        }
+        if let Some(e) = &self.error {
+            line.push_str(&format!("; guest failed: {e}"));
+        }
+        line
+    }
+}
+
+/// The loop's counters and its last round.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AdvisorStatus {
     /// `subscribers.NAME`.
     pub advisor: String,
-    /// Accesses handed to the guest, and dropped because the queue was full.
+    /// Accesses handed to the guest.
     pub observed: u64,
-    pub dropped: u64,
     /// Rounds run, and guest calls that failed.
     pub rounds: u64,
     pub guest_errors: u64,
@@ -260,66 +291,41 @@ pub struct AdvisorStatus {
     /// or the store), over the loop's life.
     pub applied: u64,
     pub refused: u64,
-    /// The last rounds, oldest first.
-    pub recent: VecDeque<Decision>,
+    pub last: Option<Decision>,
 }
 
-/// What the store gives the loop.
-enum Message {
-    Access(Access),
-    /// Run a round now and say when it is done (tests, `tier` commands).
+/// What the owner tells the loop thread.
+enum Control {
+    /// Run a round now and say when it is done (tests, forced rounds).
     Round(SyncSender<()>),
-    Stop,
 }
 
-/// Where the store pushes its accesses; cheap to clone, never blocks.
-#[derive(Clone)]
-pub struct AccessSender {
-    tx: SyncSender<Message>,
-    backend: Arc<Backend>,
-    dropped: Arc<AtomicU64>,
-}
-
-impl AccessSender {
-    /// Queue `access` for the advisor, or drop and count it if the queue
-    /// is full (the consumer's call never waits for the advisor).
-    pub fn send(&self, access: Access) {
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
-            self.tx.try_send(Message::Access(access))
-        {
-            self.dropped.fetch_add(1, Relaxed);
-            self.backend.metrics.event_dropped();
-        }
-    }
-}
-
-/// The advisor loop of one tiered store; stopped and joined on drop.
+/// The advisor loop of one tiered store: a thread that ends when this is
+/// dropped (or when the store is gone).
 pub struct AdvisorLoop {
-    sender: AccessSender,
+    control: Option<SyncSender<Control>>,
     status: Arc<Mutex<AdvisorStatus>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl AdvisorLoop {
-    /// Start the loop: `advisor`'s advice for `sink`.
+    /// Start the loop: `advisor`'s advice for `store`. The loop holds the
+    /// store weakly, so the store may own the loop.
     pub fn start(
         advisor: Advisor,
-        sink: Arc<dyn AdviceSink>,
+        store: Weak<dyn AdvisedStore>,
         config: LoopConfig,
     ) -> Result<AdvisorLoop, KvError> {
-        let (tx, rx) = mpsc::sync_channel(config.queue.max(1));
-        let backend = advisor.policy.clone();
-        let dropped = Arc::new(AtomicU64::new(0));
+        let (control, rx) = mpsc::sync_channel(1);
         let status = Arc::new(Mutex::new(AdvisorStatus {
             advisor: advisor.name().to_owned(),
             ..AdvisorStatus::default()
         }));
         let worker = Worker {
             advisor,
-            sink,
+            store,
             config,
             status: status.clone(),
-            dropped: dropped.clone(),
             started: Instant::now(),
             generation: 0,
         };
@@ -328,41 +334,38 @@ impl AdvisorLoop {
             .spawn(move || worker.run(rx))
             .map_err(|e| KvError::host("cannot start the advisor loop", e))?;
         Ok(AdvisorLoop {
-            sender: AccessSender {
-                tx,
-                backend,
-                dropped,
-            },
+            control: Some(control),
             status,
             thread: Some(thread),
         })
     }
 
-    /// Where the store pushes its accesses.
-    pub fn sender(&self) -> AccessSender {
-        self.sender.clone()
-    }
-
-    /// Run a round now: observe what is queued, advise, apply. Returns
-    /// when it is done.
+    /// Run a round now: observe what the store logged, advise, apply.
+    /// Returns when it is done.
     pub fn round(&self) {
         let (done, wait) = mpsc::sync_channel(1);
-        if self.sender.tx.send(Message::Round(done)).is_ok() {
+        if let Some(control) = &self.control
+            && control.send(Control::Round(done)).is_ok()
+        {
             let _ = wait.recv();
         }
     }
 
-    /// The counters and the last rounds.
+    /// The counters and the last round.
     pub fn status(&self) -> AdvisorStatus {
-        let mut status = lock(&self.status).clone();
-        status.dropped = self.sender.dropped.load(Relaxed);
-        status
+        lock(&self.status).clone()
+    }
+
+    /// Whether the thread still runs (it ends once the store is gone).
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 }
 
 impl Drop for AdvisorLoop {
     fn drop(&mut self) {
-        let _ = self.sender.tx.send(Message::Stop);
+        // Closing the channel wakes and ends the thread.
+        self.control.take();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -372,76 +375,66 @@ impl Drop for AdvisorLoop {
 /// The loop thread's state.
 struct Worker {
     advisor: Advisor,
-    sink: Arc<dyn AdviceSink>,
+    store: Weak<dyn AdvisedStore>,
     config: LoopConfig,
     status: Arc<Mutex<AdvisorStatus>>,
-    dropped: Arc<AtomicU64>,
     started: Instant,
     generation: u64,
 }
 
 impl Worker {
-    fn run(mut self, rx: Receiver<Message>) {
+    fn run(mut self, rx: Receiver<Control>) {
         let interval = Duration::from_millis(self.config.interval_ms.max(1));
+        let drain = Duration::from_millis(self.config.drain_ms.max(1));
         let mut next = Instant::now() + interval;
-        let mut batch = Vec::new();
         loop {
-            let wait = next.saturating_duration_since(Instant::now());
-            let mut round = None;
-            let mut stop = false;
-            match rx.recv_timeout(wait) {
-                Ok(Message::Access(a)) => batch.push(a),
-                Ok(Message::Round(done)) => round = Some(done),
-                Ok(Message::Stop) | Err(RecvTimeoutError::Disconnected) => stop = true,
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-            // Take what else is queued, up to a batch, unless a round or a
-            // stop is already due (its accesses were queued before it).
-            while round.is_none() && !stop && batch.len() < self.config.observe_batch {
-                match rx.try_recv() {
-                    Ok(Message::Access(a)) => batch.push(a),
-                    Ok(Message::Round(done)) => round = Some(done),
-                    Ok(Message::Stop) => stop = true,
-                    Err(_) => break,
-                }
-            }
-            if stop {
+            let wait = drain.min(next.saturating_duration_since(Instant::now()));
+            let forced = match rx.recv_timeout(wait) {
+                Ok(Control::Round(done)) => Some(done),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            let Some(store) = self.store.upgrade() else {
                 return;
-            }
-            if batch.len() >= self.config.observe_batch || round.is_some() || Instant::now() >= next
-            {
-                self.observe(&mut batch);
-            }
-            if round.is_some() || Instant::now() >= next {
-                self.round();
+            };
+            self.observe(&*store, forced.is_some());
+            if forced.is_some() || Instant::now() >= next {
+                self.round(&*store);
                 next = Instant::now() + interval;
             }
-            if let Some(done) = round {
+            if let Some(done) = forced {
                 let _ = done.send(());
             }
         }
     }
 
-    /// Hand the batch to the guest (in `observe_batch` pieces); a failed
-    /// call loses that piece, counted.
-    fn observe(&mut self, batch: &mut Vec<Access>) {
-        for piece in batch.chunks(self.config.observe_batch.max(1)) {
-            let result = self.advisor.observe(piece);
+    /// Hand the store's logged accesses to the guest, in `observe_batch`
+    /// pieces, at most `max_batches` of them unless `all`. A failed call
+    /// loses its piece, counted.
+    fn observe(&mut self, store: &dyn AdvisedStore, all: bool) {
+        let size = self.config.observe_batch.max(1);
+        let mut batches = 0;
+        while all || batches < self.config.max_batches {
+            let batch = store.drain_accesses(size);
+            if batch.is_empty() {
+                return;
+            }
+            batches += 1;
+            let result = self.advisor.observe(&batch);
             let mut status = lock(&self.status);
             match result {
-                Ok(()) => status.observed += piece.len() as u64,
+                Ok(()) => status.observed += batch.len() as u64,
                 Err(e) => {
                     status.guest_errors += 1;
                     tracing::warn!("advisor {}: observe failed: {e}", self.advisor.name());
                 }
             }
         }
-        batch.clear();
     }
 
     /// Ask for advice, bound it, let the store apply it, keep the record.
-    fn round(&mut self) {
-        let usage = self.sink.usage();
+    fn round(&mut self, store: &dyn AdvisedStore) {
+        let usage = store.usage();
         let at_ms = self.started.elapsed().as_millis() as u64;
         let mut decision = Decision {
             at_ms,
@@ -454,7 +447,7 @@ impl Worker {
                     .map(|a| (a.action, a.tier, a.hashes.len()))
                     .collect();
                 if !advice.is_empty() {
-                    let applied = self.sink.apply(advice);
+                    let applied = store.apply(advice);
                     report.applied += applied.applied;
                     report.refused += applied.refused;
                     for reason in applied.reasons {
@@ -470,6 +463,9 @@ impl Worker {
                 decision.error = Some(e.to_string());
             }
         }
+        if !decision.advised.is_empty() || decision.report.refused > 0 || decision.error.is_some() {
+            store.record_decisions(vec![decision.line()]);
+        }
         let generation = self.advisor.generation();
         let mut status = lock(&self.status);
         status.restarts += generation - self.generation;
@@ -478,11 +474,7 @@ impl Worker {
         status.guest_errors += u64::from(decision.error.is_some());
         status.applied += decision.report.applied;
         status.refused += decision.report.refused;
-        status.recent.push_back(decision);
-        while status.recent.len() > self.config.history.max(1) {
-            status.recent.pop_front();
-        }
-        status.dropped = self.dropped.load(Relaxed);
+        status.last = Some(decision);
     }
 }
 
