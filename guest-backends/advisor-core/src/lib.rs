@@ -190,19 +190,22 @@ impl Policy {
             let clock = self.clock;
             let half_life = self.knobs.half_life;
             let shared = self.knobs.shared_manifests;
-            let chunk = self
-                .chunks
-                .entry(access.hash.clone())
-                .or_insert_with(|| Chunk {
-                    len: access.len,
-                    tier: access.tier,
-                    below: false,
-                    score: 0.0,
-                    at: clock,
-                    last: clock,
-                    manifests: Vec::new(),
-                    wanted: false,
-                });
+            if !self.chunks.contains_key(&access.hash) {
+                self.chunks.insert(
+                    access.hash.clone(),
+                    Chunk {
+                        len: access.len,
+                        tier: access.tier,
+                        below: false,
+                        score: 0.0,
+                        at: clock,
+                        last: clock,
+                        manifests: Vec::new(),
+                        wanted: false,
+                    },
+                );
+            }
+            let chunk = self.chunks.get_mut(&access.hash).expect("just ensured");
             chunk.len = access.len;
             chunk.score = decayed(chunk.score, chunk.at, clock, half_life) + 1.0;
             chunk.at = clock;
@@ -247,6 +250,10 @@ impl Policy {
             let mut room = low - i128::from(used);
             let over_high = i128::from(used) > high;
 
+            let candidates = self.ranked(|c| c.tier == upper + 1 && c.wanted, true);
+            if !over_high && candidates.is_empty() {
+                continue; // nothing to do: skip ranking the whole tier
+            }
             let mut victims = self.ranked(|c| c.tier == upper, false);
             victims.reverse(); // coldest last, for pop()
             let mut demoted: Vec<Vec<u8>> = Vec::new();
@@ -271,7 +278,7 @@ impl Policy {
             }
 
             let mut promoted = Vec::new();
-            for hash in self.ranked(|c| c.tier == upper + 1 && c.wanted, true) {
+            for hash in candidates {
                 if moves >= self.knobs.max_moves {
                     break;
                 }
@@ -324,29 +331,30 @@ impl Policy {
     /// Hashes of the tracked chunks `filter` keeps, hottest first (or
     /// coldest first when `hottest` is false).
     fn ranked(&self, filter: impl Fn(&Chunk) -> bool, hottest: bool) -> Vec<Vec<u8>> {
-        let mut ranked: Vec<(&Vec<u8>, &Chunk)> =
-            self.chunks.iter().filter(|(_, c)| filter(c)).collect();
-        ranked.sort_by(|(ha, a), (hb, b)| {
-            let order = if self.colder(a, b) {
-                std::cmp::Ordering::Less
-            } else if self.colder(b, a) {
-                std::cmp::Ordering::Greater
-            } else {
-                ha.cmp(hb)
-            };
-            if hottest { order.reverse() } else { order }
-        });
-        ranked.into_iter().map(|(h, _)| h.clone()).collect()
+        // Keys computed once per chunk, not per comparison (decay is a powf).
+        let mut ranked: Vec<(Heat, &Vec<u8>)> = self
+            .chunks
+            .iter()
+            .filter(|(_, c)| filter(c))
+            .map(|(h, c)| (self.heat(c), h))
+            .collect();
+        ranked.sort_unstable_by(|(ka, ha), (kb, hb)| ka.cmp(kb).then_with(|| ha.cmp(hb)));
+        if hottest {
+            ranked.reverse();
+        }
+        ranked.into_iter().map(|(_, h)| h.clone()).collect()
     }
 
     /// Whether `a` should leave a tier before `b`.
     fn colder(&self, a: &Chunk, b: &Chunk) -> bool {
+        self.heat(a) < self.heat(b)
+    }
+
+    /// How much a chunk deserves its tier, in this policy's order.
+    fn heat(&self, c: &Chunk) -> Heat {
         match self.knobs.mode {
-            Mode::Lru => a.last < b.last,
-            Mode::Frequency => {
-                let key = |c: &Chunk| (self.protected(c), self.score(c), c.last);
-                key(a).partial_cmp(&key(b)) == Some(std::cmp::Ordering::Less)
-            }
+            Mode::Lru => Heat(false, 0.0, c.last),
+            Mode::Frequency => Heat(self.protected(c), self.score(c), c.last),
         }
     }
 
@@ -368,6 +376,27 @@ impl Policy {
         let keep = self.knobs.max_tracked - self.knobs.max_tracked / 10;
         let cutoff = lasts[lasts.len() - keep];
         self.chunks.retain(|_, c| c.last >= cutoff);
+    }
+}
+
+/// A chunk's rank: protected, then decayed hits, then recency (plain LRU
+/// uses recency only). Scores are finite, so the order is total.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Heat(bool, f64, u64);
+
+impl Eq for Heat {}
+
+impl PartialOrd for Heat {
+    fn partial_cmp(&self, other: &Heat) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Heat {
+    fn cmp(&self, other: &Heat) -> std::cmp::Ordering {
+        (self.0.cmp(&other.0))
+            .then(self.1.total_cmp(&other.1))
+            .then(self.2.cmp(&other.2))
     }
 }
 

@@ -12,7 +12,7 @@ use kvwasm_host::component::{ComponentSource, describe};
 #[command(verbatim_doc_comment)]
 pub struct InspectArgs {
     /// A .wasm component (a kv-store backend or a fabric), or builtin:NAME
-    /// (fs, memory, redis, s3, synthetic, tcp, kv-indexer).
+    /// (fs, memory, redis, s3, synthetic, tcp, kv-indexer, advisor).
     file: String,
 }
 
