@@ -368,9 +368,20 @@ fn the_loop_runs_on_its_timer_and_ends_with_the_store() {
     }
 }
 
-/// A subscriber that is not an advisor is refused up front.
+/// A subscriber that is not an advisor is refused up front; `inspect` and
+/// `check-config` tell the two apart.
 #[test]
 fn a_plain_subscriber_is_not_an_advisor() {
+    use kvwasm_host::component::{Builtin, ComponentSource, LoadedComponent, describe};
+    for (builtin, advisor) in [(Builtin::Advisor, true), (Builtin::KvIndexer, false)] {
+        let source = ComponentSource::Builtin(builtin);
+        assert_eq!(describe(&source).unwrap().is_advisor(), advisor);
+        assert_eq!(
+            LoadedComponent::load(&source).unwrap().is_advisor(),
+            advisor
+        );
+    }
+
     let dir = tempfile::tempdir().unwrap();
     let path = kvwasm_tests::write_config(
         dir.path(),

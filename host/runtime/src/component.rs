@@ -285,6 +285,12 @@ impl LoadedComponent {
         }
     }
 
+    /// Whether this is a storage advisor (an event subscriber exporting
+    /// `kvwasm:events/advisor`).
+    pub fn is_advisor(&self) -> bool {
+        self.subscriber_exports().is_ok_and(|e| e.advisor.is_some())
+    }
+
     /// The kv-store exports, or an error naming what the component is.
     pub(crate) fn store_pre(&self) -> Result<&BackendExportsPre<HostState>, KvError> {
         match &self.pre {

@@ -409,12 +409,14 @@ impl Worker {
     }
 
     /// Hand the store's logged accesses to the guest, in `observe_batch`
-    /// pieces, at most `max_batches` of them unless `all`. A failed call
-    /// loses its piece, counted.
+    /// pieces, at most `max_batches` of them (64 times more before a forced
+    /// round, which wants everything logged before it, yet must end under
+    /// constant traffic). A failed call loses its piece, counted.
     fn observe(&mut self, store: &dyn AdvisedStore, all: bool) {
         let size = self.config.observe_batch.max(1);
+        let limit = self.config.max_batches.max(1) * if all { 64 } else { 1 };
         let mut batches = 0;
-        while all || batches < self.config.max_batches {
+        while batches < limit {
             let batch = store.drain_accesses(size);
             if batch.is_empty() {
                 return;
