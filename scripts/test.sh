@@ -23,6 +23,7 @@ cargo clippy --release --workspace --all-targets --locked -- -D warnings
 step "guest unit and property tests (native): guest-support, Redis replies, S3 errors, fabrics, KV indexer"
 (cd guest-backends && cargo test --release --locked -p kvwasm-guest-support)
 (cd guest-backends && cargo test --release --locked -p kvwasm-kv-indexer-core)
+(cd guest-backends && cargo test --release --locked -p kvwasm-advisor-core)
 # --lib: the guests' cdylib targets do not link natively (export names).
 (cd guest-backends && cargo test --release --locked -p kvwasm-guest-redis -p kvwasm-guest-s3 -p kvwasm-fabric-synthetic -p kvwasm-fabric-tcp -p kvwasm-fabric-hostile --lib)
 

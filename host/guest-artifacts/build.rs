@@ -18,12 +18,14 @@ const BACKENDS: &[(&str, &str)] = &[
     ("kvwasm-fabric-synthetic", "SYNTHETIC"),
     ("kvwasm-fabric-tcp", "TCP"),
     ("kvwasm-kv-indexer", "KV_INDEXER"),
+    ("kvwasm-advisor", "ADVISOR"),
 ];
 const TEST_GUESTS: &[(&str, &str)] = &[
     ("kvwasm-guest-hostile", "HOSTILE"),
     ("kvwasm-fabric-hostile", "HOSTILE_FABRIC"),
     ("kvwasm-guest-buffered", "BUFFERED"),
     ("kvwasm-vendor-starter", "VENDOR_STARTER"),
+    ("kvwasm-advisor-hostile", "HOSTILE_ADVISOR"),
 ];
 
 fn main() {

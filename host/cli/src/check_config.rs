@@ -63,6 +63,9 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
             "  component  {} ({} bytes, sha256 {}, {pin})",
             backend.source, c.size, c.sha256
         );
+        if c.is_advisor() {
+            println!("  world      kvwasm:events/storage-advisor (a tiered store's advisor)");
+        }
         let g = &backend.grants;
         let dirs: Vec<String> = g.dirs.iter().map(|d| d.describe()).collect();
         let origins: Vec<String> = g.http.origins.iter().map(|o| o.to_string()).collect();

@@ -12,7 +12,7 @@ use kvwasm_host::component::{ComponentSource, describe};
 #[command(verbatim_doc_comment)]
 pub struct InspectArgs {
     /// A .wasm component (a kv-store backend or a fabric), or builtin:NAME
-    /// (fs, memory, redis, s3, synthetic, tcp, kv-indexer).
+    /// (fs, memory, redis, s3, synthetic, tcp, kv-indexer, advisor).
     file: String,
 }
 
@@ -26,7 +26,10 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         d.sha256, d.sha256
     );
     let imports = |prefix: &str| d.imports.iter().any(|i| i.starts_with(prefix));
-    let kind = if d.is_subscriber() {
+    let kind = if d.is_advisor() {
+        "storage advisor, world kvwasm:events/storage-advisor (configure under [subscribers.NAME], \
+         name it in a tiered backend's `advisor`)"
+    } else if d.is_subscriber() {
         match d
             .exports
             .iter()

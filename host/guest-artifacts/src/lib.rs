@@ -1,8 +1,9 @@
 //! The guest backends as WebAssembly components, built by `build.rs`.
 //!
 //! `FS`, `MEMORY`, `REDIS` and `S3` are the backends the shim embeds, and
-//! `SYNTHETIC` and `TCP` the fabrics. With the `test-guests` feature,
-//! `HOSTILE`, `HOSTILE_FABRIC` and `BUFFERED` (tests/guests/) and
+//! `SYNTHETIC` and `TCP` the fabrics, `KV_INDEXER` and `ADVISOR` the
+//! event subscribers. With the `test-guests` feature, `HOSTILE`,
+//! `HOSTILE_FABRIC`, `BUFFERED` and `HOSTILE_ADVISOR` (tests/guests/) and
 //! `VENDOR_STARTER` (examples/vendor-starter) exist too.
 
 include!(concat!(env!("OUT_DIR"), "/guests.rs"));

@@ -77,3 +77,14 @@ pub(crate) mod events {
         require_store_data_send: true,
     });
 }
+
+/// Host bindings for the `storage-advisor` world of `wit/events`: what a
+/// storage advisor exports besides `subscriber` (`crate::tiering::advisor`).
+pub(crate) mod advisor {
+    wasmtime::component::bindgen!({
+        path: ["../../wit/events"],
+        world: "kvwasm:events/storage-advisor",
+        exports: { default: async },
+        require_store_data_send: true,
+    });
+}

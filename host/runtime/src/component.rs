@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use wasmtime::component::{HasSelf, Linker};
 
 use crate::artifact_cache::{self, Origin};
+use crate::bindings::advisor::exports::kvwasm::events::advisor;
 use crate::bindings::events::exports::kvwasm::events::{http_api, subscriber};
 use crate::bindings::fabric::FabricPre;
 use crate::bindings::kvwasm::kv_store::{payload_io, types};
@@ -46,6 +47,9 @@ pub enum Builtin {
     /// `guest-backends/kv-indexer`: Dynamo's standalone KV indexer as an
     /// event subscriber with an HTTP API (`[subscribers.NAME]`).
     KvIndexer,
+    /// `guest-backends/advisor`: the storage advisor of tiered stores
+    /// (`[subscribers.NAME]`, named by a tiered backend's `advisor`).
+    Advisor,
 }
 
 impl Builtin {
@@ -59,6 +63,7 @@ impl Builtin {
             Builtin::Synthetic => "synthetic",
             Builtin::Tcp => "tcp",
             Builtin::KvIndexer => "kv-indexer",
+            Builtin::Advisor => "advisor",
         }
     }
 
@@ -71,6 +76,7 @@ impl Builtin {
             Builtin::Synthetic => kvwasm_guest_artifacts::SYNTHETIC,
             Builtin::Tcp => kvwasm_guest_artifacts::TCP,
             Builtin::KvIndexer => kvwasm_guest_artifacts::KV_INDEXER,
+            Builtin::Advisor => kvwasm_guest_artifacts::ADVISOR,
         }
     }
 
@@ -83,7 +89,7 @@ impl Builtin {
     }
 
     /// Every builtin.
-    pub const ALL: [Builtin; 7] = [
+    pub const ALL: [Builtin; 8] = [
         Builtin::Fs,
         Builtin::Memory,
         Builtin::Redis,
@@ -91,6 +97,7 @@ impl Builtin {
         Builtin::Synthetic,
         Builtin::Tcp,
         Builtin::KvIndexer,
+        Builtin::Advisor,
     ];
 }
 
@@ -163,12 +170,13 @@ enum Exports {
     Subscriber(SubscriberExports),
 }
 
-/// An event subscriber's exports: `subscriber`, and `http-api` if it
-/// serves one.
+/// An event subscriber's exports: `subscriber`, `http-api` if it serves
+/// one, and `advisor` if it is a storage advisor.
 pub(crate) struct SubscriberExports {
     pub(crate) pre: wasmtime::component::InstancePre<HostState>,
     pub(crate) subscriber: subscriber::GuestIndices,
     pub(crate) http_api: Option<http_api::GuestIndices>,
+    pub(crate) advisor: Option<advisor::GuestIndices>,
 }
 
 impl SubscriberExports {
@@ -176,6 +184,7 @@ impl SubscriberExports {
         Ok(SubscriberExports {
             subscriber: subscriber::GuestIndices::new(&pre)?,
             http_api: http_api::GuestIndices::new(&pre).ok(),
+            advisor: advisor::GuestIndices::new(&pre).ok(),
             pre,
         })
     }
@@ -276,6 +285,12 @@ impl LoadedComponent {
         }
     }
 
+    /// Whether this is a storage advisor (an event subscriber exporting
+    /// `kvwasm:events/advisor`).
+    pub fn is_advisor(&self) -> bool {
+        self.subscriber_exports().is_ok_and(|e| e.advisor.is_some())
+    }
+
     /// The kv-store exports, or an error naming what the component is.
     pub(crate) fn store_pre(&self) -> Result<&BackendExportsPre<HostState>, KvError> {
         match &self.pre {
@@ -335,6 +350,14 @@ impl Description {
         self.exports
             .iter()
             .any(|e| e.starts_with("kvwasm:events/subscriber@"))
+    }
+
+    /// Whether it exports the storage `advisor` interface (it is then also
+    /// a subscriber).
+    pub fn is_advisor(&self) -> bool {
+        self.exports
+            .iter()
+            .any(|e| e.starts_with("kvwasm:events/advisor@"))
     }
 
     /// Whether it exports the fabric `transport` interface.

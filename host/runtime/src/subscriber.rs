@@ -14,11 +14,15 @@
 
 use std::sync::Arc;
 
+use wasmtime::Store;
+
 use crate::backend::Backend;
+use crate::bindings::advisor::exports::kvwasm::events::advisor;
 use crate::bindings::events::exports::kvwasm::events::{http_api, subscriber};
 use crate::deadline::Deadline;
 use crate::error::KvError;
 use crate::single::{GuestKind, Instance, OneInstance};
+use crate::state::HostState;
 
 pub use crate::bindings::events::exports::kvwasm::events::http_api::{Request, Response};
 pub use crate::bindings::events::kvwasm::events::types::{
@@ -89,19 +93,32 @@ impl Subscriber {
     /// Ask the guest's API. A guest without `http-api` answers nothing:
     /// [`KvError::NotFound`].
     pub fn handle(&self, request: &Request) -> Result<Response, KvError> {
-        if !self.serves_http() {
-            return Err(KvError::NotFound);
-        }
         self.guest.operation(
             0,
             |_| 0,
             |turn| {
-                turn.call(async |s, guest| {
-                    let api = guest
-                        .http_api
-                        .as_ref()
-                        .expect("checked: the guest exports http-api");
-                    api.call_handle(s, request).await.map(Ok::<_, KvError>)
+                turn.call(async |s, guest| match &guest.http_api {
+                    Some(api) => api.call_handle(s, request).await.map(Ok),
+                    None => Ok(Err(KvError::NotFound)),
+                })
+            },
+        )
+    }
+
+    /// Run `call` on the instance's `advisor` export, under the same
+    /// deadline, replacement and metrics as every call
+    /// ([`crate::tiering::advisor`]). A guest without one: [`KvError::NotFound`].
+    pub(crate) fn call_advisor<T>(
+        &self,
+        call: impl AsyncFnOnce(&advisor::Guest, &mut Store<HostState>) -> wasmtime::Result<T>,
+    ) -> Result<T, KvError> {
+        self.guest.operation(
+            0,
+            |_| 0,
+            |turn| {
+                turn.call(async |s, guest| match &guest.advisor {
+                    Some(advisor) => call(advisor, s).await.map(Ok::<_, KvError>),
+                    None => Ok(Err(KvError::NotFound)),
                 })
             },
         )
@@ -112,6 +129,7 @@ impl Subscriber {
 struct SubscriberExports {
     subscriber: subscriber::Guest,
     http_api: Option<http_api::Guest>,
+    advisor: Option<advisor::Guest>,
 }
 
 impl GuestKind for SubscriberExports {
@@ -127,9 +145,14 @@ impl GuestKind for SubscriberExports {
                 Some(indices) => Some(indices.load(&mut *s, &instance)?),
                 None => None,
             };
+            let advisor = match &exports.advisor {
+                Some(indices) => Some(indices.load(&mut *s, &instance)?),
+                None => None,
+            };
             Ok(SubscriberExports {
                 subscriber,
                 http_api,
+                advisor,
             })
         })
     }

@@ -11,6 +11,8 @@
 //! * the store's [`AdviceSink`] validates and applies it, and says what it
 //!   refused and why in an [`AdviceReport`].
 
+pub mod advisor;
+
 /// What the advisor asks the host to do with some chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {

@@ -1,0 +1,114 @@
+//! A deliberately hostile storage advisor, for tests only. It remembers
+//! the hashes it observes (up to 100 000) and obeys the last command it
+//! saw as an access's manifest name; `advise` then answers:
+//!
+//! | manifest    | `advise` answers                                           |
+//! |-------------|------------------------------------------------------------|
+//! | `!evict`    | evict every known hash from every tier it was seen in      |
+//! | `!unknown`  | promote, demote and evict 1000 hashes it never saw         |
+//! | `!storm`    | demote every known hash from tier 0 and promote it back    |
+//! | `!huge`     | 100 000 advice records of 1000 hashes each (traps on memory)|
+//! | `!bighash`  | advice naming 64 KiB and empty hashes                      |
+//! | `!tier`     | advice on tier 4 000 000 000                               |
+//! | `!panic`    | panics (trap)                                              |
+//! | `!loop`     | spins forever (deadline)                                   |
+//!
+//! No command: no advice. No settings.
+
+use std::cell::RefCell;
+
+use kvwasm_advisor_bindings::exports::kvwasm::events::advisor::{
+    self, Action, Advice, ChunkAccess, TierUsage,
+};
+use kvwasm_advisor_bindings::exports::kvwasm::events::subscriber;
+use kvwasm_advisor_bindings::kvwasm::events::types;
+
+/// Hashes remembered at most.
+const MAX_KNOWN: usize = 100_000;
+
+#[derive(Default)]
+struct State {
+    /// Known hashes with the tier each was last seen in.
+    known: Vec<(Vec<u8>, u32)>,
+    command: String,
+}
+
+thread_local! {
+    static STATE: RefCell<State> = RefCell::new(State::default());
+}
+
+struct Hostile;
+
+impl subscriber::Guest for Hostile {
+    fn on_batch(_events: Vec<types::Event>) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+impl advisor::Guest for Hostile {
+    fn observe(accesses: Vec<ChunkAccess>) {
+        STATE.with_borrow_mut(|state| {
+            for a in accesses {
+                if let Some(command) = a.manifest.as_deref().filter(|m| m.starts_with('!')) {
+                    state.command = command.to_owned();
+                }
+                if state.known.len() < MAX_KNOWN && !state.known.iter().any(|(h, _)| *h == a.hash) {
+                    state.known.push((a.hash, a.tier));
+                }
+            }
+        })
+    }
+
+    fn advise(_usage: Vec<TierUsage>, _now_ms: u64) -> Vec<Advice> {
+        STATE.with_borrow(|state| {
+            let known = || {
+                state
+                    .known
+                    .iter()
+                    .map(|(h, _)| h.clone())
+                    .collect::<Vec<_>>()
+            };
+            let advice = |action, tier, hashes| Advice {
+                action,
+                tier,
+                hashes,
+            };
+            match state.command.as_str() {
+                "!evict" => state
+                    .known
+                    .iter()
+                    .map(|(h, tier)| advice(Action::Evict, *tier, vec![h.clone()]))
+                    .chain([0, 1].map(|tier| advice(Action::Evict, tier, known())))
+                    .collect(),
+                "!unknown" => {
+                    let strangers: Vec<Vec<u8>> = (0u32..1000)
+                        .map(|i| [b"never".as_slice(), &i.to_be_bytes()].concat())
+                        .collect();
+                    [Action::Promote, Action::Demote, Action::Evict]
+                        .map(|a| advice(a, 0, strangers.clone()))
+                        .into()
+                }
+                "!storm" => vec![
+                    advice(Action::Demote, 0, known()),
+                    advice(Action::Promote, 1, known()),
+                ],
+                "!huge" => (0..100_000)
+                    .map(|_| advice(Action::Demote, 0, vec![vec![7u8; 32]; 1000]))
+                    .collect(),
+                "!bighash" => vec![advice(
+                    Action::Demote,
+                    0,
+                    vec![vec![1u8; 65536], Vec::new()],
+                )],
+                "!tier" => vec![advice(Action::Demote, 4_000_000_000, known())],
+                "!panic" => panic!("hostile advisor: panic on command"),
+                "!loop" => loop {
+                    std::hint::black_box(0u64);
+                },
+                _ => Vec::new(),
+            }
+        })
+    }
+}
+
+kvwasm_advisor_bindings::export_advisor!(Hostile);
