@@ -25,7 +25,11 @@ use crate::metrics::BackendMetrics;
 
 /// `tls = true`, or `[backends.<name>.tls]` with its keys.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "tls = true, or a table of ca_file, ca_mode, client_cert, client_key, \
+                 server_name (there is no way to skip verification)"
+)]
 pub enum TlsConfig {
     /// `tls = true`: the public roots, no client certificate.
     On(bool),
