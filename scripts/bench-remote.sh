@@ -5,6 +5,8 @@
 # on loopback with their data on tmpfs, next to the native C backend on
 # tmpfs. Each remote backend runs twice: `dedup_check = "put"` (the
 # default: exact put_chunk return codes) and `"flush"` (MemKV's batching).
+# Redis runs once more over TLS (`redis-tls`): the same server's
+# `tls-port`, with a CA and certificate made here by openssl.
 # Extra arguments go to `kvwasm bench` (e.g. --reps 3, --quick).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -32,6 +34,15 @@ wait_port() {
 }
 
 redis_port=$(free_port)
+redis_tls_port=$(free_port)
+# A test CA and a server certificate for 127.0.0.1 (P-256), for `tls-port`.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj /CN=kvwasm-bench-ca -keyout "$work/ca.key" -out "$work/ca.pem" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=127.0.0.1 \
+    -keyout "$work/server.key" -out "$work/server.csr" 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >"$work/server.ext"
+openssl x509 -req -in "$work/server.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" \
+    -CAcreateserial -days 2 -extfile "$work/server.ext" -out "$work/server.pem" 2>/dev/null
 export KVWASM_BENCH_REDIS_PASSWORD="bench-$RANDOM$RANDOM"
 cat >"$work/redis.conf" <<CONF
 bind 127.0.0.1
@@ -42,6 +53,11 @@ appendfsync everysec
 save ""
 requirepass $KVWASM_BENCH_REDIS_PASSWORD
 logfile $work/redis.log
+tls-port $redis_tls_port
+tls-cert-file $work/server.pem
+tls-key-file $work/server.key
+tls-ca-cert-file $work/ca.pem
+tls-auth-clients no
 CONF
 redis-server "$work/redis.conf" >/dev/null 2>&1 &
 pids+=($!)
@@ -63,10 +79,11 @@ redis_entry() {
     cat <<ENTRY
 [backends.$1]
 component = "builtin:redis"
-net = ["127.0.0.1:$redis_port"]
+net = ["127.0.0.1:${3:-$redis_port}"]
 env = ["KVWASM_BENCH_REDIS_PASSWORD"]
 $limits
-settings = { address = "127.0.0.1:$redis_port", password_env = "KVWASM_BENCH_REDIS_PASSWORD", dedup_check = "$2", max_pending_mib = 128, timeout_ms = 20000 }
+settings = { address = "127.0.0.1:${3:-$redis_port}", password_env = "KVWASM_BENCH_REDIS_PASSWORD", dedup_check = "$2", max_pending_mib = 128, timeout_ms = 20000 }
+${4:-}
 ENTRY
 }
 s3_entry() {
@@ -82,6 +99,7 @@ ENTRY
 {
     redis_entry redis put
     redis_entry redis-batched flush
+    redis_entry redis-tls put "$redis_tls_port" "tls = { ca_file = \"$work/ca.pem\" }"
     s3_entry s3 put
     s3_entry s3-batched flush
 } >"$work/kvwasm.toml"
@@ -93,6 +111,7 @@ target/release/kvwasm bench --only save-restore,small-call --dir "tmpfs=$work" \
     --target "native=target/release/libkv_store_cfs.so=cfs://{dir}" \
     --target "redis=$shim=wasm://redis/bench{dir}" \
     --target "redis-batched=$shim=wasm://redis-batched/bench{dir}" \
+    --target "redis-tls=$shim=wasm://redis-tls/bench{dir}" \
     --target "s3=$shim=wasm://s3/bench{dir}" \
     --target "s3-batched=$shim=wasm://s3-batched/bench{dir}" \
     --json target/bench-remote-samples.json "$@"

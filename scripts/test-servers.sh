@@ -4,6 +4,8 @@
 #   - redis-server and redis-cli, from Debian's `redis-server` package;
 #   - s3s-fs, an S3 server that checks SigV4 signatures, built from
 #     crates.io into target/tools (0.14.1: the last release for Rust 1.95);
+#   - stunnel4, from Debian, the TLS-terminating proxy in front of s3s-fs
+#     (the S3-over-https tests; redis-server's own tls-port serves Redis);
 #   - nats-server, from Debian's `nats-server` package (the NATS event
 #     source's tests);
 #   - a Python venv in target/tools/pyenv with pyzmq and msgpack from PyPI,
@@ -37,6 +39,12 @@ S3S_FS_VERSION=0.14.1
 if [ ! -x target/tools/bin/s3s-fs ]; then
     step "cargo install s3s-fs $S3S_FS_VERSION (the S3 backend's tests run a real S3 server; ~4 min)"
     cargo install --quiet --locked --root target/tools s3s-fs --version "=$S3S_FS_VERSION" --features binary
+fi
+
+if ! command -v stunnel4 >/dev/null && ! command -v stunnel >/dev/null; then
+    step "apt-get install stunnel4 (the S3-over-https tests put s3s-fs behind it)"
+    apt_install stunnel4 || echo "stunnel4 could not be installed: the https tests will fail; install it by hand" >&2
+    $SUDO systemctl disable --now stunnel4 >/dev/null 2>&1 || true
 fi
 
 if ! command -v nats-server >/dev/null; then

@@ -11,6 +11,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 pub mod servers;
+pub mod tls;
 
 pub use kv_store_abi::{Handle, Library};
 

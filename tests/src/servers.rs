@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::tls::{CertFiles, Pki};
+
 /// A free loopback port (bound, then released for the server to take).
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
@@ -46,6 +48,8 @@ fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str, log: &Path) {
 pub struct RedisServer {
     pub addr: SocketAddr,
     pub password: Option<String>,
+    /// `redis-cli`'s TLS options, for a server that speaks only TLS.
+    cli_tls: Vec<String>,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -63,20 +67,57 @@ impl RedisServer {
         RedisServer::launch(None)
     }
 
+    /// A server that speaks only TLS (`port 0`: no plain-text listener)
+    /// with `cert`, signed by `pki`'s CA, requiring a password if
+    /// `password`, and a client certificate from `pki`'s CA if `mutual`.
+    pub fn start_tls(pki: &Pki, cert: &CertFiles, password: bool, mutual: bool) -> RedisServer {
+        let conf = format!(
+            "tls-cert-file {}
+tls-key-file {}
+tls-ca-cert-file {}
+tls-auth-clients {}
+",
+            cert.cert.display(),
+            cert.key.display(),
+            pki.ca.display(),
+            if mutual { "yes" } else { "no" }
+        );
+        let cli_tls = [
+            "--tls",
+            "--cacert",
+            &pki.ca.to_string_lossy(),
+            "--cert",
+            &pki.client.cert.to_string_lossy(),
+            "--key",
+            &pki.client.key.to_string_lossy(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let password = password.then(|| format!("pw-{:016x}", rand_u64()));
+        RedisServer::launch_with(password, Some((conf, cli_tls)))
+    }
+
     fn launch(password: Option<String>) -> RedisServer {
+        RedisServer::launch_with(password, None)
+    }
+
+    fn launch_with(password: Option<String>, tls: Option<(String, Vec<String>)>) -> RedisServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let auth = password
             .as_ref()
             .map(|p| format!("requirepass {p}\n"))
             .unwrap_or_default();
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let (ports, cli_tls) = match tls {
+            Some((conf, cli)) => (format!("port 0\ntls-port {}\n{conf}", addr.port()), cli),
+            None => (format!("port {}\n", addr.port()), Vec::new()),
+        };
         std::fs::write(
             dir.path().join("redis.conf"),
             format!(
-                "bind 127.0.0.1\nport {}\nprotected-mode yes\ndir {}\n\
+                "bind 127.0.0.1\n{ports}protected-mode yes\ndir {}\n\
                  appendonly yes\nappendfsync always\nsave \"\"\n\
                  {auth}logfile {}\n",
-                addr.port(),
                 dir.path().display(),
                 dir.path().join("redis.log").display()
             ),
@@ -85,6 +126,7 @@ impl RedisServer {
         let mut server = RedisServer {
             addr,
             password,
+            cli_tls,
             dir,
             child: None,
         };
@@ -138,6 +180,7 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         let mut cmd = Command::new("redis-cli");
         cmd.args(["-h", "127.0.0.1", "-p", &self.addr.port().to_string()]);
+        cmd.args(&self.cli_tls);
         if let Some(password) = &self.password {
             cmd.env("REDISCLI_AUTH", password);
         }
@@ -264,6 +307,59 @@ impl S3Server {
 impl Drop for S3Server {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A TLS-terminating proxy (Debian's `stunnel4`) on a loopback port in
+/// front of `target`, presenting `cert`: an https endpoint for the S3
+/// server, as an on-premises store behind a private CA would be.
+pub struct TlsProxy {
+    pub addr: SocketAddr,
+    _dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl TlsProxy {
+    pub fn start(cert: &CertFiles, target: SocketAddr) -> TlsProxy {
+        let binary = which("stunnel4")
+            .or_else(|| which("stunnel"))
+            .unwrap_or_else(|| {
+                panic!("stunnel not found: run `bash scripts/test-servers.sh` (apt-get install stunnel4)")
+            });
+        let dir = tempfile::tempdir().expect("temp dir");
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let log = dir.path().join("stunnel.log");
+        let conf = dir.path().join("stunnel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "foreground = yes\npid =\noutput = {}\n[s3]\naccept = {addr}\n\
+                 connect = {target}\ncert = {}\nkey = {}\n",
+                log.display(),
+                cert.cert.display(),
+                cert.key.display()
+            ),
+        )
+        .expect("write stunnel.conf");
+        let mut child = Command::new(binary)
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn stunnel");
+        wait_listening(addr, &mut child, "stunnel", &log);
+        TlsProxy {
+            addr,
+            _dir: dir,
+            child,
+        }
+    }
+}
+
+impl Drop for TlsProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -2,9 +2,9 @@
 //! with every wait bounded by the configured deadline.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use kvwasm_guest_support::net::Stream;
 use kvwasm_guest_support::{Error, Settings};
 use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::encode::encode_borrowed;
@@ -13,6 +13,9 @@ use redis_protocol::resp2::types::{BorrowedFrame, OwnedFrame};
 /// Where and how to connect, from settings.
 pub(crate) struct Endpoint {
     address: String,
+    /// Ask the host for a TLS session on the socket (`tls = true`, which
+    /// the host sets with a `tls` grant, or a `rediss://` address).
+    tls: bool,
     db: u32,
     user: Option<String>,
     password: Option<String>,
@@ -23,8 +26,14 @@ pub(crate) struct Endpoint {
 
 impl Endpoint {
     pub(crate) fn from_settings(settings: &Settings) -> Result<Endpoint, Error> {
+        let address = settings.required("address")?;
+        let (address, rediss) = match address.strip_prefix("rediss://") {
+            Some(rest) => (rest, true),
+            None => (address, false),
+        };
         Ok(Endpoint {
-            address: settings.required("address")?.to_owned(),
+            address: address.to_owned(),
+            tls: rediss || settings.parse_or("tls", false)?,
             db: settings.parse_or("db", 0)?,
             user: settings.get("user").map(str::to_owned),
             password: settings.secret("password", "REDIS_PASSWORD"),
@@ -56,7 +65,7 @@ impl From<ConnError> for Error {
 
 /// An open, authenticated connection with its read buffer.
 pub(crate) struct Connection {
-    stream: TcpStream,
+    stream: Stream,
     address: String,
     timeout: Duration,
     replies: Replies,
@@ -161,7 +170,8 @@ impl Connection {
             dropped: false,
             denied: false,
         };
-        let stream = kvwasm_guest_support::net::connect(address, deadline).map_err(fail)?;
+        let stream = kvwasm_guest_support::net::connect_stream(address, endpoint.tls, deadline)
+            .map_err(fail)?;
         let mut conn = Connection {
             stream,
             address: address.clone(),

@@ -9,7 +9,8 @@
 //!
 //! | key | default | meaning |
 //! |---|---|---|
-//! | `address` | required | `host:port` of the server (grant the same in `net`) |
+//! | `address` | required | `host:port` of the server (grant the same in `net`); `rediss://host:port` for TLS |
+//! | `tls` | `false` | TLS, done by the host (set by the backend's `tls` grant) |
 //! | `db` | `0` | database index (`SELECT`) |
 //! | `user` | none | ACL user for `AUTH` |
 //! | `password_env` | `REDIS_PASSWORD` | environment variable holding the password (grant it in `env`) |

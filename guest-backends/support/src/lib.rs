@@ -50,6 +50,24 @@ pub mod events_bindings {
     });
 }
 
+pub mod tls_bindings {
+    //! Bindings for the `kvwasm:kv-store/tls-client` world: a raw
+    //! `wasi:sockets` TCP connection and a `wasi:tls` session on it (see
+    //! [`crate::net::Stream`]), sharing the `wasi:io` types of
+    //! [`crate::bindings`].
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "kvwasm:kv-store/tls-client",
+        features: ["tls"],
+        with: {
+            "wasi:io/poll@0.2.12": crate::bindings::wasi::io::poll,
+            "wasi:io/streams@0.2.12": crate::bindings::wasi::io::streams,
+            "wasi:io/error@0.2.12": crate::bindings::wasi::io::error,
+        },
+        generate_all,
+    });
+}
+
 mod errors;
 pub mod frames;
 pub mod net;

@@ -1,9 +1,10 @@
 //! Connecting to a granted TCP peer from a guest, the same way in every
-//! guest that needs a socket (the Redis backend, the `tcp` fabric).
+//! guest that needs a socket (the Redis backend, the `tcp` fabric), with
+//! TLS done by the host when the backend asks for it ([`connect_stream`]).
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Resolve `address` (`host:port`), connect by `deadline`, make sure the
 /// handshake really succeeded, and turn Nagle off. The error says what
@@ -38,4 +39,250 @@ pub fn connect(address: &str, deadline: Instant) -> Result<TcpStream, String> {
         .set_nodelay(true)
         .map_err(|e| format!("cannot set TCP_NODELAY: {e}"))?;
     Ok(stream)
+}
+
+/// A connection to a granted peer: plain TCP, or a TLS session on it whose
+/// handshake and certificate checks the host performed (`wasi:tls`, with
+/// the operator's roots). Used like a [`TcpStream`].
+pub enum Stream {
+    Plain(TcpStream),
+    Tls(tls::TlsStream),
+}
+
+/// Connect to `address` (`host:port`) by `deadline`, then, if `tls`, ask
+/// the host for a TLS session on the socket with `host` as the server
+/// name. A peer that does not complete the handshake by `deadline` fails:
+/// there is no fallback to plain text.
+pub fn connect_stream(address: &str, tls: bool, deadline: Instant) -> Result<Stream, String> {
+    if !tls {
+        return connect(address, deadline).map(Stream::Plain);
+    }
+    let peer: SocketAddr = address
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve the address: {e} (is `dns = true` granted?)"))?
+        .next()
+        .ok_or("the address resolves to nothing")?;
+    let host = address
+        .rsplit_once(':')
+        .map_or(address, |(h, _)| h)
+        .trim_matches(['[', ']']);
+    tls::TlsStream::connect(peer, host, deadline)
+}
+
+impl Stream {
+    /// As [`TcpStream::set_read_timeout`].
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.set_read_timeout(timeout),
+            Stream::Tls(s) => {
+                s.read_timeout.set(timeout);
+                Ok(())
+            }
+        }
+    }
+
+    /// As [`TcpStream::set_write_timeout`].
+    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.set_write_timeout(timeout),
+            Stream::Tls(s) => {
+                s.write_timeout.set(timeout);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(_) => Ok(()),
+        }
+    }
+}
+
+mod tls {
+    //! A TLS session over raw `wasi:sockets` streams (std's `TcpStream`
+    //! cannot hand its streams over), with the timeouts of a `TcpStream`.
+
+    use std::cell::Cell;
+    use std::io::{Error, ErrorKind};
+    use std::net::SocketAddr;
+    use std::time::{Duration, Instant};
+
+    use crate::bindings::wasi::io::poll::{Pollable, poll};
+    use crate::bindings::wasi::io::streams::{InputStream, OutputStream, StreamError};
+    use crate::tls_bindings::wasi::clocks::monotonic_clock;
+    use crate::tls_bindings::wasi::sockets::instance_network::instance_network;
+    use crate::tls_bindings::wasi::sockets::network::{
+        ErrorCode, IpAddressFamily, IpSocketAddress, Ipv4SocketAddress, Ipv6SocketAddress,
+    };
+    use crate::tls_bindings::wasi::sockets::tcp::TcpSocket;
+    use crate::tls_bindings::wasi::sockets::tcp_create_socket::create_tcp_socket;
+    use crate::tls_bindings::wasi::tls::types::{ClientConnection, ClientHandshake};
+
+    /// Fields drop in order: the session's streams, the session, then the
+    /// socket (a resource cannot go before its children).
+    pub struct TlsStream {
+        input: InputStream,
+        output: OutputStream,
+        _session: ClientConnection,
+        _socket: TcpSocket,
+        pub(super) read_timeout: Cell<Option<Duration>>,
+        pub(super) write_timeout: Cell<Option<Duration>>,
+    }
+
+    /// Wait for `pollable` for at most `timeout` (forever if `None`).
+    fn wait(pollable: &Pollable, timeout: Option<Duration>) -> std::io::Result<()> {
+        let Some(timeout) = timeout else {
+            pollable.block();
+            return Ok(());
+        };
+        let timer = monotonic_clock::subscribe_duration(
+            u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+        );
+        if poll(&[pollable, &timer]).contains(&0) {
+            Ok(())
+        } else {
+            Err(Error::from(ErrorKind::TimedOut))
+        }
+    }
+
+    fn left(deadline: Instant) -> Option<Duration> {
+        Some(deadline.saturating_duration_since(Instant::now()))
+    }
+
+    fn stream_error(e: StreamError) -> Error {
+        match e {
+            StreamError::Closed => Error::from(ErrorKind::ConnectionReset),
+            StreamError::LastOperationFailed(e) => Error::other(e.to_debug_string()),
+        }
+    }
+
+    fn wasi_addr(addr: SocketAddr) -> (IpAddressFamily, IpSocketAddress) {
+        match addr {
+            SocketAddr::V4(a) => {
+                let [a0, a1, a2, a3] = a.ip().octets();
+                (
+                    IpAddressFamily::Ipv4,
+                    IpSocketAddress::Ipv4(Ipv4SocketAddress {
+                        port: a.port(),
+                        address: (a0, a1, a2, a3),
+                    }),
+                )
+            }
+            SocketAddr::V6(a) => {
+                let s = a.ip().segments();
+                (
+                    IpAddressFamily::Ipv6,
+                    IpSocketAddress::Ipv6(Ipv6SocketAddress {
+                        port: a.port(),
+                        flow_info: a.flowinfo(),
+                        address: (s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]),
+                        scope_id: a.scope_id(),
+                    }),
+                )
+            }
+        }
+    }
+
+    impl TlsStream {
+        /// Connect to `peer`, then hand the socket's streams to the host
+        /// for a TLS handshake with `server_name`, all by `deadline`.
+        pub fn connect(
+            peer: SocketAddr,
+            server_name: &str,
+            deadline: Instant,
+        ) -> Result<super::Stream, String> {
+            let (family, addr) = wasi_addr(peer);
+            let socket = create_tcp_socket(family).map_err(|e| format!("cannot connect: {e}"))?;
+            socket
+                .start_connect(&instance_network(), addr)
+                .map_err(|e| format!("cannot connect: {e}"))?;
+            let (input, output) = {
+                let ready = socket.subscribe();
+                loop {
+                    match socket.finish_connect() {
+                        Ok(streams) => break streams,
+                        Err(ErrorCode::WouldBlock) => wait(&ready, left(deadline))
+                            .map_err(|_| "cannot connect: timed out".to_owned())?,
+                        Err(ErrorCode::AccessDenied) => {
+                            return Err("cannot connect: the peer is not granted in `net`".into());
+                        }
+                        Err(e) => return Err(format!("cannot connect: {e}")),
+                    }
+                }
+            };
+            let handshake = ClientHandshake::new(server_name, input, output);
+            let pending = ClientHandshake::finish(handshake);
+            {
+                let ready = pending.subscribe();
+                wait(&ready, left(deadline)).map_err(|_| {
+                    "the TLS handshake did not complete in time (is it a TLS port?)".to_owned()
+                })?;
+            }
+            let (session, input, output) = match pending.get() {
+                Some(Ok(Ok(streams))) => streams,
+                Some(Ok(Err(e))) => {
+                    return Err(format!("TLS handshake failed: {}", e.to_debug_string()));
+                }
+                _ => return Err("TLS handshake failed: no result".into()),
+            };
+            Ok(super::Stream::Tls(TlsStream {
+                input,
+                output,
+                _session: session,
+                _socket: socket,
+                read_timeout: Cell::new(None),
+                write_timeout: Cell::new(None),
+            }))
+        }
+
+        pub(super) fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            loop {
+                match self.input.read(buf.len() as u64) {
+                    Ok(bytes) if !bytes.is_empty() => {
+                        buf[..bytes.len()].copy_from_slice(&bytes);
+                        return Ok(bytes.len());
+                    }
+                    Ok(_) => wait(&self.input.subscribe(), self.read_timeout.get())?,
+                    Err(StreamError::Closed) => return Ok(0),
+                    Err(e) => return Err(stream_error(e)),
+                }
+            }
+        }
+
+        /// Writes as much of `buf` as the session takes now, and starts
+        /// sending it (callers then wait for the reply, not for a flush).
+        pub(super) fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            loop {
+                let room = self.output.check_write().map_err(stream_error)?;
+                if room == 0 {
+                    wait(&self.output.subscribe(), self.write_timeout.get())?;
+                    continue;
+                }
+                let n = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+                self.output.write(&buf[..n]).map_err(stream_error)?;
+                self.output.flush().map_err(stream_error)?;
+                return Ok(n);
+            }
+        }
+    }
 }

@@ -80,6 +80,9 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
         grant("http", &origins);
         grant("env", &g.env.describe());
         grant("settings", &g.settings.describe());
+        if let Some(tls) = &g.tls {
+            grant("tls", &tls.describe());
+        }
         println!("  limits     {}", limits(&backend.limits));
         let calls = backend
             .max_concurrent_calls

@@ -84,6 +84,7 @@ fn grant_for(interface: &str) -> &'static str {
         "wasi:sockets/ip-name-lookup" => "dns = true",
         n if n.starts_with("wasi:sockets/") => "net (tcp peers)",
         n if n.starts_with("wasi:http/") => "http (origins)",
+        "wasi:tls/types" => "tls (handshakes by the host, operator's roots)",
         "wasi:cli/environment" => "env (variable names)",
         "wasi:config/store" => "settings (table)",
         n if n.starts_with("wasi:random/") || n.starts_with("wasi:clocks/") => "always (harmless)",

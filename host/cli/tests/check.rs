@@ -151,6 +151,20 @@ fn config_file(text: &str) -> (tempfile::TempDir, PathBuf) {
 /// `kvwasm check` of `component` under the backend entry `entry` (written
 /// to a config file), with `env` set: every check passes, none warns.
 fn assert_passes_everything(component: &str, entry: &str, env: &[(&str, &str)]) {
+    let run = check_config(component, entry, env, &[]);
+    assert_eq!(run.with("pass").len(), kvwasm_conformance::CHECKS.len());
+}
+
+/// `kvwasm check --quick`, as [`assert_passes_everything`]: for the TLS
+/// runs, which repeat the full runs' checks over another transport.
+fn assert_passes_quick(component: &str, entry: &str, env: &[(&str, &str)]) {
+    let run = check_config(component, entry, env, &["--quick"]);
+    assert!(run.with("pass").len() > 10, "{:#}", run.json);
+}
+
+/// `kvwasm check` of `component` under the backend entry `entry`, with
+/// `extra` arguments: no check fails or warns.
+fn check_config(component: &str, entry: &str, env: &[(&str, &str)], extra: &[&str]) -> Run {
     let (_dir, config) = config_file(entry);
     let shim = kvwasm_tests::shim_path();
     let args = [
@@ -161,11 +175,11 @@ fn assert_passes_everything(component: &str, entry: &str, env: &[(&str, &str)]) 
         "--config",
         config.to_str().unwrap(),
     ];
-    let run = check_with_env(&args, env);
+    let run = check_with_env(&[&args[..], extra].concat(), env);
     assert_eq!(run.with("fail"), none(), "{:#}", run.json);
     assert_eq!(run.with("warn"), none(), "{:#}", run.json);
-    assert_eq!(run.with("pass").len(), kvwasm_conformance::CHECKS.len());
     assert!(run.ok);
+    run
 }
 
 #[test]
@@ -194,6 +208,107 @@ fn the_s3_guest_passes_everything_against_a_real_s3_server() {
         ("AWS_SECRET_ACCESS_KEY", server.secret_key.as_str()),
     ];
     assert_passes_everything("builtin:s3", &entry, &credentials);
+}
+
+/// The backend entry of `builtin:redis` at `server` over TLS, trusting
+/// `ca` only, with `settings` added.
+fn redis_tls_entry(
+    server: &kvwasm_tests::servers::RedisServer,
+    ca: &Path,
+    settings: &str,
+) -> String {
+    format!(
+        "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [\"{0}\"]\n\
+         env = [\"REDIS_PASSWORD\"]\nsettings = {{ address = \"{0}\"{settings} }}\n\
+         tls = {{ ca_file = \"{1}\" }}\n",
+        server.addr,
+        ca.display()
+    )
+}
+
+#[test]
+fn the_redis_guest_passes_the_quick_checks_over_tls_with_a_password_and_an_acl_user() {
+    let pki = kvwasm_tests::tls::Pki::new();
+    let server = kvwasm_tests::servers::RedisServer::start_tls(&pki, &pki.server, true, false);
+    // The server has no plain-text listener: every connection below is TLS.
+    assert_eq!(
+        server.cli(&["CONFIG", "GET", "port"]).lines().nth(1),
+        Some("0")
+    );
+    let password = server.password.as_deref().unwrap();
+    let entry = redis_tls_entry(&server, &pki.ca, "");
+    assert_passes_quick("builtin:redis", &entry, &[("REDIS_PASSWORD", password)]);
+
+    let acl = server.cli(&[
+        "ACL",
+        "SETUSER",
+        "kvcache",
+        "on",
+        ">user-secret",
+        "~*",
+        "+@all",
+    ]);
+    assert_eq!(acl.trim(), "OK");
+    let before = server.info_stat("total_connections_received");
+    let entry = redis_tls_entry(&server, &pki.ca, ", user = \"kvcache\"");
+    assert_passes_quick(
+        "builtin:redis",
+        &entry,
+        &[("REDIS_PASSWORD", "user-secret")],
+    );
+    // `user-secret` is the ACL user's password only (the default user's is
+    // random), so the run authenticated as `kvcache`, over TLS.
+    assert!(server.info_stat("total_connections_received") > before + 1);
+}
+
+#[test]
+fn the_s3_guest_passes_the_quick_checks_over_https_with_the_operators_ca_and_fails_without_it() {
+    let pki = kvwasm_tests::tls::Pki::new();
+    let server = kvwasm_tests::servers::S3Server::start();
+    let target = server
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let proxy = kvwasm_tests::servers::TlsProxy::start(&pki.server, target);
+    let endpoint = format!("https://localhost:{}", proxy.addr.port());
+    let entry = |tls: &str| {
+        format!(
+            "[backends.s3]\ncomponent = \"builtin:s3\"\nhttp = [\"{endpoint}\"]\n\
+             env = [\"AWS_ACCESS_KEY_ID\", \"AWS_SECRET_ACCESS_KEY\"]\n\
+             settings = {{ endpoint = \"{endpoint}\", bucket = \"{}\" }}\n{tls}",
+            server.bucket
+        )
+    };
+    let credentials = [
+        ("AWS_ACCESS_KEY_ID", server.access_key.as_str()),
+        ("AWS_SECRET_ACCESS_KEY", server.secret_key.as_str()),
+    ];
+    let with_ca = entry(&format!("tls = {{ ca_file = \"{}\" }}\n", pki.ca.display()));
+    assert_passes_quick("builtin:s3", &with_ca, &credentials);
+
+    // The public roots alone do not trust the private CA: nothing passes
+    // that needs the store.
+    let (_dir, config) = config_file(&entry(""));
+    let shim = kvwasm_tests::shim_path();
+    let args = [
+        "--lib",
+        shim.to_str().unwrap(),
+        "--component",
+        "builtin:s3",
+        "--config",
+        config.to_str().unwrap(),
+        "--only",
+        "round-trip-sizes",
+    ];
+    let run = check_with_env(&args, &credentials);
+    assert_eq!(
+        run.with("fail"),
+        set(&["round-trip-sizes"]),
+        "{:#}",
+        run.json
+    );
+    assert!(!run.ok);
 }
 
 #[test]

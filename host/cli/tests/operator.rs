@@ -188,3 +188,95 @@ fn metrics_reads_a_running_process() {
         "{text}"
     );
 }
+
+#[test]
+fn check_config_shows_tls_settings_and_fingerprints_and_inspect_the_tls_import() {
+    let pki = kvwasm_tests::tls::Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("kvwasm.toml");
+    let redis = |tls: &str| {
+        format!(
+            "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [\"127.0.0.1:6380\"]\n\
+             settings = {{ address = \"127.0.0.1:6380\" }}\n{tls}\n"
+        )
+    };
+    let table = format!(
+        "[backends.redis.tls]\nca_file = \"{}\"\nca_mode = \"extend\"\n\
+         client_cert = \"{}\"\nclient_key = \"{}\"\nserver_name = \"redis.internal\"\n",
+        pki.ca.display(),
+        pki.client.cert.display(),
+        pki.client.key.display()
+    );
+    std::fs::write(&config, redis(&table)).unwrap();
+    let (out, text) = kvwasm(&["check-config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{text}");
+    let sha = |path: &std::path::Path| {
+        let out = Command::new("sha256sum").arg(path).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)[..64].to_owned()
+    };
+    for expected in [
+        format!(
+            "on: public roots + ca_file {} (sha256 {})",
+            pki.ca.display(),
+            sha(&pki.ca)
+        ),
+        "server name redis.internal".to_owned(),
+        format!(
+            "client certificate {} (sha256 {})",
+            pki.client.cert.display(),
+            sha(&pki.client.cert)
+        ),
+        "tls = \"true\"".to_owned(),
+    ] {
+        assert!(text.contains(&expected), "{expected:?} missing:\n{text}");
+    }
+    let key = std::fs::read_to_string(&pki.client.key).unwrap();
+    let key_body = key.lines().nth(1).unwrap();
+    assert!(
+        !text.contains(key_body),
+        "the client key was printed:\n{text}"
+    );
+
+    // Bad TLS entries are refused at load, each with its reason.
+    for (tls, reason) in [
+        ("tls = { ca_mode = \"extend\" }", "needs a ca_file"),
+        (
+            "tls = { client_cert = \"c.pem\" }",
+            "client_cert and client_key go together",
+        ),
+        (
+            "tls = { ca_file = \"/no/such/ca.pem\" }",
+            "cannot read ca_file /no/such/ca.pem",
+        ),
+        (
+            "tls = { insecure_skip_verify = true }",
+            "there is no way to skip verification",
+        ),
+    ] {
+        std::fs::write(&config, redis(tls)).unwrap();
+        let (out, text) = kvwasm(&["check-config", config.to_str().unwrap()]);
+        assert!(!out.status.success(), "{tls}: {text}");
+        assert!(text.contains(reason), "{tls}: {reason:?} missing:\n{text}");
+    }
+    // A file that holds no certificate is no CA bundle.
+    std::fs::write(
+        &config,
+        redis(&format!(
+            "tls = {{ ca_file = \"{}\" }}",
+            pki.client.key.display()
+        )),
+    )
+    .unwrap();
+    let (out, text) = kvwasm(&["check-config", config.to_str().unwrap()]);
+    assert!(
+        !out.status.success() && text.contains("holds no PEM certificate"),
+        "{text}"
+    );
+
+    let (out, text) = kvwasm(&["inspect", "builtin:redis"]);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("wasi:tls/types@0.2.0-draft") && text.contains("tls (handshakes by the host"),
+        "{text}"
+    );
+}

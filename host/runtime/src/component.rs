@@ -419,6 +419,9 @@ fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
     let mut linker = Linker::new(engine_for(metering));
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+    let mut tls = wasmtime_wasi_tls::p2::LinkOptions::default();
+    tls.tls(true);
+    wasmtime_wasi_tls::p2::add_to_linker(&mut linker, &tls)?;
     types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     payload_io::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     wasmtime_wasi_config::add_to_linker(&mut linker, |s: &mut HostState| {

@@ -20,6 +20,9 @@
 //! fuel = 50000000                   # optional: instructions per call (metered engine)
 //! max_resources = 1024              # files, sockets, payloads... one instance may hold
 //! publish_events = "tcp://127.0.0.1:5557"  # optional: stored chunks as KV events (ZMQ PUB)
+//! tls = true                        # TLS to the peers/origins (public roots), or:
+//! # [backends.acme.tls]             # ca_file, ca_mode = "replace"|"extend",
+//! #                                 # client_cert, client_key, server_name
 //!
 //! [backends.acme.tenants.alice]     # limits for wasm://acme/alice/...
 //! memory_limit_mib = 64
@@ -47,6 +50,7 @@ use crate::backend::{Backend, default_max_instances};
 use crate::capabilities::dirs::DirConfig;
 use crate::capabilities::http::Origin;
 use crate::capabilities::settings::SettingValue;
+use crate::capabilities::tls::{TlsConfig, TlsGrant};
 use crate::capabilities::{DATA_DIR, EnvGrant, Grants, HttpGrant, NetGrant, SettingsGrant};
 use crate::component::{ComponentSource, GuestKind, LoadedComponent};
 use crate::engine::Metering;
@@ -140,6 +144,8 @@ pub struct BackendConfig {
     /// Publish every stored chunk as a vLLM-format KV event on a ZMQ PUB
     /// socket bound here (`tcp://host:port`, see [`crate::events_out`]).
     pub publish_events: Option<String>,
+    /// TLS to the remote store, done by the host (see [`TlsConfig`]).
+    pub tls: Option<TlsConfig>,
 }
 
 impl Config {
@@ -267,11 +273,19 @@ impl Config {
             .chain(spec.dirs.iter().cloned())
             .map(|d| d.grant(&self.base_dir))
             .collect();
-        let origins = spec
+        let origins: Vec<Origin> = spec
             .http
             .iter()
             .map(|o| Origin::parse(o))
             .collect::<Result<_, _>>()?;
+        let tls = self.tls_grant(spec, &origins)?;
+        // The guest learns that the host will do TLS from its settings.
+        let mut settings = spec.settings.clone();
+        if tls.is_some() {
+            settings
+                .entry("tls".into())
+                .or_insert(SettingValue::Flag(true));
+        }
         Ok(Grants {
             dirs,
             list_dirs: spec.list_dirs,
@@ -280,8 +294,32 @@ impl Config {
             env: EnvGrant {
                 names: spec.env.clone(),
             },
-            settings: Arc::new(SettingsGrant::from_table(&spec.settings)?),
+            settings: Arc::new(SettingsGrant::from_table(&settings)?),
+            tls,
         })
+    }
+
+    /// `spec`'s TLS grant, its files read now.
+    fn tls_grant(
+        &self,
+        spec: &BackendConfig,
+        origins: &[Origin],
+    ) -> Result<Option<Arc<TlsGrant>>, String> {
+        let Some(table) = spec.tls.as_ref().and_then(TlsConfig::table) else {
+            return Ok(None);
+        };
+        let hosts = spec
+            .net
+            .iter()
+            .filter_map(|p| p.rsplit_once(':'))
+            .map(|(h, _)| h.trim_matches(['[', ']']).to_ascii_lowercase())
+            .chain(
+                origins
+                    .iter()
+                    .map(|o| o.host.trim_matches(['[', ']']).to_owned()),
+            )
+            .collect();
+        TlsGrant::load(&table, &self.base_dir, hosts).map(|g| Some(Arc::new(g)))
     }
 
     /// Where `spec`'s component comes from, with a relative path resolved
@@ -391,6 +429,9 @@ impl BackendConfig {
             crate::capabilities::env::validate_name(name)?;
         }
         SettingsGrant::from_table(&self.settings)?;
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+        }
         Ok(())
     }
 }

@@ -48,7 +48,9 @@ pub(crate) fn new_store(
         http_policy: HttpPolicy {
             grant: backend.grants.http.clone(),
             metrics: backend.metrics.clone(),
+            tls: backend.grants.tls.clone(),
         },
+        tls: backend.grants.tls_ctx(&backend.name, &backend.metrics),
         settings: backend.config_vars.clone(),
         table,
         limits: limits.instance_limits(),

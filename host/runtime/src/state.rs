@@ -6,6 +6,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_config::WasiConfigVariables;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+use wasmtime_wasi_tls::{WasiTlsCtx, WasiTlsCtxView, WasiTlsView};
 
 use crate::capabilities::http::HttpPolicy;
 use crate::guest_log::GuestStderr;
@@ -22,6 +23,8 @@ pub struct HostState {
     pub(crate) http: WasiHttpCtx,
     /// Checks every outgoing HTTP request against the grant.
     pub(crate) http_policy: HttpPolicy,
+    /// `wasi:tls` handshakes, with the backend's TLS grant.
+    pub(crate) tls: WasiTlsCtx,
     /// The backend's settings, served by `wasi:config/store`.
     pub(crate) settings: Arc<WasiConfigVariables>,
     pub(crate) table: ResourceTable,
@@ -45,6 +48,15 @@ impl WasiHttpView for HostState {
             ctx: &mut self.http,
             table: &mut self.table,
             hooks: &mut self.http_policy,
+        }
+    }
+}
+
+impl WasiTlsView for HostState {
+    fn tls(&mut self) -> WasiTlsCtxView<'_> {
+        WasiTlsCtxView {
+            ctx: &mut self.tls,
+            table: &mut self.table,
         }
     }
 }

@@ -6,11 +6,17 @@
 //! error of its request. So does any authority with userinfo
 //! (`http://user@host/`): credentials do not belong in a URL, and an
 //! origin is compared by host and port alone.
+//!
+//! An `https` request of a backend with a `tls` grant is sent with the
+//! grant's client config (its roots, client certificate and server name;
+//! see [`super::tls`]); without one, wasmtime-wasi-http's default (the
+//! public roots).
 
 use std::sync::Arc;
 
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
+use super::TlsGrant;
 use crate::metrics::BackendMetrics;
 
 /// The origins (`scheme://host:port`) a guest may send requests to.
@@ -121,6 +127,7 @@ impl HttpGrant {
 pub(crate) struct HttpPolicy {
     pub grant: Arc<HttpGrant>,
     pub metrics: Arc<BackendMetrics>,
+    pub tls: Option<Arc<TlsGrant>>,
 }
 
 type ResponseFuture = Box<
@@ -166,6 +173,21 @@ impl WasiHttpHooks for HttpPolicy {
             }
             return Box::new(std::future::ready(Err(HttpError::HttpRequestDenied)));
         }
+        if let Some(tls) = &self.tls
+            && request.uri().scheme() == Some(&http::uri::Scheme::HTTPS)
+        {
+            let (tls, metrics) = (tls.clone(), self.metrics.clone());
+            return Box::new(async move {
+                let sent = send_https(request, options, &tls).await;
+                if let Err(e) = &sent {
+                    crate::log_limit::warn(
+                        ("https", Arc::as_ptr(&metrics) as usize),
+                        format_args!("https request failed: {e}"),
+                    );
+                }
+                sent
+            });
+        }
         Box::new(async move {
             use http_body_util::BodyExt;
             let (response, io) = wasmtime_wasi_http::default_send_request(request, options).await?;
@@ -175,6 +197,91 @@ impl WasiHttpHooks for HttpPolicy {
             ))
         })
     }
+}
+
+/// One https request over a new connection, verified with `tls`'s config:
+/// what `default_send_request` does for https, with the operator's roots.
+/// The connect timeout bounds the TCP connect and the handshake; the first
+/// byte timeout the response head. Waits between body bytes are bounded by
+/// the call's deadline, which abandons the whole request.
+async fn send_https(
+    mut request: http::Request<WasiBody>,
+    options: Option<RequestOptions>,
+    tls: &TlsGrant,
+) -> Result<
+    (
+        http::Response<WasiBody>,
+        Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+    ),
+    HttpError,
+> {
+    use http_body_util::BodyExt;
+    use std::time::Duration;
+    use tokio::time::timeout;
+    let uri = request.uri();
+    let host = uri.host().ok_or(HttpError::HttpRequestUriInvalid)?;
+    let host = host.trim_matches(['[', ']']).to_owned();
+    let port = uri.port_u16().unwrap_or(443);
+    let limit = |t: Option<Duration>| t.unwrap_or(Duration::from_secs(600));
+    let connect_timeout = limit(options.and_then(|o| o.connect_timeout));
+    let first_byte_timeout = limit(options.and_then(|o| o.first_byte_timeout));
+    let name = tls
+        .server_name(&host)
+        .map_err(|e| HttpError::Tls(std::io::Error::other(e)))?;
+    let shown = name.to_str().into_owned();
+    let handshake = async {
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(HttpError::Connect)?;
+        tokio_rustls::TlsConnector::from(tls.config.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| {
+                HttpError::Tls(std::io::Error::other(format!(
+                    "TLS handshake with {shown} failed: {e}"
+                )))
+            })
+    };
+    let stream = timeout(connect_timeout, handshake)
+        .await
+        .map_err(|_| HttpError::ConnectionTimeout)??;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(HttpError::Hyper)?;
+    // The request line carries the path alone (no proxy in between).
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    *request.uri_mut() = http::Uri::builder()
+        .path_and_query(path)
+        .build()
+        .map_err(|_| HttpError::HttpRequestUriInvalid)?;
+    // The connection must be driven while the response head is awaited,
+    // then for the body: it is the request's I/O future.
+    let mut conn = Box::pin(conn);
+    let mut send = Box::pin(timeout(first_byte_timeout, sender.send_request(request)));
+    let mut conn_done = None;
+    let response = std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(r) = send.as_mut().poll(cx) {
+            return std::task::Poll::Ready(r);
+        }
+        if conn_done.is_none()
+            && let std::task::Poll::Ready(r) = conn.as_mut().poll(cx)
+        {
+            conn_done = Some(r);
+        }
+        std::task::Poll::Pending
+    })
+    .await
+    .map_err(|_| HttpError::ConnectionReadTimeout)?
+    .map_err(HttpError::Hyper)?;
+    let io: Box<dyn Future<Output = Result<(), HttpError>> + Send> = match conn_done {
+        Some(done) => Box::new(std::future::ready(done.map_err(HttpError::Hyper))),
+        None => Box::new(async move { conn.await.map_err(HttpError::Hyper) }),
+    };
+    Ok((
+        response.map(|body| body.map_err(HttpError::Hyper).boxed_unsync()),
+        io,
+    ))
 }
 
 /// `wasi:http/outgoing-handler.handle` as wasmtime-wasi-http implements it,

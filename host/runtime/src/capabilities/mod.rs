@@ -7,6 +7,7 @@
 //! * [`http`] — outbound `wasi:http` requests to listed origins;
 //! * [`env`] — environment variables passed through by name;
 //! * [`settings`] — the backend's settings table, read through `wasi:config`;
+//! * [`tls`] — TLS to remote stores, done by the host with the operator's roots;
 //! * [`descriptors`] — the process's file descriptors, kept for the consumer.
 //!
 //! Everything else is off: no arguments, no stdin, no UDP, no other
@@ -20,6 +21,7 @@ pub mod env;
 pub mod http;
 pub mod net;
 pub mod settings;
+pub mod tls;
 
 use std::sync::Arc;
 
@@ -30,6 +32,7 @@ pub use env::EnvGrant;
 pub use http::HttpGrant;
 pub use net::NetGrant;
 pub use settings::SettingsGrant;
+pub use tls::TlsGrant;
 
 use crate::guest_log::GuestStderr;
 use crate::metrics::BackendMetrics;
@@ -46,6 +49,9 @@ pub struct Grants {
     pub env: EnvGrant,
     /// Shared with every instance's `wasi:config` store.
     pub settings: Arc<SettingsGrant>,
+    /// `wasi:tls` handshakes and https requests, with these roots; none
+    /// without a `tls` entry.
+    pub tls: Option<Arc<TlsGrant>>,
 }
 
 impl Grants {
@@ -68,5 +74,20 @@ impl Grants {
             dir.apply(&mut builder)?;
         }
         Ok(builder.build())
+    }
+
+    /// The `wasi:tls` context for one instance.
+    pub(crate) fn tls_ctx(
+        &self,
+        backend: &str,
+        metrics: &Arc<BackendMetrics>,
+    ) -> wasmtime_wasi_tls::WasiTlsCtx {
+        wasmtime_wasi_tls::WasiTlsCtxBuilder::new()
+            .provider(Box::new(tls::HostTls {
+                grant: self.tls.clone(),
+                metrics: metrics.clone(),
+                backend: backend.into(),
+            }))
+            .build()
     }
 }
