@@ -16,14 +16,24 @@ pub fn seed_for(lora_name: Option<&str>) -> u64 {
     }
 }
 
+/// Computes the hashes of the full blocks of `tokens` with `seed`, as
+/// [`xxh3_blocks`] does: natively that function itself; in the guest, the
+/// host's `kvwasm:events/block-hash` import (xxh3 is slow in wasm32).
+pub type BlockHasher = fn(tokens: &[u32], block_size: u32, seed: u64) -> Vec<u64>;
+
 /// One hash per FULL block of `block_size` tokens (the tail is ignored):
 /// xxh3-64 of the tokens' little-endian u32 bytes. Not chained: the tree's
 /// paths carry the prefix structure.
 pub fn block_hashes(tokens: &[u32], block_size: u32, lora_name: Option<&str>) -> Vec<u64> {
+    xxh3_blocks(tokens, block_size, seed_for(lora_name))
+}
+
+/// [`block_hashes`] with the seed given: the pure function behind
+/// [`BlockHasher`].
+pub fn xxh3_blocks(tokens: &[u32], block_size: u32, seed: u64) -> Vec<u64> {
     let Some(size) = usize::try_from(block_size).ok().filter(|&s| s > 0) else {
         return Vec::new();
     };
-    let seed = seed_for(lora_name);
     let mut bytes = Vec::with_capacity(size * 4);
     tokens
         .chunks_exact(size)

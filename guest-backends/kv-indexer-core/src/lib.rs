@@ -11,6 +11,7 @@
 
 pub mod hash;
 mod indexer;
+mod table;
 pub mod tree;
 
 pub use indexer::{Counters, Indexer, MAX_QUERY_BLOCKS, MAX_TOKEN_IDS};

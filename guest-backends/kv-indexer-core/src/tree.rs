@@ -14,6 +14,8 @@
 //! reattached.
 
 use std::collections::{BTreeMap, HashMap};
+
+use crate::table::Table;
 use std::hash::{BuildHasher, Hasher};
 
 /// A worker: (instance id, data-parallel rank).
@@ -122,7 +124,7 @@ impl Holders {
 enum Children {
     None,
     One(u64, NodeId),
-    Many(HashMap<u64, NodeId, Fold>),
+    Many(Table),
 }
 
 impl Children {
@@ -130,7 +132,7 @@ impl Children {
         match self {
             Children::None => None,
             Children::One(k, v) => (*k == key).then_some(*v),
-            Children::Many(map) => map.get(&key).copied(),
+            Children::Many(map) => map.get(key),
         }
     }
 
@@ -139,7 +141,7 @@ impl Children {
             Children::None => *self = Children::One(key, id),
             Children::One(k, _) if *k == key => *self = Children::One(key, id),
             Children::One(k, v) => {
-                let mut map = HashMap::with_capacity_and_hasher(2, Fold::default());
+                let mut map = Table::default();
                 map.insert(*k, *v);
                 map.insert(key, id);
                 *self = Children::Many(map);
@@ -154,7 +156,7 @@ impl Children {
         match self {
             Children::One(k, _) if *k == key => *self = Children::None,
             Children::Many(map) => {
-                map.remove(&key);
+                map.remove(key);
             }
             _ => {}
         }
@@ -164,7 +166,7 @@ impl Children {
         match self {
             Children::None => Vec::new(),
             Children::One(_, v) => vec![*v],
-            Children::Many(map) => map.values().copied().collect(),
+            Children::Many(map) => map.values().collect(),
         }
     }
 }
@@ -176,7 +178,7 @@ pub struct Tree {
     /// Worker → its interned index.
     index: HashMap<Worker, u32, Fold>,
     /// By interned index: the worker and its engine hash → node table.
-    workers: Vec<(Worker, HashMap<u64, NodeId, Fold>)>,
+    workers: Vec<(Worker, Table)>,
 }
 
 impl Default for Tree {
@@ -209,15 +211,15 @@ impl Tree {
         let w = self.intern(worker);
         let mut current = match parent {
             None => ROOT,
-            Some(hash) => *self.workers[w as usize]
+            Some(hash) => self.workers[w as usize]
                 .1
-                .get(&hash)
+                .get(hash)
                 .ok_or(ApplyError::ParentNotFound)?,
         };
         for (ext, local) in blocks {
             let child = match self.nodes[current as usize].children.get(local) {
                 Some(child) => child,
-                None => match self.workers[w as usize].1.get(&ext).copied() {
+                None => match self.workers[w as usize].1.get(ext) {
                     Some(own) if own == current => return Err(ApplyError::InvalidSequence),
                     // The worker's orphan comes back under its new parent,
                     // with its subtree.
@@ -260,7 +262,7 @@ impl Tree {
         };
         let mut result = Ok(());
         for hash in hashes {
-            match self.workers[w as usize].1.remove(hash) {
+            match self.workers[w as usize].1.remove(*hash) {
                 Some(node) => self.unref(node, w),
                 None => result = Err(ApplyError::BlockNotFound),
             }
@@ -278,7 +280,7 @@ impl Tree {
             .collect();
         for w in matching {
             let table = std::mem::take(&mut self.workers[w as usize].1);
-            for node in table.into_values() {
+            for node in table.values() {
                 self.unref(node, w);
             }
         }
@@ -358,7 +360,7 @@ impl Tree {
 
     fn intern(&mut self, worker: Worker) -> u32 {
         *self.index.entry(worker).or_insert_with(|| {
-            self.workers.push((worker, HashMap::default()));
+            self.workers.push((worker, Table::default()));
             (self.workers.len() - 1) as u32
         })
     }

@@ -7,11 +7,32 @@
 use std::cell::RefCell;
 
 use kvwasm_guest_support::events_bindings::exports::kvwasm::events::{http_api, subscriber};
-use kvwasm_guest_support::events_bindings::kvwasm::events::types;
-use kvwasm_kv_indexer_core::{Event, EventData, Indexer, Stored};
+use kvwasm_guest_support::events_bindings::kvwasm::events::{block_hash, types};
+use kvwasm_kv_indexer_core::{Event, EventData, Indexer, Stored, hash};
 
 thread_local! {
-    static INDEXER: RefCell<Indexer> = RefCell::new(Indexer::default());
+    static INDEXER: RefCell<Indexer> = RefCell::new(Indexer::with_block_hasher(host_hashes));
+}
+
+/// Most tokens per `hash-blocks` call: the host's cap
+/// (wit/events/events.wit).
+const HOST_MAX_TOKENS: usize = 1 << 20;
+
+/// The block hashes from the host (`kvwasm:events/block-hash`: xxh3 in
+/// wasm32 is about 10× slower), the full blocks only, in calls of at
+/// most [`HOST_MAX_TOKENS`] split at block boundaries.
+fn host_hashes(tokens: &[u32], block_size: u32, seed: u64) -> Vec<u64> {
+    let size = block_size as usize;
+    if size == 0 || size > HOST_MAX_TOKENS {
+        return hash::xxh3_blocks(tokens, block_size, seed);
+    }
+    let full = &tokens[..tokens.len() / size * size];
+    if full.len() <= HOST_MAX_TOKENS {
+        return block_hash::hash_blocks(full, block_size, seed);
+    }
+    full.chunks(HOST_MAX_TOKENS / size * size)
+        .flat_map(|chunk| block_hash::hash_blocks(chunk, block_size, seed))
+        .collect()
 }
 
 struct KvIndexer;

@@ -92,6 +92,7 @@ fn grant_for(interface: &str) -> &'static str {
         n if n.starts_with("wasi:cli/") || n.starts_with("wasi:io/") => "always (inert)",
         "kvwasm:kv-store/types" => "always (payloads)",
         "kvwasm:events/types" => "always (event records)",
+        "kvwasm:events/block-hash" => "always (pure hashing)",
         _ => "unknown to kvwasm: instantiation will fail",
     }
 }

@@ -73,6 +73,7 @@ pub(crate) mod events {
     wasmtime::component::bindgen!({
         path: ["../../wit/events"],
         world: "kvwasm:events/event-service",
+        imports: { "kvwasm:events/block-hash.hash-blocks": trappable },
         exports: { default: async },
         require_store_data_send: true,
     });

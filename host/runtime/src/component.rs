@@ -424,6 +424,7 @@ fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
     wasmtime_wasi_tls::p2::add_to_linker(&mut linker, &tls)?;
     types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     payload_io::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+    crate::block_hash::add_to_linker(&mut linker)?;
     wasmtime_wasi_config::add_to_linker(&mut linker, |s: &mut HostState| {
         wasmtime_wasi_config::WasiConfig::from(&*s.settings)
     })?;

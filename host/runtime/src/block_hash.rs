@@ -1,0 +1,81 @@
+//! `kvwasm:events/block-hash`: Dynamo's local block hashes (xxh3-64 per
+//! full block of u32 tokens) for subscriber guests. xxh3 runs about 10×
+//! slower inside wasm32 (no 64×64→128-bit multiply), and the KV indexer
+//! hashes every stored block and every prompt. A pure function of its
+//! arguments: it reads nothing and grants nothing.
+
+use kvwasm_kv_indexer_core::hash::xxh3_blocks;
+use wasmtime::component::{HasSelf, Linker};
+
+use crate::bindings::events::kvwasm::events::block_hash;
+use crate::state::HostState;
+
+/// Most tokens per call. The list is already bounded by the guest's memory
+/// when it arrives; the cap also bounds the host's own output allocation
+/// (at most 2× the input) per call. `kvwasm-kv-indexer` splits longer
+/// lists (its `HOST_MAX_TOKENS`).
+pub(crate) const MAX_TOKENS: usize = 1 << 20;
+
+pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    block_hash::add_to_linker::<_, HasSelf<_>>(linker, |s| s)
+}
+
+impl block_hash::Host for HostState {
+    fn hash_blocks(
+        &mut self,
+        tokens: Vec<u32>,
+        block_size: u32,
+        seed: u64,
+    ) -> wasmtime::Result<Vec<u64>> {
+        hash_blocks(&tokens, block_size, seed)
+    }
+}
+
+/// The hashes, or a trap for a list over [`MAX_TOKENS`].
+fn hash_blocks(tokens: &[u32], block_size: u32, seed: u64) -> wasmtime::Result<Vec<u64>> {
+    if tokens.len() > MAX_TOKENS {
+        wasmtime::bail!(
+            "block-hash: {} tokens in one call, more than {MAX_TOKENS}",
+            tokens.len()
+        );
+    }
+    Ok(xxh3_blocks(tokens, block_size, seed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// interop-facts §4's vector: tokens 0..=31, block size 16, seed 1337.
+    #[test]
+    fn matches_the_published_vector() {
+        let tokens: Vec<u32> = (0..=31).collect();
+        assert_eq!(
+            hash_blocks(&tokens, 16, 1337).unwrap(),
+            [15310707395893867146, 15292316782987903195]
+        );
+    }
+
+    #[test]
+    fn full_blocks_only_and_zero_block_size() {
+        let tokens: Vec<u32> = (0..=40).collect();
+        assert_eq!(hash_blocks(&tokens, 16, 1337).unwrap().len(), 2);
+        assert!(hash_blocks(&tokens[..15], 16, 1337).unwrap().is_empty());
+        assert!(hash_blocks(&tokens, 0, 1337).unwrap().is_empty());
+        assert_ne!(
+            hash_blocks(&tokens, 16, 1).unwrap(),
+            hash_blocks(&tokens, 16, 1337).unwrap()
+        );
+    }
+
+    #[test]
+    fn refuses_more_than_the_cap() {
+        let at_cap = vec![0u32; MAX_TOKENS];
+        assert_eq!(
+            hash_blocks(&at_cap, 16, 1337).unwrap().len(),
+            MAX_TOKENS / 16
+        );
+        let over = vec![0u32; MAX_TOKENS + 1];
+        assert!(hash_blocks(&over, 16, 1337).is_err());
+    }
+}
