@@ -196,6 +196,50 @@ fn the_s3_guest_passes_everything_against_a_real_s3_server() {
     assert_passes_everything("builtin:s3", &entry, &credentials);
 }
 
+/// `kvwasm check` of the tiered store `kv` (fs hot tier of 1 MiB over an
+/// S3 cold tier on a real server), `knobs` added to its entry: every check
+/// passes, none warns. Returns the S3 bucket's directory listing size.
+fn assert_tiered_passes_everything(knobs: &str) -> usize {
+    let server = kvwasm_tests::servers::S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cold, credentials) = kvwasm_tests::tiered::s3_cold(&server);
+    let config = kvwasm_tests::tiered::config(dir.path(), 1, &cold, knobs);
+    let shim = kvwasm_tests::shim_path();
+    let args = [
+        "--lib",
+        shim.to_str().unwrap(),
+        "--uri",
+        "wasm://kv/kvwasm-check",
+    ];
+    let mut env: Vec<(&str, &str)> = credentials.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.push(("KVWASM_CONFIG", config.to_str().unwrap()));
+    let run = check_with_env(&args, &env);
+    assert_eq!(run.with("fail"), none(), "{:#}", run.json);
+    assert_eq!(run.with("warn"), none(), "{:#}", run.json);
+    assert_eq!(run.with("pass").len(), kvwasm_conformance::CHECKS.len());
+    assert!(run.ok);
+    let hot = kvwasm_tests::tiered::fs_chunk_usage(&dir.path().join("hot/kvwasm-check"));
+    let objects = kvwasm_tests::tiered::file_count(&server.bucket_dir());
+    eprintln!("{knobs:?}: {objects} objects in S3, {hot:?} chunk bytes and files left hot");
+    objects
+}
+
+#[test]
+fn a_tiered_store_of_fs_over_s3_passes_everything() {
+    assert_tiered_passes_everything("");
+}
+
+/// The same while a background demotion empties the hot tier every
+/// millisecond of the run: every chunk a check puts moves to S3 while the
+/// check reads it.
+#[test]
+fn a_tiered_store_passes_everything_while_the_hot_tier_is_demoted_during_the_run() {
+    let objects = assert_tiered_passes_everything("low_water_pct = 0\ndemote_interval_ms = 1\n");
+    // Chunks put into the hot tier were demoted (the checks' chunks are
+    // not all larger than the hot tier, and manifests alone are few).
+    assert!(objects > 50, "{objects} objects in S3");
+}
+
 #[test]
 fn the_vendor_starter_component_passes_everything() {
     let run = component(kvwasm_guest_artifacts::VENDOR_STARTER_PATH);

@@ -22,7 +22,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak, mpsc};
 use std::time::{Duration, Instant};
 
 use super::config::TieredConfig;
@@ -176,6 +176,8 @@ pub struct TieredStore {
     removals: AtomicU64,
     /// Where the live figures are written for `kvwasm tier status`.
     status_file: Option<PathBuf>,
+    /// Dropped with the store: wakes the background demoter to end it.
+    _demoter_stop: mpsc::Sender<()>,
 }
 
 /// Open tiered stores by (config file, entry, namespace): every open of the
@@ -268,6 +270,7 @@ impl TieredStore {
         let label = format!("{name}/{namespace}");
         crate::metrics::register_tiered(&label, &metrics);
         let status_file = tiers[0].fs.as_ref().map(|fs| fs.dir().join(STATUS_FILE));
+        let (demoter_stop, stopped) = mpsc::channel();
         let store = Arc::new(TieredStore {
             label,
             last_listed: tiers[n - 1].fs.is_some(),
@@ -284,10 +287,11 @@ impl TieredStore {
             decisions: Mutex::default(),
             removals: AtomicU64::new(0),
             status_file,
+            _demoter_stop: demoter_stop,
             config: tiered,
         });
         store.publish_usage();
-        store.start_demoter();
+        store.start_demoter(stopped);
         // The consumer's handle is a plain one on the last tier (manifests),
         // its chunk calls turned to the tiers.
         let last = last_backend.expect("two tiers or more");
@@ -658,9 +662,15 @@ impl TieredStore {
             .as_ref()
             .filter(|_| tier != self.last())
             .ok_or_else(|| KvError::Host(format!("tier {tier} keeps its chunks")))?;
-        // Out of the index first: a reader that misses there looks below.
-        lock(&self.index).remove(hash, tier);
+        // The tier's instances sync what they were given before a file
+        // of theirs goes (an fs instance's flush fails on a chunk it wrote
+        // that is gone); a no-op when none holds unsynced puts.
+        self.tiers[tier].handle.flush()?;
+        // The file first, then its room in the index: the room is never
+        // handed to another write while the bytes are still there. A reader
+        // the index sends here finds it gone and looks in the other tiers.
         fs.delete(hash).map_err(KvError::Io)?;
+        lock(&self.index).remove(hash, tier);
         self.removals.fetch_add(1, Relaxed);
         Ok(())
     }
@@ -700,15 +710,15 @@ impl TieredStore {
     }
 
     /// Run [`Self::demote_to_low_water`] every `demote_interval_ms` while
-    /// the store is open.
-    fn start_demoter(self: &Arc<Self>) {
+    /// the store is open; `stopped` disconnects when it closes, so the
+    /// thread ends then rather than at its next wake-up.
+    fn start_demoter(self: &Arc<Self>, stopped: mpsc::Receiver<()>) {
         let store = Arc::downgrade(self);
         let every = Duration::from_millis(self.config.demote_interval_ms);
         let spawned = std::thread::Builder::new()
             .name("kvwasm-tier-demoter".into())
             .spawn(move || {
-                loop {
-                    std::thread::sleep(every);
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
                     let Some(store) = store.upgrade() else { return };
                     if let Err(e) = store.demote_to_low_water() {
                         crate::log_limit::warn(
@@ -849,7 +859,10 @@ impl TieredStore {
     fn discard_bad_copy(&self, tier: usize, hash: &[u8]) -> Result<(), KvError> {
         lock(&self.index).remove(hash, tier);
         match &self.tiers[tier].fs {
-            Some(fs) if tier != self.last() => fs.delete(hash).map_err(KvError::Io),
+            Some(fs) if tier != self.last() => {
+                self.tiers[tier].handle.flush()?;
+                fs.delete(hash).map_err(KvError::Io)
+            }
             _ => Ok(()),
         }
     }
@@ -917,8 +930,16 @@ impl TieredStore {
 }
 
 impl Drop for TieredStore {
+    /// The final figures, if this process used the store at all (a
+    /// `kvwasm tier status` that only looked must not erase them).
     fn drop(&mut self) {
-        self.write_status();
+        let s = self.status();
+        let reads = s.hits.iter().sum::<u64>() + s.misses;
+        if reads + s.promotions + s.demotions + s.evictions + s.refused > 0
+            || !s.decisions.is_empty()
+        {
+            self.write_status();
+        }
     }
 }
 
