@@ -125,8 +125,11 @@ fn hex_name(hash: &[u8]) -> String {
     hash.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// (hash, bytes) pairs.
+type Chunks = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Chunks `0..n` of 64 KiB put into a fresh tiered store (fs over fs).
-fn filled(dir: &Path, knobs: &str, n: u64) -> (Arc<StoreHandle>, Vec<(Vec<u8>, Vec<u8>)>) {
+fn filled(dir: &Path, knobs: &str, n: u64) -> (Arc<StoreHandle>, Chunks) {
     let path = config(dir, 1, &fs_cold(dir), knobs);
     let store = open_tiered(&path, "kv", "").unwrap();
     let chunks: Vec<_> = (0..n)
