@@ -40,7 +40,7 @@ pub struct StoreHandle {
     pool: Pool,
     /// On a tiered store's handle (this one serves its last tier, where
     /// manifests live): the tiers that chunk calls go to.
-    tiered: Option<Arc<crate::tiering::TieredStore>>,
+    tiered: Option<crate::tiering::Front>,
 }
 
 /// Open handles on backends whose state lives inside their one instance,
@@ -106,14 +106,14 @@ impl StoreHandle {
 
     /// This handle (on the last tier) as the front of `tiers`: chunk calls
     /// go to the tiers, manifests stay here.
-    pub(crate) fn with_tiers(mut self, tiers: Arc<crate::tiering::TieredStore>) -> StoreHandle {
+    pub(crate) fn with_tiers(mut self, tiers: crate::tiering::Front) -> StoreHandle {
         self.tiered = Some(tiers);
         self
     }
 
     /// The tiered store behind this handle, if it is one.
     pub fn tiered(&self) -> Option<&Arc<crate::tiering::TieredStore>> {
-        self.tiered.as_ref()
+        self.tiered.as_ref().map(crate::tiering::Front::store)
     }
 
     /// Make every chunk accepted through this handle visible to other

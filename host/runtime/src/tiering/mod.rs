@@ -18,6 +18,7 @@ pub mod config;
 mod fs_tier;
 mod store;
 
+pub(crate) use store::Front;
 pub use store::{MAX_ADVISED_HASHES, TierStatus, TieredStore, is_tiered, open_tiered};
 
 /// What the advisor asks the host to do with some chunks.

@@ -176,8 +176,39 @@ pub struct TieredStore {
     removals: AtomicU64,
     /// Where the live figures are written for `kvwasm tier status`.
     status_file: Option<PathBuf>,
-    /// Dropped with the store: wakes the background demoter to end it.
-    _demoter_stop: mpsc::Sender<()>,
+}
+
+/// A tiered store as its consumer's handle holds it. Dropping it (the last
+/// close) stops the background demoter and waits for a pass in progress,
+/// so the tiers are released when the handle closes, not a pass later.
+pub(crate) struct Front {
+    store: Arc<TieredStore>,
+    /// Dropped first: wakes the demoter to end it.
+    stop: Option<mpsc::Sender<()>>,
+    demoter: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Front {
+    pub(crate) fn store(&self) -> &Arc<TieredStore> {
+        &self.store
+    }
+}
+
+impl std::ops::Deref for Front {
+    type Target = TieredStore;
+
+    fn deref(&self) -> &TieredStore {
+        &self.store
+    }
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        self.stop.take();
+        if let Some(demoter) = self.demoter.take() {
+            let _ = demoter.join();
+        }
+    }
 }
 
 /// Open tiered stores by (config file, entry, namespace): every open of the
@@ -287,16 +318,20 @@ impl TieredStore {
             decisions: Mutex::default(),
             removals: AtomicU64::new(0),
             status_file,
-            _demoter_stop: demoter_stop,
             config: tiered,
         });
         store.publish_usage();
-        store.start_demoter(stopped);
+        let front = Front {
+            demoter: store.start_demoter(stopped),
+            stop: Some(demoter_stop),
+            store,
+        };
         // The consumer's handle is a plain one on the last tier (manifests),
         // its chunk calls turned to the tiers.
         let last = last_backend.expect("two tiers or more");
-        let front = StoreHandle::open(last, namespace)?.with_tiers(store);
-        Ok(Arc::new(front))
+        Ok(Arc::new(
+            StoreHandle::open(last, namespace)?.with_tiers(front),
+        ))
     }
 
     /// The tiered entry's settings (the advisor side reads `advisor` and
@@ -712,7 +747,10 @@ impl TieredStore {
     /// Run [`Self::demote_to_low_water`] every `demote_interval_ms` while
     /// the store is open; `stopped` disconnects when it closes, so the
     /// thread ends then rather than at its next wake-up.
-    fn start_demoter(self: &Arc<Self>, stopped: mpsc::Receiver<()>) {
+    fn start_demoter(
+        self: &Arc<Self>,
+        stopped: mpsc::Receiver<()>,
+    ) -> Option<std::thread::JoinHandle<()>> {
         let store = Arc::downgrade(self);
         let every = Duration::from_millis(self.config.demote_interval_ms);
         let spawned = std::thread::Builder::new()
@@ -728,9 +766,11 @@ impl TieredStore {
                     }
                 }
             });
-        if let Err(e) = spawned {
-            tracing::warn!("{}: cannot start the background demoter: {e}", self.label);
-        }
+        spawned
+            .inspect_err(|e| {
+                tracing::warn!("{}: cannot start the background demoter: {e}", self.label)
+            })
+            .ok()
     }
 
     /// Under the advice rate limit, count one more move of `len` bytes.
