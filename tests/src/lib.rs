@@ -561,16 +561,18 @@ pub mod tiered {
         total
     }
 
-    /// Files under `dir`, recursively.
-    pub fn file_count(dir: &Path) -> usize {
+    /// Files under `dir`, recursively, whose directory is named `chunks`
+    /// (chunk objects of a remote store, whatever the namespace).
+    pub fn chunk_files(dir: &Path) -> usize {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return 0;
         };
+        let in_chunks = dir.file_name().is_some_and(|n| n == "chunks");
         entries
             .flatten()
             .map(|e| match e.metadata() {
-                Ok(m) if m.is_dir() => file_count(&e.path()),
-                Ok(_) => 1,
+                Ok(m) if m.is_dir() => chunk_files(&e.path()),
+                Ok(_) => usize::from(in_chunks),
                 Err(_) => 0,
             })
             .sum()
