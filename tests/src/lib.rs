@@ -500,3 +500,82 @@ pub mod crash {
         report
     }
 }
+
+/// Tiered stores (docs/tiering.md) for the tests.
+pub mod tiered {
+    use std::path::{Path, PathBuf};
+
+    use crate::servers::S3Server;
+
+    /// `[backends.cold]` on `server` (a `builtin:s3` last tier), and the
+    /// environment its credentials come from.
+    pub fn s3_cold(server: &S3Server) -> (String, Vec<(&'static str, String)>) {
+        let entry = format!(
+            "[backends.cold]\ncomponent = \"builtin:s3\"\nhttp = [\"{0}\"]\n\
+             env = [\"AWS_ACCESS_KEY_ID\", \"AWS_SECRET_ACCESS_KEY\"]\n\
+             settings = {{ endpoint = \"{0}\", bucket = \"{1}\" }}\n",
+            server.endpoint, server.bucket
+        );
+        let env = vec![
+            ("AWS_ACCESS_KEY_ID", server.access_key.clone()),
+            ("AWS_SECRET_ACCESS_KEY", server.secret_key.clone()),
+        ];
+        (entry, env)
+    }
+
+    /// `[backends.cold]`: a `builtin:fs` last tier in `dir/cold`.
+    pub fn fs_cold(dir: &Path) -> String {
+        format!(
+            "[backends.cold]\ncomponent = \"builtin:fs\"\ndir = {:?}\n",
+            dir.join("cold")
+        )
+    }
+
+    /// A config in `dir` with the tiered store `kv`: `builtin:fs` hot tier
+    /// in `dir/hot` holding `hot_mib`, over the `cold` entry; `knobs` are
+    /// added to `[backends.kv]`.
+    pub fn config(dir: &Path, hot_mib: u64, cold: &str, knobs: &str) -> PathBuf {
+        crate::write_config(
+            dir,
+            &format!(
+                "[backends.hot]\ncomponent = \"builtin:fs\"\ndir = {:?}\ncapacity_mib = {hot_mib}\n\
+                 {cold}[backends.kv]\ntiers = [\"hot\", \"cold\"]\n{knobs}",
+                dir.join("hot")
+            ),
+        )
+    }
+
+    /// Bytes and files in the chunk directories of a `builtin:fs` store
+    /// rooted at `root` (temporary files of writes in flight included):
+    /// what the tier really holds.
+    pub fn fs_chunk_usage(root: &Path) -> (u64, u64) {
+        let mut total = (0, 0);
+        for slot in 0..16 {
+            let Ok(entries) = std::fs::read_dir(root.join(format!("chunks/{slot:x}"))) else {
+                continue;
+            };
+            for meta in entries.flatten().filter_map(|e| e.metadata().ok()) {
+                total.0 += meta.len();
+                total.1 += 1;
+            }
+        }
+        total
+    }
+
+    /// Files under `dir`, recursively, whose directory is named `chunks`
+    /// (chunk objects of a remote store, whatever the namespace).
+    pub fn chunk_files(dir: &Path) -> usize {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return 0;
+        };
+        let in_chunks = dir.file_name().is_some_and(|n| n == "chunks");
+        entries
+            .flatten()
+            .map(|e| match e.metadata() {
+                Ok(m) if m.is_dir() => chunk_files(&e.path()),
+                Ok(_) => usize::from(in_chunks),
+                Err(_) => 0,
+            })
+            .sum()
+    }
+}

@@ -46,6 +46,11 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
     let mut broken = 0;
     for (table, name, spec, built) in backends.chain(fabrics).chain(subscribers) {
         println!("\n[{table}.{name}]");
+        if !spec.tiers.is_empty() {
+            // Validated with the whole file; its tiers are listed on their own.
+            println!("  {}", tiered(&config, name));
+            continue;
+        }
         let backend = match built {
             Ok(b) => b,
             Err(e) => {
@@ -105,6 +110,32 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
         eprintln!("kvwasm: {broken} guest(s) cannot be loaded");
         std::process::ExitCode::FAILURE
     })
+}
+
+/// A tiered entry in one line: its tiers, their capacities, its knobs.
+fn tiered(config: &Config, name: &str) -> String {
+    let Ok(Some(t)) = kvwasm_host::tiering::config::TieredConfig::of(config, name) else {
+        return "tiered store".into();
+    };
+    let tiers: Vec<String> = t
+        .tiers
+        .iter()
+        .zip(&t.capacities)
+        .map(|(tier, c)| match c {
+            Some(bytes) => format!("{tier} ({} MiB)", bytes >> 20),
+            None => format!("{tier} (last: durable, manifests)"),
+        })
+        .collect();
+    format!(
+        "tiered     {}\n             advisor {}, advised moves <= {}/s and {} MiB/s, \
+         background demotion to {}% every {} ms",
+        tiers.join(" -> "),
+        t.advisor.as_deref().unwrap_or("(none)"),
+        t.max_moves_per_sec,
+        t.max_move_bytes_per_sec >> 20,
+        t.low_water_pct,
+        t.demote_interval_ms
+    )
 }
 
 fn limits(l: &Limits) -> String {

@@ -38,7 +38,8 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     match config_path {
         Ok(path) => {
             let config = Config::load(&path).map_err(anyhow::Error::msg)?;
-            for backend in config.backends.values() {
+            // A tiered entry has no component of its own.
+            for backend in config.backends.values().filter(|b| b.tiers.is_empty()) {
                 sources.push(
                     config
                         .component_source(backend)

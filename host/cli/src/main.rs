@@ -10,6 +10,7 @@ mod fabric;
 mod inspect;
 mod metrics;
 mod serve;
+mod tier;
 
 use clap::{Parser, Subcommand};
 
@@ -45,6 +46,7 @@ enum Command {
     Compile(compile::CompileArgs),
     Fabric(fabric::FabricArgs),
     Serve(serve::ServeArgs),
+    Tier(tier::TierArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -66,6 +68,7 @@ fn main() -> std::process::ExitCode {
         Command::Compile(args) => compile::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Fabric(args) => fabric::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Serve(args) => serve::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Tier(args) => tier::run(args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

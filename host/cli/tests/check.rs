@@ -311,6 +311,54 @@ fn the_s3_guest_passes_the_quick_checks_over_https_with_the_operators_ca_and_fai
     assert!(!run.ok);
 }
 
+/// `kvwasm check` of the tiered store `kv` (fs hot tier of `hot_mib` over
+/// an S3 cold tier on a real server), `knobs` added to its entry: every
+/// check passes, none warns. Returns the chunk objects S3 holds after.
+fn assert_tiered_passes_everything(hot_mib: u64, knobs: &str) -> usize {
+    let server = kvwasm_tests::servers::S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cold, credentials) = kvwasm_tests::tiered::s3_cold(&server);
+    let config = kvwasm_tests::tiered::config(dir.path(), hot_mib, &cold, knobs);
+    let shim = kvwasm_tests::shim_path();
+    let args = [
+        "--lib",
+        shim.to_str().unwrap(),
+        "--uri",
+        "wasm://kv/kvwasm-check",
+    ];
+    let mut env: Vec<(&str, &str)> = credentials.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.push(("KVWASM_CONFIG", config.to_str().unwrap()));
+    let run = check_with_env(&args, &env);
+    assert_eq!(run.with("fail"), none(), "{:#}", run.json);
+    assert_eq!(run.with("warn"), none(), "{:#}", run.json);
+    assert_eq!(run.with("pass").len(), kvwasm_conformance::CHECKS.len());
+    assert!(run.ok);
+    kvwasm_tests::tiered::chunk_files(&server.bucket_dir())
+}
+
+/// A 1 MiB hot tier: the checks' puts overflow it all the time, so puts
+/// demote (and chunks larger than it go straight to S3).
+#[test]
+fn a_tiered_store_of_fs_over_s3_passes_everything() {
+    let in_s3 = assert_tiered_passes_everything(1, "");
+    assert!(in_s3 > 0, "nothing reached the cold tier");
+}
+
+/// A hot tier large enough for every chunk the checks put, emptied by the
+/// background demoter every millisecond of the run: every chunk moves to
+/// S3 while the checks read it. Without the demoter no chunk would reach
+/// S3 at all (puts land in the hot tier; the last tier keeps manifests).
+#[test]
+fn a_tiered_store_passes_everything_while_the_hot_tier_is_demoted_during_the_run() {
+    let knobs = "low_water_pct = 0\ndemote_interval_ms = 1\n";
+    assert!(assert_tiered_passes_everything(4096, knobs) > 0);
+    assert_eq!(
+        assert_tiered_passes_everything(4096, "demote_interval_ms = 1\n"),
+        0,
+        "without demotion below capacity, chunks stay hot"
+    );
+}
+
 #[test]
 fn the_vendor_starter_component_passes_everything() {
     let run = component(kvwasm_guest_artifacts::VENDOR_STARTER_PATH);

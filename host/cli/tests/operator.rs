@@ -280,3 +280,66 @@ fn check_config_shows_tls_settings_and_fingerprints_and_inspect_the_tls_import()
         "{text}"
     );
 }
+
+/// `kvwasm tier status` shows what each tier holds (listed now) and what
+/// the last process using the store recorded: reads per tier, moves, the
+/// advisor's decisions; `check-config` describes the tiered entry.
+#[test]
+fn tier_status_shows_usage_moves_and_decisions() {
+    use kvwasm_host::tiering::{Action, Advice, AdviceSink, open_tiered};
+    let dir = tempfile::tempdir().unwrap();
+    let knobs = "low_water_pct = 100\ndemote_interval_ms = 60000\n";
+    let cold = kvwasm_tests::tiered::fs_cold(dir.path());
+    let path = kvwasm_tests::tiered::config(dir.path(), 1, &cold, knobs);
+    {
+        let store = open_tiered(&path, "kv", "ns").unwrap();
+        let chunks: Vec<Vec<u8>> = (0..4).map(|i| kvwasm_tests::pattern(64 << 10, i)).collect();
+        for c in &chunks {
+            store.put_chunk(&kvwasm_tests::xxh3_key(c), c).unwrap();
+        }
+        let tiers = store.tiered().unwrap();
+        let demote = Advice {
+            action: Action::Demote,
+            tier: 0,
+            hashes: chunks[..2]
+                .iter()
+                .map(|c| kvwasm_tests::xxh3_key(c).to_vec())
+                .collect(),
+        };
+        assert_eq!(tiers.apply(vec![demote]).applied, 2);
+        tiers.record_decisions(["demote 2 cold chunks".to_owned()]);
+        for c in &chunks[1..3] {
+            store.get_chunk(&kvwasm_tests::xxh3_key(c)).unwrap();
+        }
+    }
+    let config = path.to_str().unwrap();
+    let (out, text) = kvwasm(&[
+        "tier",
+        "status",
+        "--config",
+        config,
+        "--namespace",
+        "ns",
+        "kv",
+    ]);
+    assert!(out.status.success(), "{text}");
+    for expected in [
+        "0    hot                      131072        1048576          2          1     50.0%",
+        "1    cold                     131072      unbounded          2          1     50.0%",
+        "0 promotions, 2 demotions, 0 evictions, 131072 bytes moved",
+        "  demote 2 cold chunks",
+    ] {
+        assert!(text.contains(expected), "{expected:?} missing:\n{text}");
+    }
+    let (out, text) = kvwasm(&["check-config", config]);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("tiered     hot (1 MiB) -> cold (last: durable, manifests)"),
+        "{text}"
+    );
+    let (out, text) = kvwasm(&["tier", "status", "--config", config, "hot"]);
+    assert!(
+        !out.status.success() && text.contains("not a tiered store"),
+        "{text}"
+    );
+}

@@ -28,6 +28,15 @@
 //! memory_limit_mib = 64
 //! call_timeout_ms = 2000
 //!
+//! [backends.tiered]                 # a tiered store (docs/tiering.md):
+//! tiers = ["hot", "cold"]           # existing entries, fastest first
+//! advisor = "policy"                # optional: a [subscribers.*] advisor
+//! max_moves_per_sec = 200           # advised moves: chunks per second
+//! max_move_mib_per_sec = 64         #   and MiB per second
+//! low_water_pct = 80                # background demotion target, % of capacity
+//! demote_interval_ms = 500          # how often the background demoter looks
+//! # on each tier but the last: capacity_mib = 1024
+//!
 //! [fabrics.tcp]                     # a fabric guest: the same keys and sandbox,
 //! component = "builtin:tcp"         # one instance, no tenants
 //! net = ["10.0.0.7:7070"]
@@ -92,7 +101,9 @@ pub struct Config {
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
-    /// `builtin:fs`, `builtin:memory`, or a `.wasm` component path.
+    /// `builtin:fs`, `builtin:memory`, or a `.wasm` component path. Empty
+    /// (absent) only on a tiered entry.
+    #[serde(default)]
     pub component: String,
     /// Hex SHA-256 the component's bytes must have.
     pub sha256: Option<String>,
@@ -146,6 +157,23 @@ pub struct BackendConfig {
     pub publish_events: Option<String>,
     /// TLS to the remote store, done by the host (see [`TlsConfig`]).
     pub tls: Option<TlsConfig>,
+    /// Tiered store: the entries composed as tiers, fastest first
+    /// (docs/tiering.md; checked by [`crate::tiering::config`]).
+    #[serde(default)]
+    pub tiers: Vec<String>,
+    /// As a tier (all but the last): its byte capacity, MiB.
+    pub capacity_mib: Option<u64>,
+    /// Tiered store: the `[subscribers.<name>]` advisor guest.
+    pub advisor: Option<String>,
+    /// Tiered store: most advised moves per second.
+    pub max_moves_per_sec: Option<u64>,
+    /// Tiered store: most MiB moved on advice per second.
+    pub max_move_mib_per_sec: Option<u64>,
+    /// Tiered store: the background demoter keeps tier 0 at or below this
+    /// share of its capacity (0-100).
+    pub low_water_pct: Option<u64>,
+    /// Tiered store: how often the background demoter looks, ms.
+    pub demote_interval_ms: Option<u64>,
 }
 
 impl Config {
@@ -161,6 +189,7 @@ impl Config {
                 .validate()
                 .map_err(|e| format!("[backends.{name}]: {e}"))?;
         }
+        crate::tiering::config::validate(&config)?;
         for (name, fabric) in &config.fabrics {
             fabric
                 .validate_single()
@@ -189,6 +218,12 @@ impl Config {
             let known: Vec<_> = self.backends.keys().map(String::as_str).collect();
             format!("no backend {name:?} in the config (configured: {known:?})")
         })?;
+        if !spec.tiers.is_empty() {
+            return Err(format!(
+                "backend {name:?} is a tiered store of {:?}, not a component",
+                spec.tiers
+            ));
+        }
         self.guest(name, spec, GuestKind::KvStore)
             .map_err(|e| format!("backend {name:?}: {e}"))
     }
@@ -390,6 +425,13 @@ impl BackendConfig {
 
     /// Everything that can be checked without touching the system.
     fn validate(&self) -> Result<(), String> {
+        if !self.tiers.is_empty() {
+            return crate::tiering::config::validate_entry(self);
+        }
+        if self.component.is_empty() {
+            return Err("missing field `component` (or `tiers`, for a tiered store)".into());
+        }
+        crate::tiering::config::validate_plain(self)?;
         self.source()?;
         let limits = self.limits();
         limits.validate()?;

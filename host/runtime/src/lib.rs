@@ -68,6 +68,9 @@ pub fn open(uri: &str) -> Result<Arc<StoreHandle>, KvError> {
         uri::Target::Named { backend, namespace } => {
             let hint = |e: String| KvError::Host(e + &uri::directory_hint(&backend, &namespace));
             let path = config::locate().map_err(hint)?;
+            if tiering::is_tiered(&path, &backend).map_err(hint)? {
+                return tiering::open_tiered(&path, &backend, &namespace);
+            }
             let backend = config::cached_backend(&path, &backend).map_err(hint)?;
             handle::open_shared(backend, &namespace)
         }

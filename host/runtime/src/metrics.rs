@@ -152,7 +152,157 @@ pub fn prometheus_text() -> String {
             );
         }
     }
+    tiered_text(&mut out);
     out
+}
+
+/// The counters of one open tiered store (docs/tiering.md): per tier,
+/// what it holds and how often reads were served from it; for the store,
+/// misses, moves and what the host refused of its advisor's advice.
+#[derive(Debug, Default)]
+pub struct TierMetrics {
+    /// Per tier, fastest first.
+    pub tiers: Vec<TierGauges>,
+    pub misses: AtomicU64,
+    pub promotions: AtomicU64,
+    pub demotions: AtomicU64,
+    pub evictions: AtomicU64,
+    pub moved_bytes: AtomicU64,
+    /// Moves whose copy read back different bytes (the source was kept).
+    pub verify_failures: AtomicU64,
+    /// Advised chunks the host refused.
+    pub refused: AtomicU64,
+    /// Access records dropped because nobody drained them in time.
+    pub accesses_dropped: AtomicU64,
+}
+
+/// One tier's figures.
+#[derive(Debug, Default)]
+pub struct TierGauges {
+    pub name: String,
+    pub capacity_bytes: Option<u64>,
+    pub used_bytes: AtomicU64,
+    pub chunks: AtomicU64,
+    pub hits: AtomicU64,
+}
+
+fn tier_registry() -> &'static Mutex<BTreeMap<String, std::sync::Weak<TierMetrics>>> {
+    static REGISTRY: OnceLock<Mutex<BTreeMap<String, std::sync::Weak<TierMetrics>>>> =
+        OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// Serve `metrics` in `/metrics` as tiered store `label` while it lives.
+pub fn register_tiered(label: &str, metrics: &Arc<TierMetrics>) {
+    let mut registry = tier_registry().lock().unwrap_or_else(|p| p.into_inner());
+    registry.retain(|_, m| m.strong_count() > 0);
+    registry.insert(label.to_owned(), Arc::downgrade(metrics));
+}
+
+/// The tiered stores' figures, Prometheus text.
+fn tiered_text(out: &mut String) {
+    let live: Vec<(String, Arc<TierMetrics>)> = {
+        let registry = tier_registry().lock().unwrap_or_else(|p| p.into_inner());
+        registry
+            .iter()
+            .filter_map(|(k, m)| m.upgrade().map(|m| (k.clone(), m)))
+            .collect()
+    };
+    if live.is_empty() {
+        return;
+    }
+    type PerTier = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&TierGauges) -> u64,
+    );
+    let per_tier: [PerTier; 4] = [
+        ("tier_used_bytes", "gauge", "Bytes held in the tier.", |t| {
+            t.used_bytes.load(Relaxed)
+        }),
+        ("tier_chunks", "gauge", "Chunks held in the tier.", |t| {
+            t.chunks.load(Relaxed)
+        }),
+        (
+            "tier_capacity_bytes",
+            "gauge",
+            "The tier's byte capacity.",
+            |t| t.capacity_bytes.unwrap_or(0),
+        ),
+        (
+            "tier_hits_total",
+            "counter",
+            "Chunk reads served by the tier.",
+            |t| t.hits.load(Relaxed),
+        ),
+    ];
+    for (name, kind, help, value) in per_tier {
+        let _ = writeln!(
+            out,
+            "# HELP kvwasm_{name} {help}\n# TYPE kvwasm_{name} {kind}"
+        );
+        for (store, m) in &live {
+            for t in &m.tiers {
+                let _ = writeln!(
+                    out,
+                    "kvwasm_{name}{{store=\"{}\",tier=\"{}\"}} {}",
+                    escape_label(store),
+                    escape_label(&t.name),
+                    value(t)
+                );
+            }
+        }
+    }
+    type PerStore = (&'static str, &'static str, fn(&TierMetrics) -> &AtomicU64);
+    let per_store: [PerStore; 8] = [
+        ("tier_misses", "Chunk reads no tier could serve.", |m| {
+            &m.misses
+        }),
+        ("tier_promotions", "Chunks copied one tier up.", |m| {
+            &m.promotions
+        }),
+        ("tier_demotions", "Chunks moved one tier down.", |m| {
+            &m.demotions
+        }),
+        (
+            "tier_evictions",
+            "Chunk copies removed where another tier keeps one.",
+            |m| &m.evictions,
+        ),
+        ("tier_moved_bytes", "Bytes copied between tiers.", |m| {
+            &m.moved_bytes
+        }),
+        (
+            "tier_verify_failures",
+            "Moves whose copy read back wrong (source kept).",
+            |m| &m.verify_failures,
+        ),
+        (
+            "tier_advice_refused",
+            "Advised chunks the host refused.",
+            |m| &m.refused,
+        ),
+        (
+            "tier_accesses_dropped",
+            "Access records no advisor drained in time.",
+            |m| &m.accesses_dropped,
+        ),
+    ];
+    for (name, help, value) in per_store {
+        let _ = writeln!(
+            out,
+            "# HELP kvwasm_{name}_total {help}\n# TYPE kvwasm_{name}_total counter"
+        );
+        for (store, m) in &live {
+            let _ = writeln!(
+                out,
+                "kvwasm_{name}_total{{store=\"{}\"}} {}",
+                escape_label(store),
+                value(m).load(Relaxed)
+            );
+        }
+    }
 }
 
 fn escape_label(value: &str) -> String {

@@ -38,6 +38,9 @@ pub struct StoreHandle {
     backend: Arc<Backend>,
     namespace: String,
     pool: Pool,
+    /// On a tiered store's handle (this one serves its last tier, where
+    /// manifests live): the tiers that chunk calls go to.
+    tiered: Option<crate::tiering::Front>,
 }
 
 /// Open handles on backends whose state lives inside their one instance,
@@ -97,7 +100,40 @@ impl StoreHandle {
             pool: Pool::new(first, max_instances, label),
             backend,
             namespace: namespace.to_owned(),
+            tiered: None,
         })
+    }
+
+    /// This handle (on the last tier) as the front of `tiers`: chunk calls
+    /// go to the tiers, manifests stay here.
+    pub(crate) fn with_tiers(mut self, tiers: crate::tiering::Front) -> StoreHandle {
+        self.tiered = Some(tiers);
+        self
+    }
+
+    /// The tiered store behind this handle, if it is one.
+    pub fn tiered(&self) -> Option<&Arc<crate::tiering::TieredStore>> {
+        self.tiered.as_ref().map(crate::tiering::Front::store)
+    }
+
+    /// Make every chunk accepted through this handle visible to other
+    /// readers (and durable, where the medium allows), as a `put_manifest`
+    /// does first.
+    pub fn flush(&self) -> Result<(), KvError> {
+        self.operation(
+            "flush",
+            0,
+            |_| 0,
+            |deadline| {
+                let call = self.pool.begin_manifest();
+                // No instance has id 0: every instance holding puts is due.
+                self.flush_others(0, call.cutoff, deadline)?;
+                self.pool
+                    .lock()
+                    .durability
+                    .take_loss(call.cutoff, call.ticket)
+            },
+        )
     }
 
     /// Guest instances currently serving this handle (idle or busy).
@@ -107,6 +143,9 @@ impl StoreHandle {
 
     /// `put_chunk`: `Ok(true)` when the hash was already present.
     pub fn put_chunk(&self, hash: &[u8], data: &[u8]) -> Result<bool, KvError> {
+        if let Some(tiers) = &self.tiered {
+            return tiers.put_chunk(hash, data);
+        }
         self.operation(
             "put_chunk",
             data.len(),
@@ -125,6 +164,9 @@ impl StoreHandle {
     /// instances hold chunks put earlier through this handle, those are
     /// flushed and the get is tried once more.
     pub fn get_chunk(&self, hash: &[u8]) -> Result<MallocBuffer, KvError> {
+        if let Some(tiers) = &self.tiered {
+            return tiers.get_chunk(hash);
+        }
         self.operation("get_chunk", 0, MallocBuffer::len, |deadline| {
             let instance = self.checkout(deadline)?;
             let id = instance.id();
@@ -149,6 +191,11 @@ impl StoreHandle {
 
     /// `put_manifest`: flush every instance that accepted chunks, then publish.
     pub fn put_manifest(&self, name: &str, data: &[u8]) -> Result<(), KvError> {
+        if let Some(tiers) = &self.tiered {
+            // Every chunk put through any tier is visible before the manifest.
+            tiers.note_manifest(name);
+            tiers.flush()?;
+        }
         self.operation(
             "put_manifest",
             data.len(),
@@ -171,6 +218,9 @@ impl StoreHandle {
 
     /// `get_manifest`.
     pub fn get_manifest(&self, name: &str) -> Result<MallocBuffer, KvError> {
+        if let Some(tiers) = &self.tiered {
+            tiers.note_manifest(name);
+        }
         self.operation("get_manifest", 0, MallocBuffer::len, |deadline| {
             self.checkout(deadline)?
                 .run(CallKind::Other, |i| i.get_manifest(deadline, name))
@@ -195,6 +245,9 @@ impl StoreHandle {
 
     /// `prefetch_chunks`.
     pub fn prefetch_chunks(&self, hashes: &[Vec<u8>]) -> Result<(), KvError> {
+        if let Some(tiers) = &self.tiered {
+            return tiers.prefetch_chunks(hashes);
+        }
         self.operation(
             "prefetch_chunks",
             0,

@@ -10,6 +10,16 @@
 //! * the advisor turns those into [`Advice`];
 //! * the store's [`AdviceSink`] validates and applies it, and says what it
 //!   refused and why in an [`AdviceReport`].
+//!
+//! The store itself is [`TieredStore`] ([`store`]); its consumers reach it
+//! through the [`crate::StoreHandle`] that [`open_tiered`] returns.
+
+pub mod config;
+mod fs_tier;
+mod store;
+
+pub(crate) use store::Front;
+pub use store::{MAX_ADVISED_HASHES, TierStatus, TieredStore, is_tiered, open_tiered};
 
 pub mod advisor;
 

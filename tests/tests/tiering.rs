@@ -1,0 +1,304 @@
+//! Tiered stores (issue 15, docs/tiering.md), in process: a shared-prompt
+//! workload against a hot tier holding 30% of the data, advice that would
+//! lose data or storm refused, and the index rebuilt after a restart.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use kvwasm_host::tiering::{
+    Action, Advice, AdviceSink, MAX_ADVISED_HASHES, TieredStore, open_tiered,
+};
+use kvwasm_host::{KvError, StoreHandle};
+use kvwasm_tests::servers::S3Server;
+use kvwasm_tests::tiered::{config, fs_chunk_usage, fs_cold, s3_cold};
+use kvwasm_tests::{pattern, xxh3_key};
+
+const MIB: u64 = 1 << 20;
+
+fn tiers(handle: &StoreHandle) -> &Arc<TieredStore> {
+    handle.tiered().expect("a tiered store")
+}
+
+/// A session of the shared-prompt workload: the prompt's chunks (the same
+/// in every session) then its own.
+fn session(index: u64, prompt: u64, own: u64, len: usize) -> Vec<Vec<u8>> {
+    (0..prompt)
+        .map(|c| pattern(len, c))
+        .chain((0..own).map(|c| pattern(len, 1_000_000 * (index + 1) + c)))
+        .collect()
+}
+
+/// The manifest: the chunks' keys, in order.
+fn manifest(chunks: &[Vec<u8>]) -> Vec<u8> {
+    chunks.iter().flat_map(|c| xxh3_key(c)).collect()
+}
+
+/// 10 sessions sharing a 16-chunk prompt, 24 own chunks each, 120 KiB
+/// chunks: 256 distinct chunks, 30 MiB; the hot tier holds 9 MiB (30%),
+/// the cold one is S3. While they save (and the background demoter runs
+/// every 5 ms) the hot tier's directory never holds more than its
+/// capacity, and every restore reads back every chunk its manifest names,
+/// byte for byte.
+#[test]
+fn a_shared_prompt_workload_keeps_the_hot_tier_within_capacity_and_misses_nothing() {
+    const LEN: usize = 120 << 10;
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cold, env) = s3_cold(&server);
+    for (key, value) in &env {
+        // SAFETY: set before any thread of this test reads the environment;
+        // every test in this file that touches S3 sets the same values.
+        unsafe { std::env::set_var(key, value) };
+    }
+    let path = config(
+        dir.path(),
+        9,
+        &cold,
+        "low_water_pct = 60\ndemote_interval_ms = 5\n",
+    );
+    let store = open_tiered(&path, "kv", "shared").unwrap();
+    let hot_root = dir.path().join("hot/shared");
+    // What the hot tier really holds, looked at after every put: this
+    // thread is its only writer, and the demoter running meanwhile only
+    // removes, so a listing never overstates it.
+    let mut peak = 0;
+    let sessions: Vec<Vec<Vec<u8>>> = (0..10).map(|s| session(s, 16, 24, LEN)).collect();
+    for (s, chunks) in sessions.iter().enumerate() {
+        for chunk in chunks {
+            store.put_chunk(&xxh3_key(chunk), chunk).unwrap();
+            let hot = &tiers(&store).usage()[0];
+            assert!(hot.used_bytes <= 9 * MIB, "{hot:?}");
+            let (on_disk, _) = fs_chunk_usage(&hot_root);
+            assert!(on_disk <= 9 * MIB, "{on_disk} bytes in the hot tier");
+            peak = peak.max(on_disk);
+        }
+        store
+            .put_manifest(&format!("session-{s}"), &manifest(chunks))
+            .unwrap();
+    }
+    // Restore every session twice, the prompt's chunks read by all.
+    for _ in 0..2 {
+        for (s, chunks) in sessions.iter().enumerate() {
+            let keys = store.get_manifest(&format!("session-{s}")).unwrap();
+            assert_eq!(keys.as_slice(), manifest(chunks).as_slice());
+            for chunk in chunks {
+                let got = store.get_chunk(&xxh3_key(chunk)).unwrap();
+                assert!(
+                    got.as_slice() == chunk.as_slice(),
+                    "session {s}: bytes differ"
+                );
+            }
+        }
+    }
+    let status = tiers(&store).status();
+    eprintln!("peak hot bytes {peak} of {}; {status:?}", 9 * MIB);
+    assert!(peak > 8 * MIB, "the hot tier was filled");
+    // 256 distinct chunks: every one is in some tier, most went cold.
+    let usage = tiers(&store).usage();
+    assert!(usage[1].chunks >= 256 - usage[0].chunks, "{usage:?}");
+    assert!(status.demotions >= 256 - 9 * MIB / LEN as u64);
+    assert_eq!(status.misses, 0);
+    assert_eq!(status.hits.iter().sum::<u64>(), 2 * 400);
+    assert!(status.hits[0] > 0 && status.hits[1] > 0, "{status:?}");
+    // Restarted (a new process would do the same): S3 is not listed, so a
+    // put of a chunk only S3 holds is answered `already present` by a look
+    // there, and the prompt still reads back.
+    drop(store);
+    let store = open_tiered(&path, "kv", "shared").unwrap();
+    let cold_only = sessions[0]
+        .iter()
+        .find(|c| {
+            let name = hex_name(&xxh3_key(c));
+            !hot_root
+                .join(format!("chunks/{}/{name}", &name[..1]))
+                .exists()
+        })
+        .expect("a chunk only the cold tier holds");
+    assert!(store.put_chunk(&xxh3_key(cold_only), cold_only).unwrap());
+    let got = store.get_chunk(&xxh3_key(&sessions[3][0])).unwrap();
+    assert!(got.as_slice() == sessions[3][0].as_slice());
+}
+
+fn hex_name(hash: &[u8]) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// (hash, bytes) pairs.
+type Chunks = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Chunks `0..n` of 64 KiB put into a fresh tiered store (fs over fs).
+fn filled(dir: &Path, knobs: &str, n: u64) -> (Arc<StoreHandle>, Chunks) {
+    let path = config(dir, 1, &fs_cold(dir), knobs);
+    let store = open_tiered(&path, "kv", "").unwrap();
+    let chunks: Vec<_> = (0..n)
+        .map(|i| {
+            let data = pattern(64 << 10, 7_000 + i);
+            (xxh3_key(&data).to_vec(), data)
+        })
+        .collect();
+    for (hash, data) in &chunks {
+        assert!(!store.put_chunk(hash, data).unwrap());
+    }
+    (store, chunks)
+}
+
+fn advice(action: Action, tier: u32, hashes: &[(Vec<u8>, Vec<u8>)]) -> Vec<Advice> {
+    vec![Advice {
+        action,
+        tier,
+        hashes: hashes.iter().map(|(h, _)| h.clone()).collect(),
+    }]
+}
+
+/// Every chunk reads back whole.
+fn assert_all_readable(store: &StoreHandle, chunks: &[(Vec<u8>, Vec<u8>)]) {
+    for (hash, data) in chunks {
+        let got = store.get_chunk(hash).unwrap();
+        assert!(got.as_slice() == data.as_slice());
+    }
+}
+
+/// Advice that would lose data is refused, with its reason: evicting the
+/// only copy, anything from the last tier, unknown hashes, a tier that does
+/// not exist, promoting into a full tier, too many hashes at once; a move
+/// storm is cut at `max_moves_per_sec`. Nothing is lost.
+#[test]
+fn advice_that_would_lose_data_or_storm_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // No background demotion: only advice moves chunks here.
+    let knobs = "max_moves_per_sec = 5\nlow_water_pct = 100\ndemote_interval_ms = 60000\n";
+    let (store, chunks) = filled(dir.path(), knobs, 12);
+    let sink: &TieredStore = tiers(&store);
+    let refused = |advice: Vec<Advice>, why: &str| {
+        let report = sink.apply(advice);
+        assert_eq!(report.applied, 0, "{report:?}");
+        assert!(
+            report.refused > 0 && report.reasons.iter().any(|r| r.contains(why)),
+            "{why}: {report:?}"
+        );
+    };
+    refused(advice(Action::Evict, 0, &chunks), "evicting the last copy");
+    refused(
+        advice(Action::Demote, 1, &chunks),
+        "demote from the last tier",
+    );
+    refused(
+        advice(Action::Evict, 1, &chunks),
+        "evict from the last tier",
+    );
+    refused(advice(Action::Promote, 0, &chunks), "promote from tier 0");
+    refused(
+        advice(Action::Promote, 1, &chunks),
+        "chunk not in that tier",
+    );
+    refused(advice(Action::Demote, 7, &chunks), "no tier 7");
+    let strangers: Vec<_> = (0..3u64)
+        .map(|i| (pattern(8, 99 + i), Vec::new()))
+        .collect();
+    refused(advice(Action::Demote, 0, &strangers), "unknown hash");
+    let flood: Vec<_> = (0..MAX_ADVISED_HASHES as u64 + 10)
+        .map(|i| (i.to_le_bytes().to_vec(), Vec::new()))
+        .collect();
+    refused(advice(Action::Demote, 0, &flood), "too many hashes");
+    assert_all_readable(&store, &chunks);
+
+    // A storm: demote all 12 at once; 5 per second pass.
+    let report = sink.apply(advice(Action::Demote, 0, &chunks));
+    assert_eq!((report.applied, report.refused), (5, 7), "{report:?}");
+    assert!(report.reasons.iter().any(|r| r.contains("rate limit")));
+    let usage = sink.usage();
+    assert_eq!((usage[0].chunks, usage[1].chunks), (7, 5), "{usage:?}");
+    let (hot_bytes, hot_files) = fs_chunk_usage(&dir.path().join("hot"));
+    assert_eq!((hot_bytes, hot_files), (usage[0].used_bytes, 7));
+    assert_all_readable(&store, &chunks);
+
+    // The next second: promote one back (copied, the cold copy stays),
+    // then its hot copy may go, but the cold one never.
+    std::thread::sleep(Duration::from_millis(1100));
+    let demoted = &chunks[..1];
+    let report = sink.apply(advice(Action::Promote, 1, demoted));
+    assert_eq!(report.applied, 1, "{report:?}");
+    refused(
+        advice(Action::Evict, 1, demoted),
+        "evict from the last tier",
+    );
+    assert_eq!(sink.apply(advice(Action::Evict, 0, demoted)).applied, 1);
+    refused(advice(Action::Evict, 0, demoted), "chunk not in that tier");
+
+    // A full hot tier takes no promotion.
+    std::thread::sleep(Duration::from_millis(1100));
+    let big: Vec<_> = (0..9u64)
+        .map(|i| {
+            let data = pattern(64 << 10, 8_000 + i);
+            (xxh3_key(&data).to_vec(), data)
+        })
+        .collect();
+    for (hash, data) in &big {
+        store.put_chunk(hash, data).unwrap();
+    }
+    assert_eq!(
+        sink.usage()[0].used_bytes,
+        MIB,
+        "16 chunks of 64 KiB fill it"
+    );
+    refused(
+        advice(Action::Promote, 1, &chunks[1..2]),
+        "target tier full",
+    );
+
+    assert_all_readable(&store, &chunks);
+    assert_all_readable(&store, &big);
+    let status = sink.status();
+    assert_eq!(status.verify_failures, 0);
+    assert!(status.refused >= 12 * 6 + 3 + 7, "{status:?}");
+    let text = kvwasm_host::metrics::prometheus_text();
+    assert!(
+        text.contains("kvwasm_tier_advice_refused_total{store=\"kv/\"}"),
+        "{text}"
+    );
+}
+
+/// A restart rebuilds the index from the tiers: the same usage, the dedup
+/// answer for chunks in either tier, and reads from the tier holding them.
+/// The store also never reads a chunk a demotion is removing as missing.
+#[test]
+fn a_restart_rebuilds_the_index_and_reads_survive_concurrent_demotion() {
+    let dir = tempfile::tempdir().unwrap();
+    let knobs = "low_water_pct = 100\ndemote_interval_ms = 60000\n";
+    let (store, chunks) = filled(dir.path(), knobs, 12);
+    // Readers hammer every chunk while all of them are demoted.
+    let stop = AtomicBool::new(false);
+    let misses = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut misses = 0;
+            while !stop.load(Ordering::Relaxed) {
+                for (hash, data) in &chunks {
+                    match store.get_chunk(hash) {
+                        Ok(got) => assert!(got.as_slice() == data.as_slice()),
+                        Err(KvError::NotFound) => misses += 1,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+            misses
+        });
+        let report = tiers(&store).apply(advice(Action::Demote, 0, &chunks));
+        assert_eq!(report.applied, 12, "{report:?}");
+        stop.store(true, Ordering::Relaxed);
+        reader.join().unwrap()
+    });
+    assert_eq!(misses, 0);
+    let before = tiers(&store).usage();
+    assert_eq!((before[0].chunks, before[1].chunks), (0, 12));
+    drop(store);
+    let path = dir.path().join("kvwasm.toml");
+    let store = open_tiered(&path, "kv", "").unwrap();
+    assert_eq!(tiers(&store).usage(), before);
+    for (hash, data) in &chunks {
+        assert!(store.put_chunk(hash, data).unwrap(), "dedup across tiers");
+    }
+    assert_all_readable(&store, &chunks);
+    assert_eq!(tiers(&store).status().hits, [0, 12]);
+}
