@@ -302,3 +302,83 @@ fn a_restart_rebuilds_the_index_and_reads_survive_concurrent_demotion() {
     assert_all_readable(&store, &chunks);
     assert_eq!(tiers(&store).status().hits, [0, 12]);
 }
+
+/// The same shared-prompt workload with `builtin:advisor` driving the
+/// tiers (issue 15's must-show): a hot tier of 30% of the data, and the
+/// prompt's chunks demoted to S3 after the saves (as a burst of other
+/// traffic would leave them under plain LRU). Restore rounds with an
+/// advisor round after each: the hot tier never holds more than its
+/// capacity, no read misses, every byte reads back, and the prompt's
+/// chunks end in the hot tier.
+#[test]
+fn the_builtin_advisor_brings_the_shared_prompt_hot_in_a_real_tiered_store() {
+    const LEN: usize = 120 << 10;
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cold, env) = s3_cold(&server);
+    for (key, value) in &env {
+        // SAFETY: as in the test above (same values in every test).
+        unsafe { std::env::set_var(key, value) };
+    }
+    let cold = format!(
+        "{cold}[subscribers.advisor]\ncomponent = \"builtin:advisor\"\n\
+         settings = {{ policy = \"frequency\" }}\n"
+    );
+    // A long interval: the test runs the rounds itself, between restores.
+    let knobs = "advisor = \"advisor\"\ndemote_interval_ms = 5\n\
+                 advisor_loop = { interval_ms = 3600000 }\n";
+    let path = config(dir.path(), 9, &cold, knobs);
+    let store = open_tiered(&path, "kv", "shared").unwrap();
+    let hot_root = dir.path().join("hot/shared");
+    let sessions: Vec<Vec<Vec<u8>>> = (0..10).map(|s| session(s, 16, 24, LEN)).collect();
+    for (s, chunks) in sessions.iter().enumerate() {
+        for chunk in chunks {
+            store.put_chunk(&xxh3_key(chunk), chunk).unwrap();
+        }
+        store
+            .put_manifest(&format!("session-{s}"), &manifest(chunks))
+            .unwrap();
+    }
+    let prompt_hot = |root: &Path| {
+        sessions[0][..16]
+            .iter()
+            .filter(|c| {
+                let name = hex_name(&xxh3_key(c));
+                root.join(format!("chunks/{}/{name}", &name[..1])).exists()
+            })
+            .count()
+    };
+    let prompt: Vec<Vec<u8>> = sessions[0][..16]
+        .iter()
+        .map(|c| xxh3_key(c).to_vec())
+        .collect();
+    let demoted = tiers(&store).apply(vec![Advice {
+        action: Action::Demote,
+        tier: 0,
+        hashes: prompt,
+    }]);
+    assert_eq!(demoted.applied, 16, "{demoted:?}");
+    assert_eq!(prompt_hot(&hot_root), 0);
+    for round in 0..6 {
+        for (s, chunks) in sessions.iter().enumerate() {
+            let keys = store.get_manifest(&format!("session-{s}")).unwrap();
+            assert_eq!(keys.as_slice(), manifest(chunks).as_slice());
+            for chunk in chunks {
+                let got = store.get_chunk(&xxh3_key(chunk)).unwrap();
+                assert!(
+                    got.as_slice() == chunk.as_slice(),
+                    "round {round}: bytes differ"
+                );
+            }
+        }
+        assert!(store.advisor_round(), "the store runs an advisor");
+        let (on_disk, _) = fs_chunk_usage(&hot_root);
+        assert!(on_disk <= 9 * MIB, "round {round}: {on_disk} bytes hot");
+    }
+    let status = tiers(&store).status();
+    let advisor = store.advisor_status().expect("an advisor");
+    eprintln!("{status:?}; {advisor:?}");
+    assert_eq!(status.misses, 0);
+    assert!(status.promotions >= 16, "{status:?}");
+    assert_eq!(prompt_hot(&hot_root), 16, "{advisor:?}");
+}

@@ -165,6 +165,8 @@ pub struct BackendConfig {
     pub capacity_mib: Option<u64>,
     /// Tiered store: the `[subscribers.<name>]` advisor guest.
     pub advisor: Option<String>,
+    /// Tiered store: the advisor loop's knobs (`[backends.NAME.advisor_loop]`).
+    pub advisor_loop: Option<crate::tiering::advisor::LoopConfig>,
     /// Tiered store: most advised moves per second.
     pub max_moves_per_sec: Option<u64>,
     /// Tiered store: most MiB moved on advice per second.

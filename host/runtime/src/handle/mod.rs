@@ -116,6 +116,22 @@ impl StoreHandle {
         self.tiered.as_ref().map(crate::tiering::Front::store)
     }
 
+    /// A tiered store's advisor loop: its counters and last round (`None`
+    /// without an advisor).
+    pub fn advisor_status(&self) -> Option<crate::tiering::advisor::AdvisorStatus> {
+        self.tiered
+            .as_ref()
+            .and_then(crate::tiering::Front::advisor_status)
+    }
+
+    /// Run a tiered store's advisor round now (observe, advise, apply);
+    /// false without an advisor.
+    pub fn advisor_round(&self) -> bool {
+        self.tiered
+            .as_ref()
+            .is_some_and(crate::tiering::Front::advisor_round)
+    }
+
     /// Make every chunk accepted through this handle visible to other
     /// readers (and durable, where the medium allows), as a `put_manifest`
     /// does first.

@@ -14,6 +14,7 @@
 //! tiers = ["hot", "cold"]
 //! ```
 
+use super::advisor::LoopConfig;
 use crate::config::{BackendConfig, Config};
 
 /// Advised moves per second when `max_moves_per_sec` is not set.
@@ -36,6 +37,8 @@ pub struct TieredConfig {
     pub capacities: Vec<Option<u64>>,
     /// The advisor subscriber, if any (run by the advisor loop).
     pub advisor: Option<String>,
+    /// The advisor loop's knobs.
+    pub advisor_loop: LoopConfig,
     pub max_moves_per_sec: u64,
     pub max_move_bytes_per_sec: u64,
     pub low_water_pct: u64,
@@ -68,12 +71,19 @@ impl TieredConfig {
             tiers: spec.tiers.clone(),
             capacities,
             advisor: spec.advisor.clone(),
+            advisor_loop: spec.advisor_loop.clone().unwrap_or_default(),
             max_moves_per_sec: spec.max_moves_per_sec.unwrap_or(DEFAULT_MAX_MOVES_PER_SEC),
             max_move_bytes_per_sec: spec
                 .max_move_mib_per_sec
                 .unwrap_or(DEFAULT_MAX_MOVE_MIB_PER_SEC)
                 << 20,
-            low_water_pct: spec.low_water_pct.unwrap_or(DEFAULT_LOW_WATER_PCT),
+            // With an advisor, the advisor decides what leaves the hot tier
+            // below capacity; the store's own LRU demotion only makes room.
+            low_water_pct: spec.low_water_pct.unwrap_or(if spec.advisor.is_some() {
+                100
+            } else {
+                DEFAULT_LOW_WATER_PCT
+            }),
             demote_interval_ms: spec
                 .demote_interval_ms
                 .unwrap_or(DEFAULT_DEMOTE_INTERVAL_MS),
@@ -115,6 +125,7 @@ pub(crate) fn validate_entry(spec: &BackendConfig) -> Result<(), String> {
 pub(crate) fn validate_plain(spec: &BackendConfig) -> Result<(), String> {
     let tiered_only = [
         ("advisor", spec.advisor.is_some()),
+        ("advisor_loop", spec.advisor_loop.is_some()),
         ("max_moves_per_sec", spec.max_moves_per_sec.is_some()),
         ("max_move_mib_per_sec", spec.max_move_mib_per_sec.is_some()),
         ("low_water_pct", spec.low_water_pct.is_some()),

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak, mpsc};
 use std::time::{Duration, Instant};
 
+use super::advisor::{AdvisedStore, Advisor, AdvisorLoop, AdvisorStatus};
 use super::config::TieredConfig;
 use super::fs_tier::FsTier;
 use super::{Access, AccessKind, Action, Advice, AdviceReport, AdviceSink, TierUsage};
@@ -183,6 +184,8 @@ pub struct TieredStore {
 /// so the tiers are released when the handle closes, not a pass later.
 pub(crate) struct Front {
     store: Arc<TieredStore>,
+    /// The advisor loop, when the entry names an advisor: ended first.
+    advisor: Option<AdvisorLoop>,
     /// Dropped first: wakes the demoter to end it.
     stop: Option<mpsc::Sender<()>>,
     demoter: Option<std::thread::JoinHandle<()>>,
@@ -191,6 +194,17 @@ pub(crate) struct Front {
 impl Front {
     pub(crate) fn store(&self) -> &Arc<TieredStore> {
         &self.store
+    }
+
+    /// The advisor loop's counters and last round, if the store has one.
+    pub(crate) fn advisor_status(&self) -> Option<AdvisorStatus> {
+        self.advisor.as_ref().map(AdvisorLoop::status)
+    }
+
+    /// Run an advisor round now (observe, advise, apply); false without an
+    /// advisor.
+    pub(crate) fn advisor_round(&self) -> bool {
+        self.advisor.as_ref().map(AdvisorLoop::round).is_some()
     }
 }
 
@@ -204,6 +218,7 @@ impl std::ops::Deref for Front {
 
 impl Drop for Front {
     fn drop(&mut self) {
+        self.advisor.take();
         self.stop.take();
         if let Some(demoter) = self.demoter.take() {
             let _ = demoter.join();
@@ -321,7 +336,17 @@ impl TieredStore {
             config: tiered,
         });
         store.publish_usage();
+        let advisor = match &store.config.advisor {
+            Some(advisor) => {
+                let advisor = Advisor::from_config(&config, advisor)?;
+                let weak: Weak<TieredStore> = Arc::downgrade(&store);
+                let loop_config = store.config.advisor_loop.clone();
+                Some(AdvisorLoop::start(advisor, weak, loop_config)?)
+            }
+            None => None,
+        };
         let front = Front {
+            advisor,
             demoter: store.start_demoter(stopped),
             stop: Some(demoter_stop),
             store,
@@ -980,6 +1005,16 @@ impl Drop for TieredStore {
         {
             self.write_status();
         }
+    }
+}
+
+impl AdvisedStore for TieredStore {
+    fn drain_accesses(&self, max: usize) -> Vec<Access> {
+        TieredStore::drain_accesses(self, max)
+    }
+
+    fn record_decisions(&self, lines: Vec<String>) {
+        TieredStore::record_decisions(self, lines)
     }
 }
 
