@@ -297,13 +297,14 @@ impl Client {
             }
         };
         let status = response.status();
+        let length = response.headers().get("content-length");
+        let mut bytes = Vec::with_capacity(body_capacity(length.first().map(Vec::as_slice)));
         let body = response
             .consume()
             .map_err(|()| Error::Other("response body taken twice".into()))?;
         let stream = body
             .stream()
             .map_err(|()| Error::Other("response body stream".into()))?;
-        let mut bytes = Vec::new();
         loop {
             match stream.read(1 << 20) {
                 Ok(chunk) if chunk.is_empty() => self.wait(&stream.subscribe(), deadline)?,
@@ -341,6 +342,21 @@ impl Client {
         Error::Unavailable(format!("s3 at {}: {what}: {detail}", self.origin))
     }
 }
+
+/// Bytes to reserve for a body of the announced `content-length`, so a
+/// 1 MiB body is read into one allocation instead of a doubling series;
+/// a claim past [`MAX_PREALLOC`] reserves that much (the body still grows
+/// to what really arrives, and a hostile length costs no more).
+fn body_capacity(content_length: Option<&[u8]>) -> usize {
+    content_length
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(MAX_PREALLOC)
+}
+
+/// The most a response body reserves before its bytes arrive.
+const MAX_PREALLOC: usize = 64 << 20;
 
 /// A `wasi:http` transport error: refused by the host's grant, or the
 /// service is unreachable.
@@ -380,6 +396,14 @@ mod tests {
             status: 403,
             body: body.into(),
         }
+    }
+
+    #[test]
+    fn bodies_reserve_their_announced_length_up_to_a_cap() {
+        assert_eq!(body_capacity(Some(b"1048576")), 1 << 20);
+        assert_eq!(body_capacity(Some(b"999999999999")), MAX_PREALLOC);
+        assert_eq!(body_capacity(Some(b"-1")), 0);
+        assert_eq!(body_capacity(None), 0);
     }
 
     #[test]
