@@ -192,22 +192,26 @@ impl Client {
     /// Send every request, at most `max_concurrency` in flight, and return
     /// the responses in order, all within one `timeout_ms`. Fails as a
     /// whole if any request cannot be completed (refused, unreachable, too
-    /// late).
+    /// late). A sliding window: as soon as the oldest request in flight is
+    /// answered the next one starts, so a slow response holds up only its
+    /// own slot, not a whole wave.
     pub(crate) fn send_all(&self, requests: Vec<Request<'_>>) -> Result<Vec<Response>> {
         let mut responses = Vec::with_capacity(requests.len());
-        let mut requests = requests.into_iter().peekable();
+        let mut requests = requests.into_iter();
         let deadline = monotonic_clock::now() + nanos(self.timeout);
-        while requests.peek().is_some() {
-            let wave: Vec<FutureIncomingResponse> = requests
-                .by_ref()
-                .take(self.max_concurrency)
-                .map(|r| self.start(r, deadline))
-                .collect::<Result<_>>()?;
-            for future in wave {
-                responses.push(self.finish(future, deadline)?);
+        let mut in_flight = std::collections::VecDeque::with_capacity(self.max_concurrency);
+        loop {
+            while in_flight.len() < self.max_concurrency {
+                let Some(request) = requests.next() else {
+                    break;
+                };
+                in_flight.push_back(self.start(request, deadline)?);
             }
+            let Some(oldest) = in_flight.pop_front() else {
+                return Ok(responses);
+            };
+            responses.push(self.finish(oldest, deadline)?);
         }
-        Ok(responses)
     }
 
     /// Sign and send one request, writing its body.
