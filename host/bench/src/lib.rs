@@ -9,6 +9,7 @@
 pub mod events;
 pub mod fabric;
 pub mod plot;
+pub mod remote;
 pub mod report;
 mod stats;
 mod target;
