@@ -7,9 +7,17 @@
 # default: exact put_chunk return codes) and `"flush"` (MemKV's batching).
 # Redis runs once more over TLS (`redis-tls`): the same server's
 # `tls-port`, with a CA and certificate made here by openssl.
-# Extra arguments go to `kvwasm bench` (e.g. --reps 3, --quick).
+# Then `kvwasm bench --remote`: the same guests against native clients
+# (the `redis` crate, pipelined; reqwest with aws-sigv4) on the same
+# servers, side by side, with ratios (issue 17). `--remote-only` skips the
+# first part. Other arguments go to `kvwasm bench` (e.g. --reps 3, --quick).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+remote_only=false
+if [[ "${1:-}" == --remote-only ]]; then
+    remote_only=true
+    shift
+fi
 bash scripts/setup.sh >/dev/null
 bash scripts/test-servers.sh
 make -s -C examples/native-backend OUT="$PWD/target/release"
@@ -105,6 +113,10 @@ ENTRY
 } >"$work/kvwasm.toml"
 export KVWASM_CONFIG="$work/kvwasm.toml"
 target/release/kvwasm check-config >/dev/null
+
+target/release/kvwasm bench --remote --redis "127.0.0.1:$redis_port" --s3 "http://127.0.0.1:$s3_port" \
+    --json target/bench-remote-native.json "$@"
+"$remote_only" && exit 0
 
 shim=target/release/libkv_store_wasm.so
 target/release/kvwasm bench --only save-restore,small-call --dir "tmpfs=$work" \

@@ -192,22 +192,26 @@ impl Client {
     /// Send every request, at most `max_concurrency` in flight, and return
     /// the responses in order, all within one `timeout_ms`. Fails as a
     /// whole if any request cannot be completed (refused, unreachable, too
-    /// late).
+    /// late). A sliding window: as soon as the oldest request in flight is
+    /// answered the next one starts, so a slow response holds up only its
+    /// own slot, not a whole wave.
     pub(crate) fn send_all(&self, requests: Vec<Request<'_>>) -> Result<Vec<Response>> {
         let mut responses = Vec::with_capacity(requests.len());
-        let mut requests = requests.into_iter().peekable();
+        let mut requests = requests.into_iter();
         let deadline = monotonic_clock::now() + nanos(self.timeout);
-        while requests.peek().is_some() {
-            let wave: Vec<FutureIncomingResponse> = requests
-                .by_ref()
-                .take(self.max_concurrency)
-                .map(|r| self.start(r, deadline))
-                .collect::<Result<_>>()?;
-            for future in wave {
-                responses.push(self.finish(future, deadline)?);
+        let mut in_flight = std::collections::VecDeque::with_capacity(self.max_concurrency);
+        loop {
+            while in_flight.len() < self.max_concurrency {
+                let Some(request) = requests.next() else {
+                    break;
+                };
+                in_flight.push_back(self.start(request, deadline)?);
             }
+            let Some(oldest) = in_flight.pop_front() else {
+                return Ok(responses);
+            };
+            responses.push(self.finish(oldest, deadline)?);
         }
-        Ok(responses)
     }
 
     /// Sign and send one request, writing its body.
@@ -297,13 +301,14 @@ impl Client {
             }
         };
         let status = response.status();
+        let length = response.headers().get("content-length");
+        let mut bytes = Vec::with_capacity(body_capacity(length.first().map(Vec::as_slice)));
         let body = response
             .consume()
             .map_err(|()| Error::Other("response body taken twice".into()))?;
         let stream = body
             .stream()
             .map_err(|()| Error::Other("response body stream".into()))?;
-        let mut bytes = Vec::new();
         loop {
             match stream.read(1 << 20) {
                 Ok(chunk) if chunk.is_empty() => self.wait(&stream.subscribe(), deadline)?,
@@ -341,6 +346,21 @@ impl Client {
         Error::Unavailable(format!("s3 at {}: {what}: {detail}", self.origin))
     }
 }
+
+/// Bytes to reserve for a body of the announced `content-length`, so a
+/// 1 MiB body is read into one allocation instead of a doubling series;
+/// a claim past [`MAX_PREALLOC`] reserves that much (the body still grows
+/// to what really arrives, and a hostile length costs no more).
+fn body_capacity(content_length: Option<&[u8]>) -> usize {
+    content_length
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(MAX_PREALLOC)
+}
+
+/// The most a response body reserves before its bytes arrive.
+const MAX_PREALLOC: usize = 64 << 20;
 
 /// A `wasi:http` transport error: refused by the host's grant, or the
 /// service is unreachable.
@@ -380,6 +400,14 @@ mod tests {
             status: 403,
             body: body.into(),
         }
+    }
+
+    #[test]
+    fn bodies_reserve_their_announced_length_up_to_a_cap() {
+        assert_eq!(body_capacity(Some(b"1048576")), 1 << 20);
+        assert_eq!(body_capacity(Some(b"999999999999")), MAX_PREALLOC);
+        assert_eq!(body_capacity(Some(b"-1")), 0);
+        assert_eq!(body_capacity(None), 0);
     }
 
     #[test]

@@ -26,10 +26,13 @@
 //!   that was gone at that check; a store that evicts chunks *after* a
 //!   manifest names them still breaks that manifest, so keep Redis on
 //!   `maxmemory-policy noeviction` and S3 `chunks/` without expiry.
-//! * `prefetch-chunks` fetches in waves of at most `prefetch_wave` keys
-//!   (default 32) into a cache of at most `prefetch_cache_mib` that the
-//!   following `get-chunk` calls drain, and stops once the cache is full:
-//!   a request's replies (one wave) are the most it holds beyond that.
+//! * `prefetch-chunks` fetches in waves into a cache of at most
+//!   `prefetch_cache_mib` that the following `get-chunk` calls drain, and
+//!   stops once the cache is full. The first wave asks for `prefetch_wave`
+//!   keys (default 32); each later one for as many as the cache has room
+//!   for at the average size fetched so far (at most [`MAX_WAVE`]), so
+//!   small chunks cost few round trips and a wave's replies are about the
+//!   most it holds beyond the cache.
 //!
 //! Keys: `<prefix>/<namespace>/chunks/<hex hash>` and
 //! `<prefix>/<namespace>/manifests/<name>`. Manifest names cannot contain
@@ -80,7 +83,8 @@ pub struct StoreOptions {
     /// Bytes `prefetch-chunks` may hold for later gets
     /// (`prefetch_cache_mib`, default 128).
     pub prefetch_budget_bytes: usize,
-    /// Keys per `prefetch-chunks` request (`prefetch_wave`, default 32).
+    /// Keys of the first `prefetch-chunks` request (`prefetch_wave`,
+    /// default 32); later ones are sized by the bytes they bring.
     pub prefetch_wave: usize,
     /// `dedup_check`: `put` (default) or `flush`.
     pub dedup: DedupCheck,
@@ -274,6 +278,20 @@ struct Flushed {
     rechecked: usize,
 }
 
+/// The most keys one prefetch wave asks for.
+pub const MAX_WAVE: usize = 4096;
+
+/// Keys for the next prefetch wave: as many as `room` bytes hold at the
+/// average size of the `fetched` values (`bytes` in all) so far, at least
+/// one; `first` before anything was fetched.
+fn wave_keys(first: usize, room: usize, fetched: usize, bytes: usize) -> usize {
+    if fetched == 0 {
+        return first.min(MAX_WAVE);
+    }
+    let average = (bytes / fetched).max(1);
+    (room / average).clamp(1, MAX_WAVE)
+}
+
 /// Vouched hashes a handle holds before it re-checks them early.
 const MAX_VOUCHED: usize = 1 << 16;
 
@@ -401,15 +419,23 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
                 .collect()
         };
         let budget = self.options.prefetch_budget_bytes;
-        for wave in wanted.chunks(self.options.prefetch_wave) {
-            if self.staging.borrow().prefetched_bytes >= budget {
+        let (mut fetched, mut fetched_bytes) = (0, 0);
+        let mut rest = wanted.as_slice();
+        while !rest.is_empty() {
+            let room = budget.saturating_sub(self.staging.borrow().prefetched_bytes);
+            if room == 0 {
                 break;
             }
+            let n = wave_keys(self.options.prefetch_wave, room, fetched, fetched_bytes);
+            let (wave, later) = rest.split_at(n.min(rest.len()));
+            rest = later;
             let keys: Vec<String> = wave.iter().map(|h| self.keys.chunk(h)).collect();
             let values = self.remote().get(&keys)?;
             let mut staging = self.staging.borrow_mut();
             for (hash, value) in wave.iter().zip(values) {
                 let Some(bytes) = value else { continue };
+                fetched += 1;
+                fetched_bytes += bytes.len();
                 if staging.prefetched_bytes + bytes.len() > budget {
                     // Full: later gets fetch the rest themselves.
                     return Ok(());
@@ -438,6 +464,23 @@ mod tests {
         assert_eq!(ks.manifest("slot0"), "kvwasm/team/model/manifests/slot0");
         assert_eq!(KeySpace::new("", "").manifest("m"), "manifests/m");
         assert_eq!(KeySpace::new("/p/", "").chunk(&[1]), "p/chunks/01");
+    }
+
+    #[test]
+    fn prefetch_waves_are_sized_by_the_bytes_they_bring() {
+        const MIB: usize = 1 << 20;
+        // The first wave: the configured key count.
+        assert_eq!(wave_keys(32, 128 * MIB, 0, 0), 32);
+        // 4 KiB chunks: one more wave takes the rest of a 4,096-chunk save.
+        assert_eq!(
+            wave_keys(32, 128 * MIB - 32 * 4096, 32, 32 * 4096),
+            MAX_WAVE
+        );
+        // 1 MiB chunks: as many as the cache has room for.
+        assert_eq!(wave_keys(32, 96 * MIB, 32, 32 * MIB), 96);
+        // Nearly full: one key at a time; empty values count as one byte.
+        assert_eq!(wave_keys(32, 10, 4, 4 * MIB), 1);
+        assert_eq!(wave_keys(32, 100, 3, 0), 100);
     }
 
     #[test]

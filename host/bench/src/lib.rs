@@ -9,6 +9,7 @@
 pub mod events;
 pub mod fabric;
 pub mod plot;
+pub mod remote;
 pub mod report;
 pub mod scale;
 mod stats;

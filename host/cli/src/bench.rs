@@ -71,6 +71,24 @@ pub struct BenchArgs {
     /// Internal: one --scale repetition in this fresh process.
     #[arg(long, hide = true)]
     scale_probe: bool,
+    /// Measure the remote backends instead: builtin:redis and builtin:s3
+    /// against native clients (the `redis` crate; reqwest with aws-sigv4)
+    /// on the servers given by --redis and --s3 (scripts/bench-remote.sh
+    /// starts both on loopback).
+    #[arg(long, conflicts_with_all = ["fabric", "events", "scale"])]
+    remote: bool,
+    /// With --remote: `host:port` of a Redis server (password, if any, in
+    /// $KVWASM_BENCH_REDIS_PASSWORD).
+    #[arg(long, value_name = "HOST:PORT", requires = "remote")]
+    redis: Option<String>,
+    /// With --remote: `http://host:port` of an S3 service with the bucket
+    /// `kv-cache` (credentials in $AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY).
+    #[arg(long, value_name = "URL", requires = "remote")]
+    s3: Option<String>,
+    /// With --remote: run kvwasm_guest_redis.wasm and kvwasm_guest_s3.wasm
+    /// from this directory instead of the built-in guests (to compare builds).
+    #[arg(long, value_name = "DIR", requires = "remote")]
+    guests: Option<PathBuf>,
     /// Internal: time dlopen and the first open in this fresh process.
     #[arg(long, hide = true)]
     open_probe: bool,
@@ -99,6 +117,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.events {
         return bench_events(&args);
+    }
+    if args.remote {
+        return bench_remote(&args);
     }
     let targets = if args.targets.is_empty() {
         default_targets(&args)?.to_vec()
@@ -267,6 +288,29 @@ fn bench_events(args: &BenchArgs) -> anyhow::Result<()> {
     print!("{}", kvwasm_bench::events::markdown(&report));
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `--remote`: the remote backends against native clients, as Markdown.
+fn bench_remote(args: &BenchArgs) -> anyhow::Result<()> {
+    let servers = kvwasm_bench::remote::Servers {
+        redis: args.redis.clone(),
+        s3: args.s3.clone(),
+        guests: args.guests.clone(),
+    };
+    anyhow::ensure!(
+        servers.redis.is_some() || servers.s3.is_some(),
+        "--remote needs --redis HOST:PORT, --s3 URL or both"
+    );
+    let reps = if args.quick { 1 } else { args.reps.max(1) };
+    let scratch = tempfile::tempdir()?;
+    let pairs = kvwasm_bench::remote::run(&servers, reps, args.quick, scratch.path())
+        .map_err(anyhow::Error::msg)?;
+    print!("{}", kvwasm_bench::remote::markdown(&pairs, reps));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&pairs)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

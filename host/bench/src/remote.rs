@@ -1,0 +1,648 @@
+//! `kvwasm bench --remote`: `builtin:redis` and `builtin:s3` against native
+//! Rust clients on the same servers, in the same run (issue 17's targets 2
+//! and 3).
+//!
+//! Every repetition runs each case on every side back to back (who goes
+//! first alternates), each side in a key space of its own, fresh per
+//! repetition, so every save is cold. A save is `put_chunk` per chunk and
+//! a `put_manifest`; a restore, on a new handle, is `get_manifest`,
+//! `prefetch_chunks` of everything, then `get_chunk` per chunk, each
+//! returned buffer released as a consumer releases it. kvwasm runs in this
+//! process (`kvwasm_host`, what the shim calls).
+//!
+//! The native clients are the fastest straightforward use of each crate,
+//! written once here:
+//! * Redis: the `redis` crate on one connection; a save is one pipeline of
+//!   `SET`s (chunks, then the manifest), a restore a `GET` of the manifest
+//!   and one pipeline of `GET`s.
+//! * S3: `reqwest` (blocking) with `aws-sigv4` signing set up as the s3
+//!   guest sets it up, 16 requests in flight (the guest's default
+//!   `max_concurrency`): `PUT`s of the chunks, then of the manifest; a
+//!   restore `GET`s the manifest, then the chunks.
+//!
+//! Both copy each value they receive into a `malloc`'d buffer, as a
+//! consumer receives it (kvwasm returns one), and drop it.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Instant, SystemTime};
+
+use kvwasm_host::{Backend, MallocBuffer, StoreHandle};
+
+use crate::Stat;
+
+/// The environment variable holding the Redis password, if it has one
+/// (scripts/bench-remote.sh sets it); granted to the guest the same way.
+pub const REDIS_PASSWORD_ENV: &str = "KVWASM_BENCH_REDIS_PASSWORD";
+/// The S3 bucket (it must exist); credentials come from
+/// `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`.
+pub const BUCKET: &str = "kv-cache";
+/// S3 requests in flight at once, on both sides.
+const S3_CONCURRENCY: usize = 16;
+
+/// The servers to measure against; either may be absent.
+#[derive(Debug, Clone, Default)]
+pub struct Servers {
+    /// `host:port` of a Redis server.
+    pub redis: Option<String>,
+    /// `http://host:port` of an S3 service.
+    pub s3: Option<String>,
+    /// A directory holding `kvwasm_guest_redis.wasm` and
+    /// `kvwasm_guest_s3.wasm` to run instead of the built-in guests (to
+    /// compare two builds of them).
+    pub guests: Option<std::path::PathBuf>,
+}
+
+/// One compared case: the native client's time and kvwasm's, in ms.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Pair {
+    pub case: String,
+    pub native_label: String,
+    pub native: Stat,
+    pub kvwasm_label: String,
+    pub kvwasm: Stat,
+    /// The most `kvwasm / native` time the issue allows.
+    pub target: f64,
+}
+
+impl Pair {
+    /// Median of the per-repetition time ratios.
+    pub fn ratio(&self) -> f64 {
+        self.kvwasm.paired_ratio(&self.native)
+    }
+}
+
+/// A save's chunks: `count` distinct hashes of `size` bytes each, and the
+/// manifest naming them (their hashes, concatenated).
+struct Load {
+    label: String,
+    size: usize,
+    data: Vec<u8>,
+    hashes: Vec<[u8; 8]>,
+    manifest: Vec<u8>,
+    /// The most `kvwasm / native` time allowed at this size.
+    target: f64,
+}
+
+impl Load {
+    fn new(count: usize, size: usize, target: f64) -> Load {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let data = (0..size)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        let hashes: Vec<[u8; 8]> = (0..count as u64)
+            .map(|i| (i ^ 0x6b76_7761_736d_0000).to_be_bytes())
+            .collect();
+        let unit = if size >= 1 << 20 {
+            format!("{} MiB", size >> 20)
+        } else {
+            format!("{} KiB", size >> 10)
+        };
+        Load {
+            label: format!("{count} × {unit}"),
+            size,
+            data,
+            manifest: hashes.concat(),
+            hashes,
+            target,
+        }
+    }
+}
+
+/// The hashes a manifest names.
+fn manifest_hashes(manifest: &[u8]) -> Vec<Vec<u8>> {
+    manifest.chunks(8).map(<[u8]>::to_vec).collect()
+}
+
+/// Keys as the remote guests name them (`kvwasm_guest_support::remote`).
+fn chunk_key(base: &str, hash: &[u8]) -> String {
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{base}/chunks/{hex}")
+}
+
+fn manifest_key(base: &str) -> String {
+    format!("{base}/manifests/bench")
+}
+
+/// A client under test: a save into and a restore from the key space
+/// `ns`, each returning seconds spent in the client's calls only.
+trait Side {
+    fn label(&self) -> String;
+    fn save(&self, ns: &str, load: &Load) -> Result<f64, String>;
+    fn restore(&self, ns: &str, load: &Load) -> Result<f64, String>;
+    /// The key space's base key (for cleanup by the native client).
+    fn base(&self, ns: &str) -> String;
+}
+
+/// kvwasm through one configured remote backend.
+struct Kvwasm {
+    name: &'static str,
+    backend: Arc<Backend>,
+}
+
+impl Side for Kvwasm {
+    fn label(&self) -> String {
+        format!("kvwasm ({})", self.name)
+    }
+
+    fn save(&self, ns: &str, load: &Load) -> Result<f64, String> {
+        let h = self.open(ns)?;
+        let started = Instant::now();
+        for hash in &load.hashes {
+            h.put_chunk(hash, &load.data).map_err(|e| e.to_string())?;
+        }
+        h.put_manifest("bench", &load.manifest)
+            .map_err(|e| e.to_string())?;
+        Ok(started.elapsed().as_secs_f64())
+    }
+
+    fn restore(&self, ns: &str, load: &Load) -> Result<f64, String> {
+        let h = self.open(ns)?;
+        let started = Instant::now();
+        let manifest = h.get_manifest("bench").map_err(|e| e.to_string())?;
+        let hashes = manifest_hashes(manifest.as_slice());
+        h.prefetch_chunks(&hashes).map_err(|e| e.to_string())?;
+        for hash in &hashes {
+            let value = h.get_chunk(hash).map_err(|e| e.to_string())?;
+            check_len(value.as_slice(), load)?;
+        }
+        Ok(started.elapsed().as_secs_f64())
+    }
+
+    fn base(&self, ns: &str) -> String {
+        format!("kvwasm/{ns}")
+    }
+}
+
+impl Kvwasm {
+    fn open(&self, ns: &str) -> Result<Arc<StoreHandle>, String> {
+        kvwasm_host::handle::open_shared(self.backend.clone(), ns)
+            .map_err(|e| format!("{}: open {ns:?}: {e}", self.name))
+    }
+}
+
+fn check_len(value: &[u8], load: &Load) -> Result<(), String> {
+    if value.len() == load.size {
+        Ok(())
+    } else {
+        Err(format!(
+            "a restored chunk has {} bytes, not {}",
+            value.len(),
+            load.size
+        ))
+    }
+}
+
+/// The value as a consumer receives it: in a `malloc`'d buffer it frees.
+fn deliver(value: &[u8], load: &Load) -> Result<(), String> {
+    let buffer = MallocBuffer::copy_from(value).ok_or("out of memory")?;
+    check_len(buffer.as_slice(), load)
+}
+
+/// The `redis` crate, pipelined, on one connection.
+struct NativeRedis {
+    conn: std::cell::RefCell<redis::Connection>,
+}
+
+impl NativeRedis {
+    fn connect(address: &str) -> Result<NativeRedis, String> {
+        let fail = |e: redis::RedisError| format!("redis at {address}: {e}");
+        let client = redis::Client::open(format!("redis://{address}/")).map_err(fail)?;
+        let mut conn = client.get_connection().map_err(fail)?;
+        if let Ok(password) = std::env::var(REDIS_PASSWORD_ENV) {
+            redis::cmd("AUTH")
+                .arg(password)
+                .query::<()>(&mut conn)
+                .map_err(fail)?;
+        }
+        Ok(NativeRedis {
+            conn: std::cell::RefCell::new(conn),
+        })
+    }
+
+    /// Delete a key space's keys (after a repetition, untimed).
+    fn clean(&self, base: &str, load: &Load) -> Result<(), String> {
+        let mut pipe = redis::pipe();
+        for hash in &load.hashes {
+            pipe.del(chunk_key(base, hash)).ignore();
+        }
+        pipe.del(manifest_key(base)).ignore();
+        pipe.query::<()>(&mut self.conn.borrow_mut())
+            .map_err(|e| format!("redis DEL: {e}"))
+    }
+}
+
+impl Side for NativeRedis {
+    fn label(&self) -> String {
+        "redis crate, pipelined".into()
+    }
+
+    fn save(&self, ns: &str, load: &Load) -> Result<f64, String> {
+        let base = self.base(ns);
+        let conn = &mut *self.conn.borrow_mut();
+        let started = Instant::now();
+        let mut pipe = redis::pipe();
+        for hash in &load.hashes {
+            pipe.set(chunk_key(&base, hash), load.data.as_slice())
+                .ignore();
+        }
+        pipe.set(manifest_key(&base), load.manifest.as_slice())
+            .ignore();
+        pipe.query::<()>(conn)
+            .map_err(|e| format!("redis SET: {e}"))?;
+        Ok(started.elapsed().as_secs_f64())
+    }
+
+    fn restore(&self, ns: &str, load: &Load) -> Result<f64, String> {
+        let base = self.base(ns);
+        let conn = &mut *self.conn.borrow_mut();
+        let started = Instant::now();
+        let manifest: Vec<u8> = redis::cmd("GET")
+            .arg(manifest_key(&base))
+            .query(conn)
+            .map_err(|e| format!("redis GET: {e}"))?;
+        let mut pipe = redis::pipe();
+        for hash in manifest_hashes(&manifest) {
+            pipe.get(chunk_key(&base, &hash));
+        }
+        let values: Vec<Vec<u8>> = pipe.query(conn).map_err(|e| format!("redis GET: {e}"))?;
+        for value in &values {
+            deliver(value, load)?;
+        }
+        Ok(started.elapsed().as_secs_f64())
+    }
+
+    fn base(&self, ns: &str) -> String {
+        format!("native/{ns}")
+    }
+}
+
+/// `reqwest` with SigV4, [`S3_CONCURRENCY`] requests in flight.
+struct NativeS3 {
+    http: reqwest::blocking::Client,
+    endpoint: String,
+    identity: aws_smithy_runtime_api::client::identity::Identity,
+}
+
+impl NativeS3 {
+    fn new(endpoint: &str) -> Result<NativeS3, String> {
+        let var = |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set"));
+        let credentials = aws_credential_types::Credentials::new(
+            var("AWS_ACCESS_KEY_ID")?,
+            var("AWS_SECRET_ACCESS_KEY")?,
+            None,
+            None,
+            "kvwasm-bench",
+        );
+        Ok(NativeS3 {
+            http: reqwest::blocking::Client::builder()
+                .pool_max_idle_per_host(S3_CONCURRENCY)
+                .build()
+                .map_err(|e| e.to_string())?,
+            endpoint: endpoint.trim_end_matches('/').to_owned(),
+            identity: credentials.into(),
+        })
+    }
+
+    /// One signed request (unsigned payload, as the guest sends them).
+    fn send(
+        &self,
+        method: reqwest::Method,
+        key: &str,
+        body: &[u8],
+    ) -> Result<reqwest::blocking::Response, String> {
+        use aws_sigv4::http_request::{
+            PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest,
+            SigningSettings, UriPathNormalizationMode, sign,
+        };
+        let url = format!("{}/{BUCKET}/{key}", self.endpoint);
+        let length = body.len().to_string();
+        let mut headers = vec![];
+        if method == reqwest::Method::PUT || method == reqwest::Method::DELETE {
+            headers.push(("content-length", length.as_str()));
+        }
+        let mut settings = SigningSettings::default();
+        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+        settings.percent_encoding_mode = PercentEncodingMode::Single;
+        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+        let params = aws_sigv4::sign::v4::SigningParams::builder()
+            .identity(&self.identity)
+            .region("us-east-1")
+            .name("s3")
+            .time(SystemTime::now())
+            .settings(settings)
+            .build()
+            .map_err(|e| e.to_string())?
+            .into();
+        let signable = SignableRequest::new(
+            method.as_str(),
+            &url,
+            headers.iter().copied(),
+            SignableBody::UnsignedPayload,
+        )
+        .map_err(|e| e.to_string())?;
+        let (instructions, _) = sign(signable, &params)
+            .map_err(|e| e.to_string())?
+            .into_parts();
+        let mut request = self.http.request(method.clone(), &url);
+        for (name, value) in headers.iter().copied().chain(instructions.headers()) {
+            request = request.header(name, value);
+        }
+        let response = request
+            .body(body.to_vec())
+            .send()
+            .map_err(|e| format!("s3 {method} {key}: {e}"))?;
+        match response.status().as_u16() {
+            200 | 204 => Ok(response),
+            status => Err(format!("s3 {method} {key}: HTTP {status}")),
+        }
+    }
+
+    /// `run(i)` for every `i < n`, [`S3_CONCURRENCY`] at a time.
+    fn each(
+        &self,
+        n: usize,
+        run: impl Fn(usize) -> Result<(), String> + Sync,
+    ) -> Result<(), String> {
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..S3_CONCURRENCY.min(n))
+                .map(|_| {
+                    scope.spawn(|| {
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            if i >= n {
+                                return Ok(());
+                            }
+                            run(i)?;
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .try_for_each(|w| w.join().map_err(|_| "an S3 worker panicked".to_string())?)
+        })
+    }
+
+    fn clean(&self, base: &str, load: &Load) -> Result<(), String> {
+        self.each(load.hashes.len(), |i| {
+            self.send(
+                reqwest::Method::DELETE,
+                &chunk_key(base, &load.hashes[i]),
+                &[],
+            )
+            .map(drop)
+        })?;
+        self.send(reqwest::Method::DELETE, &manifest_key(base), &[])
+            .map(drop)
+    }
+}
+
+impl Side for NativeS3 {
+    fn label(&self) -> String {
+        format!("reqwest + aws-sigv4, {S3_CONCURRENCY} in flight")
+    }
+
+    fn save(&self, ns: &str, load: &Load) -> Result<f64, String> {
+        let base = self.base(ns);
+        let started = Instant::now();
+        self.each(load.hashes.len(), |i| {
+            let key = chunk_key(&base, &load.hashes[i]);
+            self.send(reqwest::Method::PUT, &key, &load.data).map(drop)
+        })?;
+        self.send(reqwest::Method::PUT, &manifest_key(&base), &load.manifest)?;
+        Ok(started.elapsed().as_secs_f64())
+    }
+
+    fn restore(&self, ns: &str, load: &Load) -> Result<f64, String> {
+        let base = self.base(ns);
+        let started = Instant::now();
+        let body = |r: reqwest::blocking::Response| r.bytes().map_err(|e| e.to_string());
+        let manifest = body(self.send(reqwest::Method::GET, &manifest_key(&base), &[])?)?;
+        let hashes = manifest_hashes(&manifest);
+        self.each(hashes.len(), |i| {
+            let key = chunk_key(&base, &hashes[i]);
+            deliver(&body(self.send(reqwest::Method::GET, &key, &[])?)?, load)
+        })?;
+        Ok(started.elapsed().as_secs_f64())
+    }
+
+    fn base(&self, ns: &str) -> String {
+        format!("native/{ns}")
+    }
+}
+
+/// The kvwasm configuration of the remote backends: for each server, the
+/// default `dedup_check = "put"` (exact `put_chunk` return codes) and
+/// `"flush"` (existence checked in one batch at the flush), each staging a
+/// whole 96 MiB save.
+fn config(servers: &Servers) -> String {
+    let component = |guest: &str| match &servers.guests {
+        Some(dir) => format!("{:?}", dir.join(format!("kvwasm_guest_{guest}.wasm"))),
+        None => format!("\"builtin:{guest}\""),
+    };
+    let limits = "memory_limit_mib = 512\ncall_timeout_ms = 30000\n";
+    let tuning = "max_pending_mib = 128, timeout_ms = 20000";
+    let mut out = String::new();
+    for (name, dedup) in [("redis", "put"), ("redis-batched", "flush")] {
+        let Some(address) = &servers.redis else { break };
+        let (env, password) = match std::env::var_os(REDIS_PASSWORD_ENV) {
+            Some(_) => (
+                format!("env = [\"{REDIS_PASSWORD_ENV}\"]\n"),
+                format!("password_env = \"{REDIS_PASSWORD_ENV}\", "),
+            ),
+            None => (String::new(), String::new()),
+        };
+        out += &format!(
+            "[backends.{name}]\ncomponent = {}\nnet = [\"{address}\"]\n{env}{limits}\
+             settings = {{ address = \"{address}\", {password}dedup_check = \"{dedup}\", {tuning} }}\n",
+            component("redis")
+        );
+    }
+    for (name, dedup) in [("s3", "put"), ("s3-batched", "flush")] {
+        let Some(endpoint) = &servers.s3 else { break };
+        out += &format!(
+            "[backends.{name}]\ncomponent = {}\nhttp = [\"{endpoint}\"]\n\
+             env = [\"AWS_ACCESS_KEY_ID\", \"AWS_SECRET_ACCESS_KEY\"]\n{limits}\
+             settings = {{ endpoint = \"{endpoint}\", bucket = \"{BUCKET}\", dedup_check = \"{dedup}\", {tuning} }}\n",
+            component("s3")
+        );
+    }
+    out
+}
+
+/// Every case against every server given, `reps` times. The kvwasm
+/// configuration is written to `scratch`.
+pub fn run(
+    servers: &Servers,
+    reps: usize,
+    quick: bool,
+    scratch: &Path,
+) -> Result<Vec<Pair>, String> {
+    let config_path = scratch.join("remote-bench.toml");
+    std::fs::write(&config_path, config(servers)).map_err(|e| e.to_string())?;
+    let config = kvwasm_host::config::Config::load(&config_path)?;
+    let kvwasm = |name: &'static str| -> Result<Box<dyn Side>, String> {
+        Ok(Box::new(Kvwasm {
+            name,
+            backend: Arc::new(config.backend(name)?),
+        }))
+    };
+    let big = if quick { 8 } else { 96 };
+    let small = if quick { 256 } else { 4096 };
+    let mut pairs = Vec::new();
+    if let Some(address) = &servers.redis {
+        let native = NativeRedis::connect(address)?;
+        let loads = [Load::new(big, 1 << 20, 1.3), Load::new(small, 4 << 10, 1.5)];
+        let sides = [kvwasm("redis")?, kvwasm("redis-batched")?];
+        pairs.extend(compare(&native, &sides, &loads, reps, |base, load| {
+            native.clean(base, load)
+        })?);
+    }
+    if let Some(endpoint) = &servers.s3 {
+        let native = NativeS3::new(endpoint)?;
+        let loads = [Load::new(big, 1 << 20, 1.3)];
+        let sides = [kvwasm("s3")?, kvwasm("s3-batched")?];
+        pairs.extend(compare(&native, &sides, &loads, reps, |base, load| {
+            native.clean(base, load)
+        })?);
+    }
+    Ok(pairs)
+}
+
+/// Save and restore each load on the native side and every kvwasm side,
+/// alternating who goes first, then delete what they stored.
+fn compare(
+    native: &dyn Side,
+    sides: &[Box<dyn Side>],
+    loads: &[Load],
+    reps: usize,
+    clean: impl Fn(&str, &Load) -> Result<(), String>,
+) -> Result<Vec<Pair>, String> {
+    let all: Vec<&dyn Side> = std::iter::once(native)
+        .chain(sides.iter().map(|s| s.as_ref()))
+        .collect();
+    let mut pairs = Vec::new();
+    for load in loads {
+        // [side][save, restore] → samples, in repetition order.
+        let mut samples = vec![[Vec::new(), Vec::new()]; all.len()];
+        // Repetition 0 warms up (connections, compiled guests) and is not kept.
+        for rep in 0..=reps {
+            let mut order: Vec<usize> = (0..all.len()).collect();
+            if rep % 2 == 1 {
+                order.reverse();
+            }
+            let ns = |side: usize| format!("bench-{}-{rep}-{side}", std::process::id());
+            for &side in &order {
+                let ms = 1e3 * all[side].save(&ns(side), load)?;
+                if rep > 0 {
+                    samples[side][0].push(ms);
+                }
+            }
+            for &side in &order {
+                let ms = 1e3 * all[side].restore(&ns(side), load)?;
+                if rep > 0 {
+                    samples[side][1].push(ms);
+                }
+            }
+            for (side, s) in all.iter().enumerate() {
+                clean(&s.base(&ns(side)), load)?;
+            }
+        }
+        for (op, what) in ["save", "restore with prefetch"].iter().enumerate() {
+            let native_stat = Stat::new(samples[0][op].clone());
+            for (side, s) in all.iter().enumerate().skip(1) {
+                pairs.push(Pair {
+                    case: format!("{what} {}", load.label),
+                    native_label: native.label(),
+                    native: native_stat.clone(),
+                    kvwasm_label: s.label(),
+                    kvwasm: Stat::new(samples[side][op].clone()),
+                    target: load.target,
+                });
+            }
+        }
+    }
+    Ok(pairs)
+}
+
+/// The pairs as a Markdown table: times (lower is better) and ratios.
+pub fn markdown(pairs: &[Pair], reps: usize) -> String {
+    let mut out = String::from(
+        "| case | native client | ms (median, min–max) | kvwasm | ms (median, min–max) | ratio | target |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for p in pairs {
+        let ratio = p.ratio();
+        let verdict = if ratio <= p.target { "met" } else { "missed" };
+        out += &format!(
+            "| {} | {} | {:.1} ({:.1}–{:.1}) | {} | {:.1} ({:.1}–{:.1}) | {ratio:.2}× | ≤ {:.1}× {verdict} |\n",
+            p.case,
+            p.native_label,
+            p.native.median,
+            p.native.min,
+            p.native.max,
+            p.kvwasm_label,
+            p.kvwasm.median,
+            p.kvwasm.min,
+            p.kvwasm.max,
+            p.target,
+        );
+    }
+    out += &format!(
+        "\n{reps} repetitions; ratios (kvwasm time / native time) are medians of \
+         per-repetition ratios.\n"
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_generated_configuration_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let servers = Servers {
+            redis: Some("127.0.0.1:6379".into()),
+            s3: Some("http://127.0.0.1:9000".into()),
+            guests: None,
+        };
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, config(&servers)).unwrap();
+        kvwasm_host::config::Config::load(&path).unwrap();
+        let text = config(&Servers {
+            guests: Some("/g".into()),
+            ..servers
+        });
+        assert!(
+            text.contains("component = \"/g/kvwasm_guest_redis.wasm\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("component = \"/g/kvwasm_guest_s3.wasm\""),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn ratios_are_times_and_lower_is_better() {
+        let pair = Pair {
+            case: "save".into(),
+            native_label: "n".into(),
+            native: Stat::new(vec![10.0, 20.0]),
+            kvwasm_label: "k".into(),
+            kvwasm: Stat::new(vec![12.0, 30.0]),
+            target: 1.3,
+        };
+        assert!((pair.ratio() - 1.35).abs() < 1e-9);
+        assert!(markdown(&[pair], 2).contains("| 1.35× | ≤ 1.3× missed |"));
+    }
+}
