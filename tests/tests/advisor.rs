@@ -316,6 +316,13 @@ fn hostile_advisor_is_refused_and_loses_nothing() {
     }
     assert!(moved > 0);
 
+    // Lists that all name the same bytes: the host stops copying at the
+    // advisor's lift budget, far below what the aliases add up to.
+    let (before, after, last) = command("!alias");
+    let error = last.error.clone().unwrap_or_default();
+    assert!(error.contains("too much data"), "{last:?}");
+    assert_eq!(after.restarts, before.restarts + 1);
+
     for word in ["!huge", "!panic", "!loop"] {
         let (before, after, last) = command(word);
         assert!(last.error.is_some(), "{word}: {last:?}");
@@ -326,14 +333,14 @@ fn hostile_advisor_is_refused_and_loses_nothing() {
     // The replaced instance starts clean and the loop still works.
     let (_, after, last) = command("!storm");
     assert!(last.error.is_none() && last.report.applied > 0, "{last:?}");
-    assert_eq!(after.restarts, 3);
+    assert_eq!(after.restarts, 4);
     let decisions = store.decisions.lock().unwrap();
     assert_eq!(
         decisions
             .iter()
             .filter(|d| d.contains("guest failed"))
             .count(),
-        3,
+        4,
         "{decisions:?}"
     );
 }

@@ -196,3 +196,36 @@ fn plain_text_and_tls_never_mix_and_a_silent_peer_costs_one_timeout() {
     );
     holder.join().unwrap();
 }
+
+/// A hostile guest of a backend with a `tls` entry writes plain text on
+/// its granted socket instead of handing the streams to `wasi:tls`: the
+/// host refuses every byte, so the operator's "TLS only" holds whatever
+/// the vendor's code does.
+#[test]
+fn a_guest_with_a_tls_grant_cannot_write_plain_text_on_its_socket() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let peer = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = peer.local_addr().unwrap().to_string();
+    let reader = std::thread::spawn(move || {
+        let (mut conn, _) = peer.accept().unwrap();
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        let mut got = Vec::new();
+        let _ = conn.read_to_end(&mut got);
+        got
+    });
+    let config =
+        kvwasm_tests::hostile_config(dir.path(), &format!("net = [\"{addr}\"]\ntls = true\n"));
+    let (out, stderr) = Probe::new(PROBE, "wasm://hostile/t")
+        .config(&config)
+        .run(&[&format!("get-manifest:send:{addr}")]);
+    let got = reader.join().unwrap();
+    assert!(
+        got.is_empty(),
+        "plain text reached the peer: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(!out[1].ends_with("sent"), "{out:?} {stderr}");
+    assert!(stderr.contains("plain text refused"), "{stderr}");
+}

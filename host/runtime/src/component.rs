@@ -430,5 +430,6 @@ fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
     })?;
     crate::capabilities::dirs::add_guards_to_linker(&mut linker)?;
     crate::capabilities::http::add_guards_to_linker(&mut linker)?;
+    crate::capabilities::tls::add_guards_to_linker(&mut linker)?;
     Ok(slot.get_or_init(|| linker))
 }

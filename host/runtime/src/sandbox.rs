@@ -51,6 +51,7 @@ pub(crate) fn new_store(
             tls: backend.grants.tls.clone(),
         },
         tls: backend.grants.tls_ctx(&backend.name, &backend.metrics),
+        sealed_streams: Default::default(),
         settings: backend.config_vars.clone(),
         table,
         limits: limits.instance_limits(),

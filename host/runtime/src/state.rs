@@ -25,6 +25,9 @@ pub struct HostState {
     pub(crate) http_policy: HttpPolicy,
     /// `wasi:tls` handshakes, with the backend's TLS grant.
     pub(crate) tls: WasiTlsCtx,
+    /// Streams of TLS-only sockets not yet handed to `wasi:tls`, by table
+    /// index (`capabilities::tls::add_guards_to_linker`).
+    pub(crate) sealed_streams: std::collections::HashMap<u32, Arc<std::sync::atomic::AtomicBool>>,
     /// The backend's settings, served by `wasi:config/store`.
     pub(crate) settings: Arc<WasiConfigVariables>,
     pub(crate) table: ResourceTable,

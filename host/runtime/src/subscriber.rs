@@ -139,6 +139,9 @@ impl GuestKind for SubscriberExports {
     fn start(policy: &Backend, deadline: Deadline) -> Result<Instance<Self>, KvError> {
         let exports = policy.component.subscriber_exports()?;
         Instance::start(policy, deadline, async |s| {
+            if exports.advisor.is_some() {
+                s.set_hostcall_fuel(crate::tiering::advisor::MAX_LIFT_BYTES);
+            }
             let instance = exports.pre.instantiate_async(&mut *s).await?;
             let subscriber = exports.subscriber.load(&mut *s, &instance)?;
             let http_api = match &exports.http_api {

@@ -30,6 +30,15 @@ use super::{Access, AccessKind, Action, Advice, AdviceReport, AdviceSink, TierUs
 /// The longest chunk hash kv_store allows: longer ones are refused.
 const MAX_HASH_LEN: usize = 64;
 
+/// The most bytes the host copies out of an advisor's answer (or a call's
+/// arguments): wasmtime's per-call "hostcall fuel", 128 MiB by default.
+/// Every list of an answer may name the same guest bytes, so without it a
+/// 1 MiB buffer named 100 times costs the host 100 MiB per `advise`. 16 MiB
+/// holds about 290 000 hashes of 32 bytes, far above what the loop takes
+/// from a round (`max_hashes`); a larger answer fails the call (the
+/// instance is replaced).
+pub(crate) const MAX_LIFT_BYTES: usize = 16 << 20;
+
 /// An advisor guest, called one call at a time.
 pub struct Advisor {
     subscriber: Subscriber,

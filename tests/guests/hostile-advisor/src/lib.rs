@@ -8,6 +8,7 @@
 //! | `!unknown`  | promote, demote and evict 1000 hashes it never saw         |
 //! | `!storm`    | demote every known hash from tier 0 and promote it back    |
 //! | `!huge`     | 100 000 advice records of 1000 hashes each (traps on memory)|
+//! | `!alias`    | one 1 MiB buffer named as 100 hashes (100 MiB to copy)     |
 //! | `!bighash`  | advice naming 64 KiB and empty hashes                      |
 //! | `!tier`     | advice on tier 4 000 000 000                               |
 //! | `!panic`    | panics (trap)                                              |
@@ -95,6 +96,17 @@ impl advisor::Guest for Hostile {
                 "!huge" => (0..100_000)
                     .map(|_| advice(Action::Demote, 0, vec![vec![7u8; 32]; 1000]))
                     .collect(),
+                "!alias" => {
+                    // The canonical ABI lets every list point at the same
+                    // bytes: 1 MiB of guest memory, 100 MiB for the host.
+                    let buf: &'static mut [u8] = Vec::leak(vec![3u8; 1 << 20]);
+                    let hashes = (0..100)
+                        .map(|_| unsafe {
+                            Vec::from_raw_parts(buf.as_mut_ptr(), buf.len(), buf.len())
+                        })
+                        .collect();
+                    vec![advice(Action::Demote, 0, hashes)]
+                }
                 "!bighash" => vec![advice(
                     Action::Demote,
                     0,

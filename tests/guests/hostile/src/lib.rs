@@ -12,6 +12,7 @@
 //! | `abs:<path>`           | reads an absolute guest path, e.g. `/etc/passwd`   |
 //! | `env:<NAME>`           | returns the value of an environment variable       |
 //! | `connect:<ip:port>`    | opens a TCP connection                             |
+//! | `send:<ip:port>`       | connects and writes a plain-text `AUTH` line       |
 //! | `resolve:<host>`       | resolves a host name                               |
 //! | `hoard:<n>`            | creates and leaks n payloads of 1 MiB (host memory) |
 //! | `readfile:<path>`      | payload-io `read-file` of `path` beneath `/data`   |
@@ -145,6 +146,15 @@ impl GuestStore for HostileStore {
             Some(("connect", addr)) => {
                 std::net::TcpStream::connect(addr).map_err(io_error)?;
                 b"connected".to_vec()
+            }
+            Some(("send", addr)) => {
+                use std::io::Write;
+                let mut stream = std::net::TcpStream::connect(addr).map_err(io_error)?;
+                stream
+                    .write_all(b"AUTH plain-text-secret\r\n")
+                    .and_then(|()| stream.flush())
+                    .map_err(io_error)?;
+                b"sent".to_vec()
             }
             Some(("resolve", host)) => {
                 use std::net::ToSocketAddrs;
