@@ -305,7 +305,7 @@ fn a_restart_rebuilds_the_index_and_reads_survive_concurrent_demotion() {
 
 /// The same shared-prompt workload with `builtin:advisor` driving the
 /// tiers (issue 15's must-show): a hot tier of 30% of the data, and the
-/// prompt's chunks demoted to S3 after the saves (as a burst of other
+/// prompt's chunks demoted to the cold tier after the saves (as a burst of other
 /// traffic would leave them under plain LRU). Restore rounds with an
 /// advisor round after each: the hot tier never holds more than its
 /// capacity, no read misses, every byte reads back, and the prompt's
@@ -313,16 +313,13 @@ fn a_restart_rebuilds_the_index_and_reads_survive_concurrent_demotion() {
 #[test]
 fn the_builtin_advisor_brings_the_shared_prompt_hot_in_a_real_tiered_store() {
     const LEN: usize = 120 << 10;
-    let server = S3Server::start();
     let dir = tempfile::tempdir().unwrap();
-    let (cold, env) = s3_cold(&server);
-    for (key, value) in &env {
-        // SAFETY: as in the test above (same values in every test).
-        unsafe { std::env::set_var(key, value) };
-    }
+    // The cold tier on files: the tests above own the S3 credentials in
+    // this process's environment.
     let cold = format!(
-        "{cold}[subscribers.advisor]\ncomponent = \"builtin:advisor\"\n\
-         settings = {{ policy = \"frequency\" }}\n"
+        "{}[subscribers.advisor]\ncomponent = \"builtin:advisor\"\n\
+         settings = {{ policy = \"frequency\" }}\n",
+        fs_cold(dir.path())
     );
     // A long interval: the test runs the rounds itself, between restores.
     let knobs = "advisor = \"advisor\"\ndemote_interval_ms = 5\n\
