@@ -379,3 +379,81 @@ fn the_builtin_advisor_brings_the_shared_prompt_hot_in_a_real_tiered_store() {
     assert!(status.promotions >= 16, "{status:?}");
     assert_eq!(prompt_hot(&hot_root), 16, "{advisor:?}");
 }
+
+/// A chunk the last tier accepted but lost before a flush (a buffering
+/// backend whose instance trapped) is not left claimed by the index: the
+/// manifest that follows fails, and the consumer's retry really writes the
+/// chunk again (on the old code the retry was answered "already present"
+/// from the index, the next manifest was published, and the chunk read
+/// back as missing).
+#[test]
+fn a_chunk_a_tier_lost_before_its_flush_is_written_again_on_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("cold")).unwrap();
+    let cold = format!(
+        "[backends.cold]\ncomponent = {:?}\ndir = {:?}\nmax_instances = 1\n",
+        kvwasm_guest_artifacts::BUFFERED_PATH,
+        dir.path().join("cold")
+    );
+    let path = config(dir.path(), 1, &cold, "");
+    let store = open_tiered(&path, "kv", "lossy").unwrap();
+    // Larger than the hot tier: it goes straight to the buffering tier.
+    let big = pattern(2 * MIB as usize, 7);
+    let key = xxh3_key(&big);
+    assert!(!store.put_chunk(&key, &big).unwrap());
+    // The cold instance traps, losing the chunk it buffered.
+    assert!(store.get_chunk(b"sleep-then-trap").is_err());
+    assert!(
+        store.put_manifest("m", &key).is_err(),
+        "published over a lost chunk"
+    );
+    assert!(
+        !store.put_chunk(&key, &big).unwrap(),
+        "the retry was answered from the index and wrote nothing"
+    );
+    store.put_manifest("m", &key).unwrap();
+    let got = store.get_chunk(&key).unwrap();
+    assert!(got.as_slice() == big.as_slice());
+}
+
+/// Three tiers: a chunk promoted from the middle tier (its copy there
+/// stays) and then demoted from the top again reserved no room in the
+/// middle tier, so none may be given back. On the old code the give-back
+/// wrapped the middle tier's reservation and it then held more than its
+/// capacity.
+#[test]
+fn a_promote_then_demote_cycle_keeps_the_middle_tier_within_capacity() {
+    const LEN: usize = 256 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[backends.hot]\ncomponent = \"builtin:fs\"\ndir = {:?}\ncapacity_mib = 1\n\
+         [backends.mid]\ncomponent = \"builtin:fs\"\ndir = {:?}\ncapacity_mib = 1\n\
+         {}[backends.kv]\ntiers = [\"hot\", \"mid\", \"cold\"]\nmax_moves_per_sec = 1000\n",
+        dir.path().join("hot"),
+        dir.path().join("mid"),
+        fs_cold(dir.path())
+    );
+    let path = kvwasm_tests::write_config(dir.path(), &text);
+    let store = open_tiered(&path, "kv", "cycle").unwrap();
+    let first = pattern(LEN, 1);
+    let pair = [(xxh3_key(&first).to_vec(), first.clone())];
+    store.put_chunk(&pair[0].0, &first).unwrap();
+    for (action, tier) in [
+        (Action::Demote, 0),
+        (Action::Promote, 1),
+        (Action::Demote, 0),
+    ] {
+        let report = tiers(&store).apply(advice(action, tier, &pair));
+        assert_eq!(report.applied, 1, "{action:?}: {report:?}");
+    }
+    // Enough puts to push chunks through the middle tier to the cold one.
+    let chunks: Vec<Vec<u8>> = (2..14).map(|c| pattern(LEN, c)).collect();
+    for chunk in &chunks {
+        store.put_chunk(&xxh3_key(chunk), chunk).unwrap();
+        let (mid, _) = fs_chunk_usage(&dir.path().join("mid/cycle"));
+        assert!(mid <= MIB, "the middle tier holds {mid} bytes");
+    }
+    for chunk in chunks.iter().chain([&first]) {
+        assert!(store.get_chunk(&xxh3_key(chunk)).unwrap().as_slice() == chunk.as_slice());
+    }
+}

@@ -57,6 +57,11 @@ impl FsTier {
         }
     }
 
+    /// Whether the chunk's file is there (whole: the guest writes by rename).
+    pub(crate) fn holds(&self, hash: &[u8]) -> bool {
+        std::fs::symlink_metadata(self.path(hash)).is_ok_and(|m| m.is_file())
+    }
+
     /// Every chunk stored, with its length: what a restart rebuilds the
     /// index from. Files whose names are not a whole hash are skipped.
     pub(crate) fn list(&self) -> Result<Vec<(Vec<u8>, u64)>, String> {

@@ -21,7 +21,7 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak, mpsc};
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,8 @@ use crate::handle::{StoreHandle, open_shared};
 use crate::metrics::{TierGauges, TierMetrics};
 use crate::payload::MallocBuffer;
 
+/// Longest manifest name attributed to access records.
+const MAX_NOTED_NAME: usize = 255;
 /// Access records kept for the advisor before the oldest are dropped.
 const MAX_ACCESSES: usize = 1 << 16;
 /// Decisions kept for `kvwasm tier status`.
@@ -57,6 +59,35 @@ struct Tier {
     capacity: Option<u64>,
     /// Set for `builtin:fs` tiers (required of all but the last).
     fs: Option<FsTier>,
+    /// Chunks put into this tier since its last successful flush: if a
+    /// flush reports them lost, the index must stop claiming them.
+    unflushed: Mutex<Unflushed>,
+}
+
+/// Chunks put into a tier and not yet covered by a good flush, numbered in
+/// the order they were put (flushes may run concurrently).
+#[derive(Debug, Default)]
+struct Unflushed {
+    /// Puts numbered so far.
+    puts: u64,
+    hashes: VecDeque<(u64, Vec<u8>)>,
+}
+
+impl Unflushed {
+    fn push(&mut self, hash: &[u8]) {
+        self.puts += 1;
+        self.hashes.push_back((self.puts, hash.to_vec()));
+    }
+
+    /// Take the puts numbered up to `covered` (what a flush begun then
+    /// covered; a concurrent flush may have taken some already).
+    fn take_through(&mut self, covered: u64) -> Vec<Vec<u8>> {
+        let mut taken = Vec::new();
+        while self.hashes.front().is_some_and(|(n, _)| *n <= covered) {
+            taken.extend(self.hashes.pop_front().map(|(_, h)| h));
+        }
+        taken
+    }
 }
 
 /// Where one chunk is.
@@ -147,6 +178,14 @@ impl Index {
     }
 }
 
+/// An advised move admitted by [`TieredStore::claim`]: the chunk's length,
+/// and the tier where room was reserved for it, if any.
+#[derive(Debug, Clone, Copy)]
+struct Claim {
+    len: u64,
+    reserved: Option<usize>,
+}
+
 /// Moves per second the advisor may cause.
 #[derive(Debug)]
 struct Rate {
@@ -175,6 +214,9 @@ pub struct TieredStore {
     /// Chunk copies removed so far: a read that missed everywhere while
     /// this changed looks again.
     removals: AtomicU64,
+    /// A tier reported chunks it had accepted as lost (found by any flush,
+    /// the demoter's included): the next manifest publication fails.
+    lost: AtomicBool,
     /// Where the live figures are written for `kvwasm tier status`.
     status_file: Option<PathBuf>,
 }
@@ -282,6 +324,7 @@ impl TieredStore {
                 _ => None,
             };
             tiers.push(Tier {
+                unflushed: Mutex::default(),
                 name: tier.clone(),
                 handle,
                 capacity: *capacity,
@@ -332,6 +375,7 @@ impl TieredStore {
             accesses: Mutex::default(),
             decisions: Mutex::default(),
             removals: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
             status_file,
             config: tiered,
         });
@@ -406,6 +450,10 @@ impl TieredStore {
     }
 
     fn record(&self, kind: AccessKind, hash: &[u8], len: u64, tier: usize) {
+        // Only an advisor reads the log: without one it is not kept.
+        if self.config.advisor.is_none() {
+            return;
+        }
         let mut log = lock(&self.accesses);
         if log.len() == MAX_ACCESSES {
             log.pop_front();
@@ -427,7 +475,10 @@ impl TieredStore {
     /// A manifest was read or written on this thread: the chunk calls that
     /// follow are attributed to it.
     pub(crate) fn note_manifest(&self, name: &str) {
-        LAST_MANIFEST.set(Some((self as *const _ as usize, name.to_owned())));
+        // Called before the guest checks the name: a name longer than any
+        // backend accepts is not kept (each access record clones it).
+        let name = (name.len() <= MAX_NOTED_NAME).then(|| name.to_owned());
+        LAST_MANIFEST.set(name.map(|name| (self as *const _ as usize, name)));
     }
 
     /// Copy the index's figures into the gauges.
@@ -472,6 +523,9 @@ impl TieredStore {
             self.reserve(tier, len, self.deadline(tier))?;
         }
         let result = self.tiers[tier].handle.put_chunk(hash, data);
+        if result.is_ok() {
+            lock(&self.tiers[tier].unflushed).push(hash);
+        }
         {
             let mut index = lock(&self.index);
             if reserved {
@@ -567,10 +621,50 @@ impl TieredStore {
     /// Make every chunk put through any tier visible (and durable where
     /// the medium allows): before a manifest is published.
     pub(crate) fn flush(&self) -> Result<(), KvError> {
-        for tier in &self.tiers {
-            tier.handle.flush()?;
+        let flushed = (0..self.tiers.len()).try_for_each(|tier| self.flush_tier(tier));
+        // This call reports a loss, whether it found it now or another
+        // flush (the demoter's, say) found it earlier.
+        let lost = self.lost.swap(false, Relaxed);
+        flushed?;
+        if lost {
+            return Err(KvError::Io(format!(
+                "{}: a tier lost chunks it had accepted (see the log); they are no longer \
+                 counted as stored: put them again before publishing a manifest",
+                self.label
+            )));
         }
         Ok(())
+    }
+
+    /// Flush one tier. If it reports accepted chunks lost, the index stops
+    /// claiming the ones put since its last good flush that are not there
+    /// (so a re-put writes them again) and the next manifest fails, whoever
+    /// flushed first (the demoter, an advised move, a consumer).
+    fn flush_tier(&self, tier: usize) -> Result<(), KvError> {
+        let covered = lock(&self.tiers[tier].unflushed).puts;
+        let result = self.tiers[tier].handle.flush();
+        let flushed = lock(&self.tiers[tier].unflushed).take_through(covered);
+        if let Err(e) = &result {
+            let fs = self.tiers[tier].fs.as_ref();
+            let mut index = lock(&self.index);
+            for hash in &flushed {
+                if !fs.is_some_and(|fs| fs.holds(hash))
+                    && !index.chunks.get(hash).is_some_and(|e| e.busy)
+                {
+                    index.remove(hash, tier);
+                }
+            }
+            drop(index);
+            self.lost.store(true, Relaxed);
+            self.publish_usage();
+            tracing::warn!(
+                "{}: flushing tier {:?} failed: {e}; its unflushed chunks are no longer \
+                 counted as stored",
+                self.label,
+                self.tiers[tier].name
+            );
+        }
+        result
     }
 
     fn deadline(&self, tier: usize) -> Instant {
@@ -605,7 +699,13 @@ impl TieredStore {
                 }
                 victims
             };
-            self.demote(tier, victims, deadline)?;
+            let moved = self.demote(tier, victims, deadline)?;
+            if moved == 0 && Instant::now() >= deadline {
+                return Err(KvError::Limit(format!(
+                    "tier {:?} of {} is full and its chunks could not be demoted in time",
+                    self.tiers[tier].name, self.label
+                )));
+            }
         }
     }
 
@@ -658,7 +758,10 @@ impl TieredStore {
                     lock(&self.index).remove(hash, tier);
                     continue;
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.skip_victim(hash, tier, &e);
+                    continue;
+                }
             };
             if self.tiers[to].capacity.is_some() {
                 self.reserve(to, *len, deadline)?;
@@ -671,13 +774,29 @@ impl TieredStore {
                     index.add(hash, *len, to);
                 }
             }
-            put?;
+            if let Err(e) = put {
+                // One chunk the next tier refuses (too large for it, say)
+                // must not stop every other move: it stays where it is.
+                self.skip_victim(hash, tier, &e);
+                continue;
+            }
             copied.push((hash, data));
         }
         if copied.is_empty() {
             return Ok(moved);
         }
-        self.tiers[to].handle.flush()?;
+        if let Err(e) = self.flush_tier(to) {
+            // None of the copies is trusted: the sources stay, and the index
+            // keeps only copies whose files are there.
+            let fs = self.tiers[to].fs.as_ref();
+            let mut index = lock(&self.index);
+            for (hash, _) in &copied {
+                if !fs.is_some_and(|fs| fs.holds(hash)) {
+                    index.remove(hash, to);
+                }
+            }
+            return Err(e);
+        }
         for (hash, data) in copied {
             if !self.verify(to, hash, data.as_slice())? {
                 self.discard_bad_copy(to, hash)?;
@@ -692,6 +811,23 @@ impl TieredStore {
             moved += 1;
         }
         Ok(moved)
+    }
+
+    /// A chunk that could not be moved out of `tier`: logged, and made the
+    /// most recently used so the next pass picks other victims first.
+    fn skip_victim(&self, hash: &[u8], tier: usize, error: &KvError) {
+        crate::log_limit::warn(
+            ("tier move failed", self.label.as_str()),
+            format_args!(
+                "{}: a chunk stays in tier {:?}, moving it failed: {error}",
+                self.label, self.tiers[tier].name
+            ),
+        );
+        let mut index = lock(&self.index);
+        let now = index.tick();
+        if let Some(entry) = index.chunks.get_mut(hash) {
+            entry.last_use = now;
+        }
     }
 
     /// Whether tier `tier`'s copy of `hash` reads back as `expected`; a
@@ -725,7 +861,7 @@ impl TieredStore {
         // The tier's instances sync what they were given before a file
         // of theirs goes (an fs instance's flush fails on a chunk it wrote
         // that is gone); a no-op when none holds unsynced puts.
-        self.tiers[tier].handle.flush()?;
+        self.flush_tier(tier)?;
         // The file first, then its room in the index: the room is never
         // handed to another write while the bytes are still there. A reader
         // the index sends here finds it gone and looks in the other tiers.
@@ -821,7 +957,7 @@ impl TieredStore {
 
     /// Validate one advised chunk move and mark it busy: `Ok(len)`, or why
     /// it is refused.
-    fn claim(&self, action: Action, tier: usize, hash: &[u8]) -> Result<u64, &'static str> {
+    fn claim(&self, action: Action, tier: usize, hash: &[u8]) -> Result<Claim, &'static str> {
         let mut index = lock(&self.index);
         let last = self.last();
         let target = match action {
@@ -848,6 +984,7 @@ impl TieredStore {
             }
             _ => {}
         }
+        let mut reserved = None;
         if let Some(to) = target
             && let Some(capacity) = self.tiers[to].capacity
             && entry.tiers & (1 << to) == 0
@@ -856,12 +993,10 @@ impl TieredStore {
                 return Err("target tier full");
             }
             index.reserved[to] += entry.len;
+            reserved = Some(to);
         }
         if !self.admit_move(entry.len) {
-            if let Some(to) = target
-                && self.tiers[to].capacity.is_some()
-                && entry.tiers & (1 << to) == 0
-            {
+            if let Some(to) = reserved {
                 index.reserved[to] -= entry.len;
             }
             return Err("over the move rate limit");
@@ -869,27 +1004,38 @@ impl TieredStore {
         if let Some(e) = index.chunks.get_mut(hash) {
             e.busy = true;
         }
-        Ok(entry.len)
+        Ok(Claim {
+            len: entry.len,
+            reserved,
+        })
     }
 
     /// Apply one claimed move (see [`Self::claim`]).
-    fn apply_one(&self, action: Action, tier: usize, hash: &[u8], len: u64) -> Result<(), KvError> {
-        let release = |to: usize| {
-            if self.tiers[to].capacity.is_some() {
-                lock(&self.index).reserved[to] -= len;
+    fn apply_one(
+        &self,
+        action: Action,
+        tier: usize,
+        hash: &[u8],
+        claim: Claim,
+    ) -> Result<(), KvError> {
+        // Give back exactly what the claim reserved (nothing when the
+        // target tier already held a copy).
+        let release = || {
+            if let Some(to) = claim.reserved {
+                lock(&self.index).reserved[to] -= claim.len;
             }
         };
         let result = match action {
             Action::Evict => self.evict(tier, hash),
             Action::Demote => {
-                release(tier + 1);
+                release();
                 let deadline = self.deadline(tier);
-                self.demote_busy(tier, &[(hash.to_vec(), len)], deadline)
+                self.demote_busy(tier, &[(hash.to_vec(), claim.len)], deadline)
                     .map(drop)
             }
             Action::Promote => {
                 let result = self.copy_up(tier, hash);
-                release(tier - 1);
+                release();
                 result
             }
         };
@@ -906,7 +1052,7 @@ impl TieredStore {
         let to = tier - 1;
         let data = self.tiers[tier].handle.get_chunk(hash)?;
         self.tiers[to].handle.put_chunk(hash, data.as_slice())?;
-        self.tiers[to].handle.flush()?;
+        self.flush_tier(to)?;
         if self.verify(to, hash, data.as_slice())? {
             lock(&self.index).add(hash, data.len() as u64, to);
             self.metrics.promotions.fetch_add(1, Relaxed);
@@ -925,7 +1071,7 @@ impl TieredStore {
         lock(&self.index).remove(hash, tier);
         match &self.tiers[tier].fs {
             Some(fs) if tier != self.last() => {
-                self.tiers[tier].handle.flush()?;
+                self.flush_tier(tier)?;
                 fs.delete(hash).map_err(KvError::Io)
             }
             _ => Ok(()),
@@ -1051,14 +1197,14 @@ impl AdviceSink for TieredStore {
                     refuse(format!("no tier {tier}"), 1, &mut report);
                     continue;
                 }
-                let len = match self.claim(action, tier, &hash) {
-                    Ok(len) => len,
+                let claim = match self.claim(action, tier, &hash) {
+                    Ok(claim) => claim,
                     Err(why) => {
                         refuse(format!("{action:?}: {why}"), 1, &mut report);
                         continue;
                     }
                 };
-                match self.apply_one(action, tier, &hash, len) {
+                match self.apply_one(action, tier, &hash, claim) {
                     Ok(()) => report.applied += 1,
                     Err(e) => refuse(format!("{action:?} failed: {e}"), 1, &mut report),
                 }
