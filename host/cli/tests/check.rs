@@ -219,7 +219,7 @@ fn redis_tls_entry(
 ) -> String {
     format!(
         "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [\"{0}\"]\n\
-         env = [\"REDIS_PASSWORD\"]\nsettings = {{ address = \"{0}\"{settings} }}\n\
+         env = [\"REDIS_PASSWORD\"]\nsettings = {{ address = \"{0}\", timeout_ms = 30000{settings} }}\n\
          tls = {{ ca_file = \"{1}\" }}\n",
         server.addr,
         ca.display()
@@ -276,7 +276,8 @@ fn the_s3_guest_passes_the_quick_checks_over_https_with_the_operators_ca_and_fai
         format!(
             "[backends.s3]\ncomponent = \"builtin:s3\"\nhttp = [\"{endpoint}\"]\n\
              env = [\"AWS_ACCESS_KEY_ID\", \"AWS_SECRET_ACCESS_KEY\"]\n\
-             settings = {{ endpoint = \"{endpoint}\", bucket = \"{}\" }}\n{tls}",
+             call_timeout_ms = 60000\n\
+             settings = {{ endpoint = \"{endpoint}\", bucket = \"{}\", timeout_ms = 30000 }}\n{tls}",
             server.bucket
         )
     };
