@@ -35,6 +35,22 @@ fn manifest(chunks: &[Vec<u8>]) -> Vec<u8> {
     chunks.iter().flat_map(|c| xxh3_key(c)).collect()
 }
 
+/// Restore every session: its manifest names its chunks, and each reads
+/// back byte for byte.
+fn restore_all(store: &StoreHandle, sessions: &[Vec<Vec<u8>>]) {
+    for (s, chunks) in sessions.iter().enumerate() {
+        let keys = store.get_manifest(&format!("session-{s}")).unwrap();
+        assert_eq!(keys.as_slice(), manifest(chunks).as_slice());
+        for chunk in chunks {
+            let got = store.get_chunk(&xxh3_key(chunk)).unwrap();
+            assert!(
+                got.as_slice() == chunk.as_slice(),
+                "session {s}: bytes differ"
+            );
+        }
+    }
+}
+
 /// 10 sessions sharing a 16-chunk prompt, 24 own chunks each, 120 KiB
 /// chunks: 256 distinct chunks, 30 MiB; the hot tier holds 9 MiB (30%),
 /// the cold one is S3. While they save (and the background demoter runs
@@ -80,17 +96,7 @@ fn a_shared_prompt_workload_keeps_the_hot_tier_within_capacity_and_misses_nothin
     }
     // Restore every session twice, the prompt's chunks read by all.
     for _ in 0..2 {
-        for (s, chunks) in sessions.iter().enumerate() {
-            let keys = store.get_manifest(&format!("session-{s}")).unwrap();
-            assert_eq!(keys.as_slice(), manifest(chunks).as_slice());
-            for chunk in chunks {
-                let got = store.get_chunk(&xxh3_key(chunk)).unwrap();
-                assert!(
-                    got.as_slice() == chunk.as_slice(),
-                    "session {s}: bytes differ"
-                );
-            }
-        }
+        restore_all(&store, &sessions);
     }
     let status = tiers(&store).status();
     eprintln!("peak hot bytes {peak} of {}; {status:?}", 9 * MIB);
@@ -357,17 +363,7 @@ fn the_builtin_advisor_brings_the_shared_prompt_hot_in_a_real_tiered_store() {
     assert_eq!(demoted.applied, 16, "{demoted:?}");
     assert_eq!(prompt_hot(&hot_root), 0);
     for round in 0..6 {
-        for (s, chunks) in sessions.iter().enumerate() {
-            let keys = store.get_manifest(&format!("session-{s}")).unwrap();
-            assert_eq!(keys.as_slice(), manifest(chunks).as_slice());
-            for chunk in chunks {
-                let got = store.get_chunk(&xxh3_key(chunk)).unwrap();
-                assert!(
-                    got.as_slice() == chunk.as_slice(),
-                    "round {round}: bytes differ"
-                );
-            }
-        }
+        restore_all(&store, &sessions);
         assert!(store.advisor_round(), "the store runs an advisor");
         let (on_disk, _) = fs_chunk_usage(&hot_root);
         assert!(on_disk <= 9 * MIB, "round {round}: {on_disk} bytes hot");
