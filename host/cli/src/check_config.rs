@@ -95,8 +95,13 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
         if table != "backends" {
             println!("             one instance, max concurrent calls {calls}");
         } else {
+            let release = match backend.idle_release_ms {
+                0 => "never".to_string(),
+                ms => format!("after {ms} ms"),
+            };
             println!(
-                "             max instances per handle {}, max concurrent calls {calls}",
+                "             max instances per handle {}, max concurrent calls {calls}, \
+                 idle instances released {release}",
                 backend.max_instances
             );
         }

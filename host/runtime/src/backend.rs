@@ -29,6 +29,9 @@ pub struct Backend {
     /// Most instances serving one handle at once (only for backends that
     /// declare shared state; others get one).
     pub max_instances: usize,
+    /// An instance idle this long is released, and started again on the
+    /// handle's next call (0: never; see `handle::reaper`).
+    pub idle_release_ms: u64,
     /// Most calls in flight on this backend at once, over all handles.
     pub max_concurrent_calls: Option<usize>,
     pub(crate) calls_in_flight: CallGate,
@@ -49,6 +52,7 @@ impl std::fmt::Debug for Backend {
             .field("limits", &self.limits)
             .field("tenant_limits", &self.tenant_limits)
             .field("max_instances", &self.max_instances)
+            .field("idle_release_ms", &self.idle_release_ms)
             .field("max_concurrent_calls", &self.max_concurrent_calls)
             .finish()
     }
@@ -71,6 +75,7 @@ impl Backend {
             limits: Limits::default(),
             tenant_limits: BTreeMap::new(),
             max_instances: default_max_instances(),
+            idle_release_ms: DEFAULT_IDLE_RELEASE_MS,
             max_concurrent_calls: None,
             calls_in_flight: CallGate::default(),
             metrics: crate::metrics::for_backend(name),
@@ -131,6 +136,10 @@ impl Drop for CallSlot<'_> {
         }
     }
 }
+
+/// Default `idle_release_ms`: an idle handle holds no guest instance after
+/// a second, and a handle in use pays no re-instantiation (~0.1 ms) per call.
+pub const DEFAULT_IDLE_RELEASE_MS: u64 = 1000;
 
 /// Default instances per handle: 4. A call holds its instance for its whole
 /// I/O (done on the caller's thread), so more instances than cores still

@@ -13,6 +13,7 @@
 //! env = ["ACME_TOKEN"]              # variables passed through, by name
 //! settings = { bucket = "kv" }      # read by the guest through wasi:config
 //! max_instances = 4                 # instances serving one handle
+//! idle_release_ms = 1000            # release an instance idle this long (0: never)
 //! max_concurrent_calls = 64         # calls in flight on this backend
 //! memory_limit_mib = 256
 //! call_timeout_ms = 30000
@@ -55,7 +56,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::backend::{Backend, default_max_instances};
+use crate::backend::{Backend, DEFAULT_IDLE_RELEASE_MS, default_max_instances};
 use crate::capabilities::dirs::DirConfig;
 use crate::capabilities::http::Origin;
 use crate::capabilities::settings::SettingValue;
@@ -137,6 +138,8 @@ pub struct BackendConfig {
     pub settings: BTreeMap<String, SettingValue>,
     /// Instances serving one handle at once (default 4).
     pub max_instances: Option<usize>,
+    /// Release an instance idle this long, ms (default 1000; 0: never).
+    pub idle_release_ms: Option<u64>,
     /// Calls in flight on this backend at once, over all handles.
     pub max_concurrent_calls: Option<usize>,
     /// Linear memory cap per instance, MiB.
@@ -289,6 +292,7 @@ impl Config {
             .collect();
         backend.limits = limits;
         backend.max_instances = spec.max_instances.unwrap_or_else(default_max_instances);
+        backend.idle_release_ms = spec.idle_release_ms.unwrap_or(DEFAULT_IDLE_RELEASE_MS);
         backend.max_concurrent_calls = spec.max_concurrent_calls;
         backend.events_out = spec
             .publish_events
@@ -418,6 +422,9 @@ impl BackendConfig {
         }
         if self.max_instances.is_some() {
             return Err("this guest runs one instance; max_instances does not apply".into());
+        }
+        if self.idle_release_ms.is_some() {
+            return Err("this guest keeps its one instance; idle_release_ms does not apply".into());
         }
         if self.publish_events.is_some() {
             return Err("this guest has no kv_store traffic; publish_events does not apply".into());

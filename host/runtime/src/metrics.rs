@@ -28,6 +28,8 @@ pub struct BackendMetrics {
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
     events_dropped: AtomicU64,
+    instances_released: AtomicU64,
+    instances_restarted: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -42,6 +44,10 @@ pub struct Counters {
     pub bytes_out: u64,
     /// KV events of this backend's traffic (`publish_events`) dropped.
     pub events_dropped: u64,
+    /// Idle guest instances released after `idle_release_ms`.
+    pub instances_released: u64,
+    /// Instances started to replace released ones, on a handle's next call.
+    pub instances_restarted: u64,
 }
 
 impl BackendMetrics {
@@ -54,6 +60,16 @@ impl BackendMetrics {
     /// queue was full, or its socket could not bind or send).
     pub fn event_dropped(&self) {
         self.events_dropped.fetch_add(1, Relaxed);
+    }
+
+    /// `n` idle instances released.
+    pub(crate) fn released(&self, n: usize) {
+        self.instances_released.fetch_add(n as u64, Relaxed);
+    }
+
+    /// A released instance replaced by a fresh one.
+    pub(crate) fn restarted(&self) {
+        self.instances_restarted.fetch_add(1, Relaxed);
     }
 
     /// One finished call: `bytes_in` from the consumer, `bytes_out` to it.
@@ -85,6 +101,8 @@ impl BackendMetrics {
             bytes_in: self.bytes_in.load(Relaxed),
             bytes_out: self.bytes_out.load(Relaxed),
             events_dropped: self.events_dropped.load(Relaxed),
+            instances_released: self.instances_released.load(Relaxed),
+            instances_restarted: self.instances_restarted.load(Relaxed),
         }
     }
 }
@@ -113,7 +131,7 @@ pub fn snapshot() -> BTreeMap<String, Counters> {
 pub fn prometheus_text() -> String {
     let all = snapshot();
     type Family = (&'static str, &'static str, fn(&Counters) -> u64);
-    let families: [Family; 8] = [
+    let families: [Family; 10] = [
         ("calls", "Calls into backend guests.", |c| c.calls),
         ("errors", "Calls that failed (misses excluded).", |c| {
             c.errors
@@ -137,6 +155,16 @@ pub fn prometheus_text() -> String {
             "events_dropped",
             "KV events of the backend's traffic dropped (publish_events).",
             |c| c.events_dropped,
+        ),
+        (
+            "instances_released",
+            "Idle guest instances released (idle_release_ms).",
+            |c| c.instances_released,
+        ),
+        (
+            "instances_restarted",
+            "Guest instances started again on a call after an idle release.",
+            |c| c.instances_restarted,
         ),
     ];
     let mut out = String::new();

@@ -68,6 +68,11 @@ impl Durability {
             });
     }
 
+    /// Whether `instance` holds puts not yet flushed.
+    pub(super) fn holds_puts(&self, instance: u64) -> bool {
+        self.unflushed.contains_key(&instance)
+    }
+
     /// `instance` made everything it accepted durable (`flush`, or its own
     /// `put_manifest`).
     pub(super) fn flushed(&mut self, instance: u64) {

@@ -16,15 +16,20 @@
 //! instance fail the next manifest that covers them ([`durability`]). A
 //! handle also reads its own writes: a `get_chunk` miss while other
 //! instances hold earlier puts flushes them and asks again.
+//!
+//! Idle instances are released after the backend's `idle_release_ms` by
+//! the [`reaper`], except those holding unflushed puts and those of
+//! backends whose data lives in their instance; the next call starts one.
 
 mod backoff;
 mod durability;
 mod pool;
+mod reaper;
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
-use pool::{CallKind, CheckedOut, Pool};
+use pool::{CallKind, CheckedOut, Pool, Release};
 
 use crate::backend::Backend;
 use crate::bindings::PutOutcome;
@@ -37,7 +42,7 @@ use crate::payload::MallocBuffer;
 pub struct StoreHandle {
     backend: Arc<Backend>,
     namespace: String,
-    pool: Pool,
+    pool: Arc<Pool>,
     /// On a tiered store's handle (this one serves its last tier, where
     /// manifests live): the tiers that chunk calls go to.
     tiered: Option<crate::tiering::Front>,
@@ -85,9 +90,10 @@ pub fn open_shared(backend: Arc<Backend>, namespace: &str) -> Result<Arc<StoreHa
 impl StoreHandle {
     /// Open `namespace` on `backend`. The first instance starts now, so a
     /// bad namespace or a broken component fails here, not on first use.
+    /// On a backend with shared state it may be released once idle.
     pub fn open(backend: Arc<Backend>, namespace: &str) -> Result<StoreHandle, KvError> {
-        let deadline = Deadline::after_ms(backend.limits_for(namespace).call_timeout_ms);
-        let first = Instance::open(&backend, namespace, deadline)?;
+        let call_timeout_ms = backend.limits_for(namespace).call_timeout_ms;
+        let first = Instance::open(&backend, namespace, Deadline::after_ms(call_timeout_ms))?;
         let shared_state = backend.component.info.get().is_some_and(|i| i.shared_state);
         let max_instances = if shared_state {
             backend.max_instances.max(1)
@@ -95,9 +101,19 @@ impl StoreHandle {
             1
         };
         let label = format!("backend {:?}, namespace {namespace:?}", backend.name);
+        // A private-state backend's data lives in its instance: never released.
+        let release = (shared_state && backend.idle_release_ms > 0).then(|| Release {
+            after: std::time::Duration::from_millis(backend.idle_release_ms),
+            close_timeout_ms: call_timeout_ms,
+            metrics: backend.metrics.clone(),
+        });
+        let pool = Arc::new(Pool::new(first, max_instances, label, release));
+        if pool.release_after().is_some() {
+            reaper::watch(&pool);
+        }
         backend.start_publishing();
         Ok(StoreHandle {
-            pool: Pool::new(first, max_instances, label),
+            pool,
             backend,
             namespace: namespace.to_owned(),
             tiered: None,

@@ -6,14 +6,21 @@
 //! an instance another thread is using) is bounded by the waiting call's
 //! [`Deadline`]. An instance always comes back through [`CheckedOut`]:
 //! returned to the pool with its bookkeeping, or retired when lost.
+//!
+//! An instance left idle past its backend's `idle_release_ms` holding no
+//! unflushed puts may be released ([`Pool::release_idle`], called by the
+//! [`super::reaper`]); the next call that finds no idle instance starts one
+//! as any growing pool does.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::backoff::Backoff;
 use super::durability::Durability;
 use crate::deadline::Deadline;
 use crate::error::KvError;
 use crate::instance::{Instance, Outcome};
+use crate::metrics::BackendMetrics;
 
 /// What a call did, for the durability bookkeeping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,10 +42,37 @@ pub(super) struct Pool {
     max_instances: usize,
     /// `backend/namespace`, for log lines.
     label: String,
+    /// When idle instances may be released (`None`: never).
+    release: Option<Release>,
+}
+
+/// How a pool releases idle instances.
+pub(super) struct Release {
+    /// Idle time after which an instance may be released.
+    pub(super) after: Duration,
+    /// Deadline for a released instance's destructor (`call_timeout_ms`).
+    pub(super) close_timeout_ms: u64,
+    /// The backend's counters of releases and restarts.
+    pub(super) metrics: Arc<BackendMetrics>,
+}
+
+/// An instance waiting in the pool, and since when.
+struct Idle {
+    instance: Instance,
+    since: Instant,
+}
+
+/// What a checkout got: an idle instance, or the right to start one.
+enum Next {
+    Idle(Instance),
+    /// `restart`: the new instance replaces a released one.
+    Start {
+        restart: bool,
+    },
 }
 
 pub(super) struct PoolState {
-    idle: Vec<Instance>,
+    idle: Vec<Idle>,
     /// Instances in existence: idle plus checked out.
     live: usize,
     /// Threads waiting on `Pool::changed`. Wakeups are skipped when there
@@ -48,6 +82,8 @@ pub(super) struct PoolState {
     manifest_in_progress: bool,
     pub(super) durability: Durability,
     pub(super) backoff: Backoff,
+    /// Instances released and not yet replaced by a start.
+    released: usize,
 }
 
 impl PoolState {
@@ -56,26 +92,78 @@ impl PoolState {
         let at = self
             .idle
             .iter()
-            .position(|i| self.durability.is_due(i.id, own, cutoff))?;
-        Some(self.idle.swap_remove(at))
+            .position(|i| self.durability.is_due(i.instance.id, own, cutoff))?;
+        Some(self.idle.swap_remove(at).instance)
     }
 }
 
 impl Pool {
-    pub(super) fn new(first: Instance, max_instances: usize, label: String) -> Pool {
+    pub(super) fn new(
+        first: Instance,
+        max_instances: usize,
+        label: String,
+        release: Option<Release>,
+    ) -> Pool {
         Pool {
             state: Mutex::new(PoolState {
-                idle: vec![first],
+                idle: vec![Idle {
+                    instance: first,
+                    since: Instant::now(),
+                }],
                 live: 1,
                 waiters: 0,
                 manifest_in_progress: false,
                 durability: Durability::default(),
                 backoff: Backoff::default(),
+                released: 0,
             }),
             changed: Condvar::new(),
             max_instances,
             label,
+            release,
         }
+    }
+
+    /// How long an instance may stay idle before it may be released.
+    pub(super) fn release_after(&self) -> Option<Duration> {
+        self.release.as_ref().map(|r| r.after)
+    }
+
+    /// Release the instances idle since before `now - after` that hold no
+    /// unflushed puts (an idle instance runs no call), running their
+    /// destructors within `close_timeout_ms`. Returns how many.
+    pub(super) fn release_idle(&self, now: Instant) -> usize {
+        let Some(release) = &self.release else {
+            return 0;
+        };
+        let expired: Vec<Instance> = {
+            let mut state = self.lock();
+            let PoolState {
+                idle, durability, ..
+            } = &mut *state;
+            let expired: Vec<Instance> = idle
+                .extract_if(.., |i| {
+                    now.saturating_duration_since(i.since) >= release.after
+                        && !durability.holds_puts(i.instance.id)
+                })
+                .map(|i| i.instance)
+                .collect();
+            state.live -= expired.len();
+            state.released += expired.len();
+            if !expired.is_empty() {
+                self.wake(&state);
+            }
+            expired
+        };
+        let count = expired.len();
+        let deadline = Deadline::after_ms(release.close_timeout_ms);
+        for instance in expired {
+            instance.close(deadline);
+        }
+        if count > 0 {
+            release.metrics.released(count);
+        }
+        count
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, PoolState> {
@@ -126,24 +214,32 @@ impl Pool {
         deadline: Deadline,
         start: impl FnOnce() -> Result<Instance, KvError>,
     ) -> Result<CheckedOut<'_>, KvError> {
-        // `Some(None)`: the pool may grow, and the caller starts an instance.
-        let idle = self.wait_for(deadline, |state| {
-            if let Some(instance) = state.idle.pop() {
-                Some(Some(instance))
+        let next = self.wait_for(deadline, |state| {
+            if let Some(idle) = state.idle.pop() {
+                Some(Next::Idle(idle.instance))
             } else if state.live < self.max_instances {
                 state.live += 1;
-                Some(None)
+                let restart = state.released > 0;
+                state.released -= usize::from(restart);
+                Some(Next::Start { restart })
             } else {
                 None
             }
         })?;
-        let instance = match idle {
-            Some(instance) => instance,
-            None => start().inspect_err(|_| {
-                let mut state = self.lock();
-                state.live -= 1;
-                self.wake(&state);
-            })?,
+        let instance = match next {
+            Next::Idle(instance) => instance,
+            Next::Start { restart } => {
+                let started = start().inspect_err(|_| {
+                    let mut state = self.lock();
+                    state.live -= 1;
+                    state.released += usize::from(restart);
+                    self.wake(&state);
+                })?;
+                if let (true, Some(release)) = (restart, &self.release) {
+                    release.metrics.restarted();
+                }
+                started
+            }
         };
         Ok(self.checked_out(instance))
     }
@@ -191,7 +287,8 @@ impl Pool {
 
     /// The idle instances, taken out (when the handle closes).
     pub(super) fn take_idle(&self) -> Vec<Instance> {
-        std::mem::take(&mut self.lock().idle)
+        let idle = std::mem::take(&mut self.lock().idle);
+        idle.into_iter().map(|i| i.instance).collect()
     }
 
     fn checked_out(&self, instance: Instance) -> CheckedOut<'_> {
@@ -203,6 +300,7 @@ impl Pool {
 
     /// Give a healthy instance back, with what its call did.
     fn checkin(&self, instance: Instance, kind: CallKind, succeeded: bool) {
+        let since = Instant::now();
         let mut state = self.lock();
         state.backoff.succeeded();
         if succeeded {
@@ -212,7 +310,7 @@ impl Pool {
                 CallKind::Other => {}
             }
         }
-        state.idle.push(instance);
+        state.idle.push(Idle { instance, since });
         self.wake(&state);
     }
 

@@ -1,0 +1,130 @@
+//! Idle instances are released after `idle_release_ms` and started again on
+//! the next call (issue 17: an idle handle must not keep a guest instance),
+//! but never while they hold unflushed puts, and never for a backend whose
+//! data lives in its instance.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvwasm_host::config::Config;
+use kvwasm_host::{Backend, KvError, StoreHandle};
+
+/// Release time in these tests: short, so a test waits well under a second.
+const RELEASE_MS: u64 = 30;
+/// Long enough for several reaper passes past `RELEASE_MS` on a loaded
+/// machine, had the instance been releasable.
+const WELL_PAST_RELEASE: Duration = Duration::from_millis(400);
+
+/// Backend `name` of `component` with `dir = "data"` under `dir`, released
+/// after `RELEASE_MS`. Each test names its own backend: metrics are per name.
+fn backend(dir: &std::path::Path, name: &str, component: &str) -> Arc<Backend> {
+    let text = format!(
+        "[backends.{name}]\ncomponent = {component:?}\ndir = \"data\"\n\
+         idle_release_ms = {RELEASE_MS}\ncall_timeout_ms = 2000\n"
+    );
+    Arc::new(Config::parse(&text, dir).unwrap().backend(name).unwrap())
+}
+
+/// Wait (up to 5 s) until `handle` has no live instance.
+fn wait_for_release(handle: &StoreHandle) {
+    let start = Instant::now();
+    while handle.live_instances() > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the idle instance was never released"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_released_instance_is_started_again_and_reads_what_was_written_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = backend(dir.path(), "idle_fs", "builtin:fs");
+    let handle = StoreHandle::open(backend.clone(), "tenant/ns").unwrap();
+    assert!(!handle.put_chunk(b"chunk-1", b"payload").unwrap());
+    handle.put_manifest("m", b"names chunk-1").unwrap();
+    let before = backend.metrics.snapshot();
+
+    wait_for_release(&handle);
+    assert_eq!(backend.metrics.snapshot().instances_released, 1);
+
+    assert_eq!(handle.get_chunk(b"chunk-1").unwrap().as_slice(), b"payload");
+    assert_eq!(handle.live_instances(), 1, "the call started one instance");
+    assert_eq!(
+        handle.get_manifest("m").unwrap().as_slice(),
+        b"names chunk-1"
+    );
+    let after = backend.metrics.snapshot();
+    assert_eq!(after.instances_restarted, 1);
+    assert_eq!(after.calls - before.calls, 2);
+    assert_eq!(after.errors, 0);
+
+    // Released again once idle, and again served.
+    wait_for_release(&handle);
+    assert!(handle.put_chunk(b"chunk-1", b"payload").unwrap(), "present");
+    let last = backend.metrics.snapshot();
+    assert_eq!((last.instances_released, last.instances_restarted), (2, 2));
+}
+
+#[test]
+fn an_instance_holding_unflushed_puts_is_not_released_before_its_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = backend(
+        dir.path(),
+        "idle_buffered",
+        kvwasm_guest_artifacts::BUFFERED_PATH,
+    );
+    let handle = StoreHandle::open(backend.clone(), "").unwrap();
+    // The buffered guest keeps this chunk in instance memory until a flush:
+    // releasing its instance now would drop it unnoticed.
+    assert!(!handle.put_chunk(b"chunk-1", b"payload").unwrap());
+    std::thread::sleep(WELL_PAST_RELEASE);
+    assert_eq!(handle.live_instances(), 1);
+    assert_eq!(backend.metrics.snapshot().instances_released, 0);
+
+    handle.put_manifest("m", b"names chunk-1").unwrap();
+    let reader = StoreHandle::open(backend.clone(), "").unwrap();
+    assert_eq!(reader.get_chunk(b"chunk-1").unwrap().as_slice(), b"payload");
+    // Flushed, the idle instance may go.
+    wait_for_release(&handle);
+}
+
+#[test]
+fn a_backend_whose_data_lives_in_its_instance_is_never_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = backend(dir.path(), "idle_memory", "builtin:memory");
+    let handle = StoreHandle::open(backend.clone(), "").unwrap();
+    assert!(!handle.put_chunk(b"chunk-1", b"payload").unwrap());
+    handle.put_manifest("m", b"names chunk-1").unwrap();
+    std::thread::sleep(WELL_PAST_RELEASE);
+    assert_eq!(handle.live_instances(), 1);
+    assert_eq!(backend.metrics.snapshot().instances_released, 0);
+    assert_eq!(handle.get_chunk(b"chunk-1").unwrap().as_slice(), b"payload");
+}
+
+#[test]
+fn a_guest_that_traps_after_a_restart_costs_one_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = backend(
+        dir.path(),
+        "idle_hostile",
+        kvwasm_guest_artifacts::HOSTILE_PATH,
+    );
+    let handle = StoreHandle::open(backend.clone(), "").unwrap();
+    let ping = || handle.get_manifest("ping").map(|b| b.as_slice().to_vec());
+    assert_eq!(ping().unwrap(), b"pong");
+    wait_for_release(&handle);
+
+    // The restarted instance traps on its first call; the next call gets a
+    // fresh one.
+    assert!(matches!(
+        handle.get_manifest("panic"),
+        Err(KvError::Trapped(_))
+    ));
+    assert_eq!(handle.live_instances(), 0);
+    assert_eq!(ping().unwrap(), b"pong");
+    let counters = backend.metrics.snapshot();
+    assert_eq!((counters.traps, counters.errors), (1, 1));
+    assert_eq!(counters.instances_restarted, 1);
+}
