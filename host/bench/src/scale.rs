@@ -5,9 +5,10 @@
 //! tenants (`[backends.bK.tenants.tNNN]`, each with its own limits), and as
 //! many handles of the native backend. It reports the open latency
 //! distribution with a warm artifact cache, the resident memory an idle
-//! handle holds (after open, and after one call), the process's RSS, and
-//! small calls made round-robin over all the open handles against the
-//! native backend's.
+//! handle holds (after open, after one call, and after its instance was
+//! released for idleness), what the first call after a release costs, the
+//! process's RSS, and small calls made round-robin over all the open
+//! handles against the native backend's.
 //!
 //! Each repetition is a fresh child process (`kvwasm bench --scale-probe`)
 //! with `KVWASM_CONFIG` naming the generated config, so first opens and
@@ -17,7 +18,7 @@ use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kv_store_abi::{Handle, Library};
 
@@ -34,6 +35,14 @@ pub const TENANTS: usize = 100;
 /// are not charged to the handles measured.
 const WARM_HANDLES: usize = BACKENDS;
 const SMALL: usize = 4 << 10;
+/// `idle_release_ms` of the generated backends: longer than opening and
+/// using every handle takes on a loaded machine, so the rows before the
+/// release measure handles that still hold their instance.
+pub const IDLE_RELEASE_MS: u64 = 2000;
+/// How long the probe leaves the handles idle before measuring them
+/// released: the release time plus the reaper's period (a quarter of it)
+/// and slack.
+const IDLE_WAIT: Duration = Duration::from_millis(IDLE_RELEASE_MS * 3 / 2 + 500);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -62,9 +71,17 @@ pub struct ScaleSample {
     pub native_open_cpu_ms: Vec<f64>,
     /// KiB per handle: resident (VmRSS) idle after open, resident after
     /// one put + get, and proportional (PSS, shared pages divided among
-    /// their mappers) after the put + get.
-    pub kib_per_handle: [f64; 3],
-    pub native_kib_per_handle: [f64; 3],
+    /// their mappers) after the put + get; then resident and proportional
+    /// after a manifest and `IDLE_WAIT` idle (kvwasm: instance released).
+    pub kib_per_handle: [f64; 5],
+    pub native_kib_per_handle: [f64; 5],
+    /// The first call on each handle after that wait (get_manifest of a
+    /// missing name; kvwasm: starts an instance again), ms.
+    pub first_call_ms: Vec<f64>,
+    pub native_first_call_ms: Vec<f64>,
+    /// The same calls' CPU time on the calling thread, ms.
+    pub first_call_cpu_ms: Vec<f64>,
+    pub native_first_call_cpu_ms: Vec<f64>,
     /// The process's RSS with every handle of both libraries open, KiB.
     pub process_kib: f64,
     /// ns per call, round-robin over all handles: (case, native, kvwasm).
@@ -78,7 +95,8 @@ pub fn config_text(root: &Path) -> String {
     for b in 0..BACKENDS {
         let _ = writeln!(
             out,
-            "[backends.b{b}]\ncomponent = \"builtin:fs\"\ndir = \"{}\"\n",
+            "[backends.b{b}]\ncomponent = \"builtin:fs\"\ndir = \"{}\"\n\
+             idle_release_ms = {IDLE_RELEASE_MS}\n",
             root.join(format!("b{b}")).display()
         );
         for t in 0..TENANTS {
@@ -228,6 +246,46 @@ fn rows(samples: &[ScaleSample], handles: usize) -> Vec<Row> {
             &|s| (s.native_kib_per_handle[2], s.kib_per_handle[2]),
         ),
         row(
+            format!(
+                "resident memory per idle handle, after a manifest and {} ms idle \
+                 (kvwasm: instance released)",
+                IDLE_WAIT.as_millis()
+            ),
+            Unit::KiB,
+            &|s| (s.native_kib_per_handle[3], s.kib_per_handle[3]),
+        ),
+        row(
+            "proportional memory (PSS) per idle handle, after release".into(),
+            Unit::KiB,
+            &|s| (s.native_kib_per_handle[4], s.kib_per_handle[4]),
+        ),
+        row(
+            "first call after release (get_manifest, missing name) p50".into(),
+            Unit::Millis,
+            &|s| {
+                (
+                    pct(&s.native_first_call_ms, 0.5),
+                    pct(&s.first_call_ms, 0.5),
+                )
+            },
+        ),
+        row("first call after release p99".into(), Unit::Millis, &|s| {
+            (
+                pct(&s.native_first_call_ms, 0.99),
+                pct(&s.first_call_ms, 0.99),
+            )
+        }),
+        row(
+            "first call after release p99, thread CPU time".into(),
+            Unit::Millis,
+            &|s| {
+                (
+                    pct(&s.native_first_call_cpu_ms, 0.99),
+                    pct(&s.first_call_cpu_ms, 0.99),
+                )
+            },
+        ),
+        row(
             format!("process RSS, {handles} + {handles} handles open (the total, in both columns)"),
             Unit::KiB,
             &|s| (s.process_kib, s.process_kib),
@@ -297,9 +355,9 @@ pub fn probe(
             Ok(format!("cfs://{}", d.display()))
         })
         .collect::<Result<_, String>>()?;
-    let (native_handles, [native_open_ms, native_open_cpu_ms], native_kib) =
-        open_all(&native_lib, handles, |i| native_uris[i].clone(), &data)?;
-    let (handles_w, [open_ms, open_cpu_ms], kib) = open_all(&shim_lib, handles, uri, &data)?;
+    let native = open_all(&native_lib, handles, |i| native_uris[i].clone(), &data)?;
+    let kvwasm = open_all(&shim_lib, handles, uri, &data)?;
+    let (native_handles, handles_w) = (&native.handles, &kvwasm.handles);
     let process_kib = resident_kib();
     let rounds = if quick { 200 } else { 4_000 };
     let mut calls = Vec::new();
@@ -311,7 +369,7 @@ pub fn probe(
         // Four blocks, the side that goes first alternating; totals per side.
         let mut totals = [0.0; 2];
         for block in 0..4 {
-            let sides = [(0, &native_handles), (1, &handles_w)];
+            let sides = [(0, native_handles), (1, handles_w)];
             let order = if block % 2 == 0 { [0, 1] } else { [1, 0] };
             for side in order {
                 let (s, hs) = sides[side];
@@ -321,25 +379,46 @@ pub fn probe(
         }
         calls.push((case.to_owned(), totals[0] / 4.0, totals[1] / 4.0));
     }
-    drop(handles_w);
-    drop(native_handles);
+    let [open_ms, open_cpu_ms] = kvwasm.open_ms;
+    let [native_open_ms, native_open_cpu_ms] = native.open_ms;
+    let [first_call_ms, first_call_cpu_ms] = kvwasm.first_call_ms;
+    let [native_first_call_ms, native_first_call_cpu_ms] = native.first_call_ms;
     Ok(ScaleSample {
         open_ms,
         native_open_ms,
         open_cpu_ms,
         native_open_cpu_ms,
-        kib_per_handle: kib,
-        native_kib_per_handle: native_kib,
+        kib_per_handle: kvwasm.kib,
+        native_kib_per_handle: native.kib,
+        first_call_ms,
+        native_first_call_ms,
+        first_call_cpu_ms,
+        native_first_call_cpu_ms,
         process_kib,
         calls,
     })
 }
 
+/// One library's open handles and what was measured on them.
+struct Opened<'l> {
+    handles: Vec<Handle<'l>>,
+    /// Per open: wall and thread CPU time, ms.
+    open_ms: [Vec<f64>; 2],
+    /// See [`ScaleSample::kib_per_handle`].
+    kib: [f64; 5],
+    /// Per handle beyond `WARM_HANDLES`, the first call after the idle
+    /// wait: wall and thread CPU time, ms.
+    first_call_ms: [Vec<f64>; 2],
+}
+
 /// Open `n` handles of `lib` (URIs from `uri`), timing each (wall and
 /// thread CPU time, ms); use each once (a 4 KiB put and get). Resident KiB
 /// per handle beyond the first `WARM_HANDLES`: idle after open, and after
-/// the call.
-type Opened<'l> = (Vec<Handle<'l>>, [Vec<f64>; 2], [f64; 3]);
+/// the call. Then each publishes a manifest (which makes its puts durable:
+/// an instance holding unflushed puts is never released) and all stay idle
+/// for `IDLE_WAIT`, while the `WARM_HANDLES` are kept busy so that the
+/// baseline's instances stay; the memory per handle is measured again, and
+/// the first call on each is timed.
 fn open_all<'l>(
     lib: &'l Library,
     n: usize,
@@ -374,6 +453,10 @@ fn open_all<'l>(
         open(i, &mut handles)?;
         use_once(&handles[i], i)?;
     }
+    // The shim's reaper returns freed heap to the system after a release
+    // (`malloc_trim`); trimmed here too, the baseline holds no free heap
+    // that the reaper's trim would later subtract from the handles' share.
+    trim_heap();
     let (before, pss_before) = (resident_kib(), pss_kib());
     for i in WARM_HANDLES..n {
         open(i, &mut handles)?;
@@ -383,16 +466,47 @@ fn open_all<'l>(
         use_once(h, i)?;
     }
     let used = resident_kib();
+    let pss_used = pss_kib();
+    for (i, h) in handles.iter().enumerate() {
+        h.put_manifest("idle", b"m")
+            .map_err(|rc| format!("put_manifest on handle {i}: {rc}"))?;
+    }
+    let idle_since = Instant::now();
+    while idle_since.elapsed() < IDLE_WAIT {
+        std::thread::sleep(Duration::from_millis(100));
+        for h in &handles[..WARM_HANDLES] {
+            missing_manifest(h)?;
+        }
+    }
+    let (released, pss_released) = (resident_kib(), pss_kib());
+    let mut first_call_ms = [Vec::with_capacity(n), Vec::with_capacity(n)];
+    for h in &handles[WARM_HANDLES..] {
+        let (start, cpu) = (Instant::now(), thread_cpu_ms());
+        missing_manifest(h)?;
+        first_call_ms[0].push(start.elapsed().as_secs_f64() * 1e3);
+        first_call_ms[1].push(thread_cpu_ms() - cpu);
+    }
     let per = (n - WARM_HANDLES) as f64;
-    Ok((
+    Ok(Opened {
         handles,
         open_ms,
-        [
+        kib: [
             (opened - before) / per,
             (used - before) / per,
-            (pss_kib() - pss_before) / per,
+            (pss_used - pss_before) / per,
+            (released - before) / per,
+            (pss_released - pss_before) / per,
         ],
-    ))
+        first_call_ms,
+    })
+}
+
+/// `get_manifest` of a name never written: must miss.
+fn missing_manifest(h: &Handle<'_>) -> Result<(), String> {
+    match h.get_manifest("never-written") {
+        Ok(_) => Err("get_manifest of a missing name succeeded".into()),
+        Err(_) => Ok(()),
+    }
 }
 
 /// This process's proportional set size (`Pss` in smaps_rollup), KiB.
@@ -403,6 +517,16 @@ fn pss_kib() -> f64 {
         .find_map(|l| l.strip_prefix("Pss:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(f64::NAN)
+}
+
+/// Return free heap pages to the system (glibc's allocator, which the
+/// shim in this process shares).
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// CPU time this thread has used, ms.
@@ -436,11 +560,7 @@ fn calls_round_robin(
         let h = &handles[r % handles.len()];
         let key = ((block * rounds + r) as u64).to_le_bytes();
         match op {
-            Op::Missing => {
-                if h.get_manifest("never-written").is_ok() {
-                    return Err("get_manifest of a missing name succeeded".into());
-                }
-            }
+            Op::Missing => missing_manifest(h)?,
             Op::Put => {
                 h.put_chunk(&key, data)
                     .map_err(|rc| format!("put_chunk: {rc}"))?;

@@ -73,6 +73,12 @@ impl Durability {
         self.unflushed.contains_key(&instance)
     }
 
+    /// Give back the memory of bookkeeping that has emptied.
+    pub(super) fn shrink(&mut self) {
+        self.unflushed.shrink_to_fit();
+        self.lost.shrink_to_fit();
+    }
+
     /// `instance` made everything it accepted durable (`flush`, or its own
     /// `put_manifest`).
     pub(super) fn flushed(&mut self, instance: u64) {

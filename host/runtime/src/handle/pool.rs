@@ -62,15 +62,6 @@ struct Idle {
     since: Instant,
 }
 
-/// What a checkout got: an idle instance, or the right to start one.
-enum Next {
-    Idle(Instance),
-    /// `restart`: the new instance replaces a released one.
-    Start {
-        restart: bool,
-    },
-}
-
 pub(super) struct PoolState {
     idle: Vec<Idle>,
     /// Instances in existence: idle plus checked out.
@@ -150,6 +141,12 @@ impl Pool {
                 .collect();
             state.live -= expired.len();
             state.released += expired.len();
+            if state.idle.is_empty() {
+                // What the calls grew is given back too: an idle handle
+                // keeps only what it cannot do without.
+                state.idle = Vec::new();
+                state.durability.shrink();
+            }
             if !expired.is_empty() {
                 self.wake(&state);
             }
@@ -214,21 +211,23 @@ impl Pool {
         deadline: Deadline,
         start: impl FnOnce() -> Result<Instance, KvError>,
     ) -> Result<CheckedOut<'_>, KvError> {
-        let next = self.wait_for(deadline, |state| {
+        // `(None, restart)`: the pool may grow, and the caller starts an
+        // instance (`restart`: in place of a released one).
+        let (idle, restart) = self.wait_for(deadline, |state| {
             if let Some(idle) = state.idle.pop() {
-                Some(Next::Idle(idle.instance))
+                Some((Some(idle.instance), false))
             } else if state.live < self.max_instances {
                 state.live += 1;
                 let restart = state.released > 0;
                 state.released -= usize::from(restart);
-                Some(Next::Start { restart })
+                Some((None, restart))
             } else {
                 None
             }
         })?;
-        let instance = match next {
-            Next::Idle(instance) => instance,
-            Next::Start { restart } => {
+        let instance = match idle {
+            Some(instance) => instance,
+            None => {
                 let started = start().inspect_err(|_| {
                     let mut state = self.lock();
                     state.live -= 1;
