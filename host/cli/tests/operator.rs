@@ -51,6 +51,7 @@ fn check_config_prints_effective_grants_without_secret_values() {
              dirs = [{{ host = \"models\", guest = \"/models\", read_only = true }}]\n\
              net = [\"127.0.0.1:6379\"]\nhttp = [\"http://127.0.0.1:9000\"]\n\
              env = [\"KVWASM_TEST_SECRET\", \"KVWASM_TEST_UNSET\"]\nmax_concurrent_calls = 8\n\
+             idle_release_ms = 250\n\
              settings = {{ bucket = \"kv-cache\", db = 2, secret_key_env = \"KVWASM_TEST_SECRET\" }}\n\
              [backends.acme.tenants.alice]\ncall_timeout_ms = 100\n\
              [backends.pinned]\ncomponent = \"builtin:memory\"\nsha256 = \"{}\"\n",
@@ -82,7 +83,7 @@ fn check_config_prints_effective_grants_without_secret_values() {
         "http://127.0.0.1:9000",
         "KVWASM_TEST_SECRET (set)",
         "KVWASM_TEST_UNSET (not set)",
-        "max concurrent calls 8",
+        "max concurrent calls 8, idle instances released after 250 ms",
         "bucket = \"kv-cache\"",
         "db = \"2\"",
         "secret_key_env = \"KVWASM_TEST_SECRET\"",

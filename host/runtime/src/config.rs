@@ -660,6 +660,10 @@ mod tests {
                 "publish_events does not apply",
             ),
             (
+                "[fabrics.f]\ncomponent = \"builtin:fs\"\nidle_release_ms = 5".to_owned(),
+                "idle_release_ms does not apply",
+            ),
+            (
                 format!("{fs}[backends.a.tenants.t]\nmemory_limit_mib = 0"),
                 "tenants.t",
             ),
