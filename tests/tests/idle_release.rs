@@ -18,9 +18,18 @@ const WELL_PAST_RELEASE: Duration = Duration::from_millis(400);
 /// Backend `name` of `component` with `dir = "data"` under `dir`, released
 /// after `RELEASE_MS`. Each test names its own backend: metrics are per name.
 fn backend(dir: &std::path::Path, name: &str, component: &str) -> Arc<Backend> {
+    backend_releasing_after(dir, name, component, RELEASE_MS)
+}
+
+fn backend_releasing_after(
+    dir: &std::path::Path,
+    name: &str,
+    component: &str,
+    release_ms: u64,
+) -> Arc<Backend> {
     let text = format!(
         "[backends.{name}]\ncomponent = {component:?}\ndir = \"data\"\n\
-         idle_release_ms = {RELEASE_MS}\ncall_timeout_ms = 2000\n"
+         idle_release_ms = {release_ms}\ncall_timeout_ms = 2000\n"
     );
     Arc::new(Config::parse(&text, dir).unwrap().backend(name).unwrap())
 }
@@ -49,22 +58,23 @@ fn a_released_instance_is_started_again_and_reads_what_was_written_before() {
     wait_for_release(&handle);
     assert_eq!(backend.metrics.snapshot().instances_released, 1);
 
+    // (A stalled test thread may see the new instance released again
+    // between calls: the counts below allow for it.)
     assert_eq!(handle.get_chunk(b"chunk-1").unwrap().as_slice(), b"payload");
-    assert_eq!(handle.live_instances(), 1, "the call started one instance");
     assert_eq!(
         handle.get_manifest("m").unwrap().as_slice(),
         b"names chunk-1"
     );
     let after = backend.metrics.snapshot();
-    assert_eq!(after.instances_restarted, 1);
-    assert_eq!(after.calls - before.calls, 2);
-    assert_eq!(after.errors, 0);
+    assert!(after.instances_restarted >= 1, "{after:?}");
+    assert!(after.instances_restarted <= after.instances_released);
+    assert_eq!((after.calls - before.calls, after.errors), (2, 0));
 
     // Released again once idle, and again served.
     wait_for_release(&handle);
     assert!(handle.put_chunk(b"chunk-1", b"payload").unwrap(), "present");
     let last = backend.metrics.snapshot();
-    assert_eq!((last.instances_released, last.instances_restarted), (2, 2));
+    assert!(last.instances_released >= 2 && last.instances_restarted >= 2);
 }
 
 #[test]
@@ -88,6 +98,17 @@ fn an_instance_holding_unflushed_puts_is_not_released_before_its_flush() {
     assert_eq!(reader.get_chunk(b"chunk-1").unwrap().as_slice(), b"payload");
     // Flushed, the idle instance may go.
     wait_for_release(&handle);
+}
+
+#[test]
+fn idle_release_ms_0_keeps_idle_instances() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = backend_releasing_after(dir.path(), "idle_never", "builtin:fs", 0);
+    let handle = StoreHandle::open(backend.clone(), "").unwrap();
+    handle.put_manifest("m", b"nothing").unwrap();
+    std::thread::sleep(WELL_PAST_RELEASE);
+    assert_eq!(handle.live_instances(), 1);
+    assert_eq!(backend.metrics.snapshot().instances_released, 0);
 }
 
 #[test]
