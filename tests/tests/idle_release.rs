@@ -57,6 +57,10 @@ fn a_released_instance_is_started_again_and_reads_what_was_written_before() {
 
     wait_for_release(&handle);
     assert_eq!(backend.metrics.snapshot().instances_released, 1);
+    assert!(
+        kvwasm_host::metrics::prometheus_text()
+            .contains("kvwasm_instances_released_total{backend=\"idle_fs\"} 1\n")
+    );
 
     // (A stalled test thread may see the new instance released again
     // between calls: the counts below allow for it.)
