@@ -1,10 +1,13 @@
 //! The throughput matrix as an SVG: GB/s against chunk size, one panel per
-//! directory, one line per target and operation.
+//! directory, one line per target and operation; and the remote backends
+//! against native clients (`--remote --plot`), one panel per backend and load.
 
 use std::path::Path;
 
 use plotters::prelude::*;
 
+use crate::remote::Pair;
+use crate::stats::Stat;
 use crate::workloads::size_label;
 use crate::{CHUNK_SIZES, Results};
 
@@ -98,4 +101,197 @@ pub fn write_svg(r: &Results, path: &Path) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
     }
     root.present().map_err(|e| e.to_string())
+}
+
+/// One panel of the remote plot: a backend at one load, its operations
+/// (save, restore), each with the native client's bar and kvwasm's.
+struct RemotePanel<'a> {
+    title: String,
+    /// (operation, [(side, time)]), the native client first.
+    ops: Vec<(&'static str, Vec<(&'a str, &'a Stat)>)>,
+}
+
+/// The pairs of `kvwasm bench --remote` grouped into panels, in order:
+/// one per native client and load (`save 96 × 1 MiB` and `restore with
+/// prefetch 96 × 1 MiB` share the panel `96 × 1 MiB`).
+fn remote_panels(pairs: &[Pair]) -> Vec<RemotePanel<'_>> {
+    let mut panels: Vec<RemotePanel> = Vec::new();
+    for pair in pairs {
+        let (op, load) = match pair.case.strip_prefix("save ") {
+            Some(load) => ("save", load),
+            None => (
+                "restore",
+                pair.case
+                    .strip_prefix("restore with prefetch ")
+                    .unwrap_or(&pair.case),
+            ),
+        };
+        let title = format!("{load}: {}", pair.native_label);
+        let panel = match panels.iter().position(|p| p.title == title) {
+            Some(i) => &mut panels[i],
+            None => {
+                panels.push(RemotePanel {
+                    title,
+                    ops: Vec::new(),
+                });
+                panels.last_mut().expect("just pushed")
+            }
+        };
+        let bars = match panel.ops.iter().position(|(o, _)| *o == op) {
+            Some(i) => &mut panel.ops[i].1,
+            None => {
+                panel
+                    .ops
+                    .push((op, vec![(pair.native_label.as_str(), &pair.native)]));
+                &mut panel.ops.last_mut().expect("just pushed").1
+            }
+        };
+        bars.push((pair.kvwasm_label.as_str(), &pair.kvwasm));
+    }
+    panels
+}
+
+/// The remote comparison as an SVG: one panel per backend and load, a bar
+/// per side (median ms, lower is better) with its min–max range.
+pub fn write_remote_svg(pairs: &[Pair], path: &Path) -> Result<(), String> {
+    let panels = remote_panels(pairs);
+    if panels.is_empty() {
+        return Err("no remote results to plot".into());
+    }
+    let width = 520 * panels.len() as u32;
+    let root = SVGBackend::new(path, (width, 420)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    for (area, panel) in root.split_evenly((1, panels.len())).iter().zip(&panels) {
+        let sides = panel.ops.iter().map(|(_, b)| b.len()).max().unwrap_or(1);
+        let top = panel
+            .ops
+            .iter()
+            .flat_map(|(_, bars)| bars.iter().map(|(_, s)| s.max))
+            .fold(0.0f64, f64::max)
+            * 1.25;
+        let mut chart = ChartBuilder::on(area)
+            .caption(&panel.title, ("sans-serif", 15))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(52)
+            .build_cartesian_2d(-0.5f64..(panel.ops.len() as f64 - 0.5), 0.0..top.max(0.1))
+            .map_err(|e| e.to_string())?;
+        let ops: Vec<&str> = panel.ops.iter().map(|(op, _)| *op).collect();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(ops.len())
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                if (x - i).abs() > 0.01 || i < 0.0 {
+                    return String::new();
+                }
+                ops.get(i as usize)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            })
+            .y_desc("ms (median; bar: min–max)")
+            .draw()
+            .map_err(|e| e.to_string())?;
+        let slot = 0.8 / sides as f64;
+        for side in 0..sides {
+            let style = PALETTE[side % PALETTE.len()];
+            let bars: Vec<(f64, &Stat)> = panel
+                .ops
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (_, bars))| {
+                    let x = i as f64 - 0.4 + slot * side as f64;
+                    bars.get(side).map(|(_, stat)| (x, *stat))
+                })
+                .collect();
+            let label = panel.ops[0].1.get(side).map_or("", |(l, _)| l);
+            chart
+                .draw_series(bars.iter().map(|(x, s)| {
+                    Rectangle::new([(*x, 0.0), (x + slot * 0.9, s.median)], style.filled())
+                }))
+                .map_err(|e| e.to_string())?
+                .label(label.to_owned())
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], style.filled())
+                });
+            chart
+                .draw_series(bars.iter().map(|(x, s)| {
+                    let mid = x + slot * 0.45;
+                    PathElement::new(vec![(mid, s.min), (mid, s.max)], BLACK.stroke_width(1))
+                }))
+                .map_err(|e| e.to_string())?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| e.to_string())?;
+    }
+    root.present().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(case: &str, native: &str, kvwasm: &str) -> Pair {
+        Pair {
+            case: case.into(),
+            native_label: native.into(),
+            native: Stat::new(vec![1.0, 2.0, 3.0]),
+            kvwasm_label: kvwasm.into(),
+            kvwasm: Stat::new(vec![2.0, 4.0, 6.0]),
+            target: 1.3,
+        }
+    }
+
+    /// Every load of every backend gets a panel, with save and restore
+    /// grouped and the native client's bar first; all of them are drawn.
+    #[test]
+    fn remote_pairs_become_one_panel_per_backend_and_load() {
+        let pairs = [
+            pair("save 96 × 1 MiB", "redis crate", "kvwasm (redis)"),
+            pair("save 96 × 1 MiB", "redis crate", "kvwasm (redis-batched)"),
+            pair(
+                "restore with prefetch 96 × 1 MiB",
+                "redis crate",
+                "kvwasm (redis)",
+            ),
+            pair("save 4096 × 4 KiB", "redis crate", "kvwasm (redis)"),
+            pair("save 96 × 1 MiB", "reqwest", "kvwasm (s3)"),
+        ];
+        let panels = remote_panels(&pairs);
+        let titles: Vec<&str> = panels.iter().map(|p| p.title.as_str()).collect();
+        assert_eq!(
+            titles,
+            [
+                "96 × 1 MiB: redis crate",
+                "4096 × 4 KiB: redis crate",
+                "96 × 1 MiB: reqwest"
+            ]
+        );
+        let bars = |p: &RemotePanel, op: usize| -> Vec<String> {
+            p.ops[op].1.iter().map(|(l, _)| l.to_string()).collect()
+        };
+        assert_eq!(panels[0].ops.len(), 2);
+        assert_eq!(panels[0].ops[0].0, "save");
+        assert_eq!(
+            bars(&panels[0], 0),
+            ["redis crate", "kvwasm (redis)", "kvwasm (redis-batched)"]
+        );
+        assert_eq!(panels[0].ops[1].0, "restore");
+        assert_eq!(bars(&panels[0], 1), ["redis crate", "kvwasm (redis)"]);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("remote.svg");
+        write_remote_svg(&pairs, &path).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        for text in titles.iter().chain(&["kvwasm (redis-batched)", "restore"]) {
+            assert!(svg.contains(text), "{text} missing from the plot");
+        }
+        assert!(write_remote_svg(&[], &path).is_err());
+    }
 }

@@ -39,7 +39,7 @@ pub struct BenchArgs {
     /// Seconds, not minutes: tiny sizes and one repetition (a smoke run).
     #[arg(long)]
     quick: bool,
-    /// Write the throughput plot (SVG) here.
+    /// Write the throughput plot (SVG) here (with --remote: the remote comparison).
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
     /// Write all samples as JSON here.
@@ -309,6 +309,10 @@ fn bench_remote(args: &BenchArgs) -> anyhow::Result<()> {
     let pairs = kvwasm_bench::remote::run(&servers, reps, args.quick, scratch.path())
         .map_err(anyhow::Error::msg)?;
     print!("{}", kvwasm_bench::remote::markdown(&pairs, reps));
+    if let Some(path) = &args.plot {
+        kvwasm_bench::plot::write_remote_svg(&pairs, path).map_err(anyhow::Error::msg)?;
+        eprintln!("plot written to {}", path.display());
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&pairs)?)
             .with_context(|| format!("writing {}", path.display()))?;

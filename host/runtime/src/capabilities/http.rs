@@ -10,7 +10,8 @@
 //! An `https` request of a backend with a `tls` grant is sent with the
 //! grant's client config (its roots, client certificate and server name;
 //! see [`super::tls`]); without one, wasmtime-wasi-http's default (the
-//! public roots).
+//! public roots). A plain-http request goes through one pooled client
+//! (keep-alive connections per origin, `TCP_NODELAY`), after the same check.
 
 use std::sync::Arc;
 
@@ -188,15 +189,80 @@ impl WasiHttpHooks for HttpPolicy {
                 sent
             });
         }
-        Box::new(async move {
-            use http_body_util::BodyExt;
-            let (response, io) = wasmtime_wasi_http::default_send_request(request, options).await?;
-            Ok((
-                response.map(BodyExt::boxed_unsync),
-                Box::new(io) as Box<dyn Future<Output = _> + Send>,
-            ))
-        })
+        Box::new(send_http(request, options))
     }
+}
+
+/// Idle keep-alive connections kept per origin: the s3 guest's window of
+/// requests in flight (`max_concurrency`, 16 by default) can reuse one each.
+const MAX_IDLE_PER_ORIGIN: usize = 16;
+
+/// How long an idle connection is kept before it is closed.
+const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+type PlainClient = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    WasiBody,
+>;
+
+/// The process's pooled client for plain-http requests, shared by every
+/// instance: a connection is keyed by its origin, and only ever used for a
+/// request whose origin the sending instance's grant allows (checked in
+/// [`HttpPolicy::send_request`] before this is reached). Reusing keep-alive
+/// connections, with `TCP_NODELAY`, instead of wasmtime-wasi-http's new
+/// connection per request is what a native client (reqwest) does.
+fn plain_client() -> &'static PlainClient {
+    static CLIENT: std::sync::OnceLock<PlainClient> = std::sync::OnceLock::new();
+    CLIENT.get_or_init(|| {
+        let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        connector.set_nodelay(true);
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_max_idle_per_host(MAX_IDLE_PER_ORIGIN)
+            .pool_idle_timeout(IDLE_TIMEOUT)
+            .pool_timer(hyper_util::rt::TokioTimer::new())
+            .build(connector)
+    })
+}
+
+/// One plain-http request through [`plain_client`]. The connect and first
+/// byte timeouts together bound the wait for the response head (the pool
+/// may hand out a live connection, leaving no connect to time); waits
+/// between body bytes are bounded by the call's deadline, as for https.
+async fn send_http(
+    request: http::Request<WasiBody>,
+    options: Option<RequestOptions>,
+) -> Result<
+    (
+        http::Response<WasiBody>,
+        Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+    ),
+    HttpError,
+> {
+    use http_body_util::BodyExt;
+    use std::time::Duration;
+    let limit = |t: Option<Duration>| t.unwrap_or(Duration::from_secs(600));
+    let wait = limit(options.and_then(|o| o.connect_timeout))
+        .saturating_add(limit(options.and_then(|o| o.first_byte_timeout)));
+    let response = tokio::time::timeout(wait, plain_client().request(request))
+        .await
+        .map_err(|_| HttpError::ConnectionReadTimeout)?
+        .map_err(|e| {
+            if e.is_connect() {
+                HttpError::Connect(std::io::Error::other(e))
+            } else {
+                // The cause (hyper's error) is what says what went wrong.
+                use std::error::Error as _;
+                let cause = e.source().map_or_else(|| e.to_string(), |s| s.to_string());
+                HttpError::InternalError(Some(cause))
+            }
+        })?;
+    // The pool drives the connection in a task of its own: no I/O future.
+    let io: Box<dyn Future<Output = Result<(), HttpError>> + Send> =
+        Box::new(std::future::ready(Ok(())));
+    Ok((
+        response.map(|body| body.map_err(HttpError::Hyper).boxed_unsync()),
+        io,
+    ))
 }
 
 /// One https request over a new connection, verified with `tls`'s config:
@@ -326,3 +392,126 @@ pub(crate) fn add_guards_to_linker(
 /// The interface [`add_guards_to_linker`] replaces a function of, as
 /// wasmtime-wasi-http 48 names it.
 const OUTGOING_HANDLER: &str = "wasi:http/outgoing-handler@0.2.12";
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    /// An HTTP/1.1 server on loopback answering every request `ok` on a
+    /// keep-alive connection, counting the connections it accepts.
+    fn counting_server() -> (u16, Arc<AtomicUsize>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepts = Arc::new(AtomicUsize::new(0));
+        let counted = accepts.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                counted.fetch_add(1, Ordering::SeqCst);
+                std::thread::spawn(move || {
+                    let mut writer = stream.try_clone().unwrap();
+                    let mut lines = BufReader::new(stream).lines();
+                    // Requests without bodies: a head ends at an empty line.
+                    while let Some(Ok(line)) = lines.next() {
+                        if line.is_empty()
+                            && writer
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                                .is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (port, accepts)
+    }
+
+    fn policy(origin: &str) -> HttpPolicy {
+        HttpPolicy {
+            grant: Arc::new(HttpGrant {
+                origins: vec![Origin::parse(origin).unwrap()],
+            }),
+            metrics: Arc::default(),
+            tls: None,
+        }
+    }
+
+    /// Send a GET through the hook and read the whole response body.
+    async fn get(policy: &mut HttpPolicy, url: &str) -> Result<Vec<u8>, HttpError> {
+        let request = http::Request::get(url)
+            .body(
+                http_body_util::Empty::new()
+                    .map_err(|e: std::convert::Infallible| match e {})
+                    .boxed_unsync(),
+            )
+            .unwrap();
+        let sent = Box::into_pin(policy.send_request(request, None, Box::new(async { Ok(()) })));
+        let (response, _io) = sent.await?;
+        let body = response.into_body().collect().await?;
+        Ok(body.to_bytes().to_vec())
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// Plain-http requests to a granted origin reuse a keep-alive
+    /// connection instead of connecting for each request (the pool may
+    /// not have taken a connection back yet when the next request starts:
+    /// a pause between requests, and one spare connection allowed).
+    #[test]
+    fn plain_http_requests_reuse_connections() {
+        let (port, accepts) = counting_server();
+        let origin = format!("http://127.0.0.1:{port}");
+        let mut policy = policy(&origin);
+        runtime().block_on(async {
+            for _ in 0..6 {
+                let body = get(&mut policy, &format!("{origin}/object")).await.unwrap();
+                assert_eq!(body, b"ok");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        });
+        let accepted = accepts.load(Ordering::SeqCst);
+        assert!(
+            (1..=2).contains(&accepted),
+            "{accepted} connections for 6 requests"
+        );
+    }
+
+    /// A request to an origin outside the grant fails before any connect,
+    /// also when the pool holds a connection to a granted origin.
+    #[test]
+    fn a_denied_origin_is_never_connected_to() {
+        let (granted, _) = counting_server();
+        let (other, accepts) = counting_server();
+        let mut policy = policy(&format!("http://127.0.0.1:{granted}"));
+        runtime().block_on(async {
+            get(&mut policy, &format!("http://127.0.0.1:{granted}/a"))
+                .await
+                .unwrap();
+            for url in [
+                format!("http://127.0.0.1:{other}/b"),
+                format!("http://localhost:{granted}/b"),
+                format!("https://127.0.0.1:{granted}/b"),
+            ] {
+                let denied = get(&mut policy, &url).await.unwrap_err();
+                assert!(
+                    matches!(denied, HttpError::HttpRequestDenied),
+                    "{url}: {denied:?}"
+                );
+            }
+        });
+        assert_eq!(accepts.load(Ordering::SeqCst), 0);
+        assert_eq!(policy.metrics.snapshot().denials, 3);
+    }
+}
