@@ -11,7 +11,9 @@ use kvwasm_guest_support::events_bindings::kvwasm::events::{block_hash, types};
 use kvwasm_kv_indexer_core::{Event, EventData, Indexer, Stored, hash};
 
 thread_local! {
-    static INDEXER: RefCell<Indexer> = RefCell::new(Indexer::with_block_hasher(host_hashes));
+    static INDEXER: RefCell<Indexer> = RefCell::new(
+        Indexer::with_block_hasher(host_hashes).with_token_json_hasher(block_hash::hash_token_json)
+    );
 }
 
 /// Most tokens per `hash-blocks` call: the host's cap
