@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::hash::{self, BlockHasher, TokenJsonHasher};
+use crate::hash::{self, BlockHasher, HashRun, RunsHasher, TokenJsonHasher};
 use crate::tree::{ApplyError, Tree, Worker};
 use crate::{Event, EventData, Stored};
 
@@ -75,6 +75,9 @@ pub struct Indexer {
     /// Hashes a `/query`'s raw `token_ids` (the guest's host import);
     /// `None` parses the tokens in place.
     json_hasher: Option<TokenJsonHasher>,
+    /// Hashes the tokens of a whole batch at once (the guest's host
+    /// import); `None` hashes event by event with `hasher`.
+    runs_hasher: Option<RunsHasher>,
 }
 
 impl Default for Indexer {
@@ -93,6 +96,7 @@ impl Indexer {
             counters: Counters::default(),
             hasher,
             json_hasher: None,
+            runs_hasher: None,
         }
     }
 
@@ -106,6 +110,14 @@ impl Indexer {
         self
     }
 
+    /// The same indexer, hashing the token ids of each [`Indexer::ingest`]
+    /// batch in one call to `hasher`: in the guest, one host crossing per
+    /// batch instead of one per stored event.
+    pub fn with_runs_hasher(mut self, hasher: RunsHasher) -> Indexer {
+        self.runs_hasher = Some(hasher);
+        self
+    }
+
     pub fn counters(&self) -> &Counters {
         &self.counters
     }
@@ -113,10 +125,32 @@ impl Indexer {
     /// Apply events in order; returns how many were not (fully) applied
     /// (each is counted in [`Counters`]).
     pub fn ingest(&mut self, events: &[Event]) -> usize {
-        events.iter().filter(|e| !self.ingest_one(e)).count()
+        let Some(runs_hasher) = self.runs_hasher else {
+            return events.iter().filter(|e| !self.ingest_one(e, None)).count();
+        };
+        let mut tokens = Vec::new();
+        let mut runs = Vec::new();
+        for (stored, run) in events.iter().filter_map(prehashable) {
+            tokens.extend_from_slice(&stored.token_ids);
+            runs.push(run);
+        }
+        let hashes = runs_hasher(&tokens, &runs);
+        let mut at = 0;
+        let mut rejected = 0;
+        for event in events {
+            let locals = prehashable(event).and_then(|(stored, run)| {
+                let n = stored.token_ids.len() / run.block_size as usize;
+                at += n;
+                hashes.get(at - n..at)
+            });
+            rejected += usize::from(!self.ingest_one(event, locals));
+        }
+        rejected
     }
 
-    fn ingest_one(&mut self, event: &Event) -> bool {
+    /// Applies one event; `locals` are its stored blocks' local hashes
+    /// when already computed.
+    fn ingest_one(&mut self, event: &Event, locals: Option<&[u64]>) -> bool {
         self.counters.events += 1;
         let Some(key) = self.route(event) else {
             self.counters.unroutable += 1;
@@ -126,7 +160,9 @@ impl Indexer {
         let worker = (event.worker_id, event.dp_rank);
         let counters = &mut self.counters;
         let result = match &event.data {
-            EventData::Stored(stored) => store(index, counters, self.hasher, worker, stored),
+            EventData::Stored(stored) => {
+                store(index, counters, self.hasher, worker, stored, locals)
+            }
             EventData::Removed(hashes) => {
                 let before = index.tree.size(worker);
                 let result = index.tree.remove(worker, hashes);
@@ -449,6 +485,7 @@ fn store(
     hasher: BlockHasher,
     worker: Worker,
     stored: &Stored,
+    hashed: Option<&[u64]>,
 ) -> Result<bool, ApplyError> {
     let blocks = stored.block_hashes.len() as u64;
     if stored
@@ -458,16 +495,20 @@ fn store(
         counters.blocks_wrong_size += blocks;
         return Ok(false);
     }
-    let locals = if !stored.tokens_hashes.is_empty() {
-        stored.tokens_hashes.clone()
+    let computed;
+    let locals: &[u64] = if !stored.tokens_hashes.is_empty() {
+        &stored.tokens_hashes
     } else if stored.token_ids.is_empty() {
-        stored.block_hashes.clone()
+        &stored.block_hashes
+    } else if let Some(hashed) = hashed {
+        hashed
     } else {
-        hasher(
+        computed = hasher(
             &stored.token_ids,
             index.block_size,
             hash::seed_for(stored.lora_name.as_deref()),
-        )
+        );
+        &computed
     };
     let complete = locals.len().min(stored.block_hashes.len());
     counters.blocks_incomplete += blocks - complete as u64;
@@ -475,10 +516,32 @@ fn store(
     let result = index.tree.store(
         worker,
         stored.parent_hash,
-        stored.block_hashes.iter().copied().zip(locals),
+        stored
+            .block_hashes
+            .iter()
+            .copied()
+            .zip(locals.iter().copied()),
     );
     counters.blocks_stored += index.tree.size(worker).saturating_sub(before) as u64;
     result.map(|()| true)
+}
+
+/// A store whose local hashes are known before it is routed: token ids
+/// and a block size (a store of another block size than its tree's is
+/// dropped, so its hashes are only used with that size), with the run
+/// [`store`] would hash them as.
+fn prehashable(event: &Event) -> Option<(&Stored, HashRun)> {
+    let EventData::Stored(stored) = &event.data else {
+        return None;
+    };
+    let block_size = stored.block_size.filter(|&size| size != 0)?;
+    let hashed_here = stored.tokens_hashes.is_empty() && !stored.token_ids.is_empty();
+    let run = HashRun {
+        tokens: u32::try_from(stored.token_ids.len()).ok()?,
+        block_size,
+        seed: hash::seed_for(stored.lora_name.as_deref()),
+    };
+    hashed_here.then_some((stored, run))
 }
 
 fn count_error(counters: &mut Counters, err: ApplyError) {
@@ -1084,6 +1147,62 @@ mod tests {
         for bad in [&b"[1,2] x"[..], b"[1,-2]", b"", b"[1,2"] {
             assert!(token_json_blocks(bad, 2, 9).is_err());
         }
+    }
+
+    /// An indexer hashing each batch in one call (the guest's path)
+    /// applies a mixed batch exactly as one hashing event by event.
+    #[test]
+    fn runs_hasher_ingests_like_per_event_hashing() {
+        use crate::hash::xxh3_runs;
+        use crate::{Event, EventData, Indexer, Stored};
+        let stored = |id: u64, parent, tokens: std::ops::Range<u32>, size, lora: Option<&str>| {
+            let blocks = (tokens.len() / 4) as u64;
+            Event {
+                worker_id: 3,
+                dp_rank: 0,
+                event_id: id,
+                model: Some("m".into()),
+                tenant: None,
+                data: EventData::Stored(Stored {
+                    block_hashes: (id * 100..id * 100 + blocks).collect(),
+                    parent_hash: parent,
+                    token_ids: tokens.collect(),
+                    block_size: size,
+                    lora_name: lora.map(Into::into),
+                    ..Stored::default()
+                }),
+            }
+        };
+        let mut by_hash = stored(6, Some(402), 0..0, Some(4), None);
+        if let EventData::Stored(s) = &mut by_hash.data {
+            s.block_hashes = vec![600, 601];
+            s.tokens_hashes = vec![7, 8];
+        }
+        let batch = [
+            stored(1, None, 0..18, Some(4), None),
+            stored(2, Some(103), 18..30, None, None),
+            stored(3, Some(103), 30..38, Some(8), None),
+            stored(4, Some(202), 38..50, Some(4), Some("a")),
+            stored(5, Some(999), 50..54, Some(4), None),
+            by_hash,
+            stored(7, Some(601), 54..62, Some(0), None),
+        ];
+        let mut plain = Indexer::default();
+        let mut runs = Indexer::default().with_runs_hasher(|t, r| xxh3_runs(t, r).unwrap());
+        assert_eq!(plain.ingest(&batch), 2);
+        assert_eq!(runs.ingest(&batch), 2);
+        assert_eq!(runs.counters(), plain.counters());
+        assert_eq!(plain.counters().blocks_stored, 4 + 3 + 3 + 2 + 2);
+        let dump = |indexer: &mut Indexer| indexer.handle("GET", "/dump", "", b"");
+        assert_eq!(dump(&mut runs), dump(&mut plain));
+        let query = br#"{"model_name": "m", "token_ids": [0,1,2,3,4,5,6,7]}"#;
+        let answer = runs.handle("POST", "/query", "", query);
+        assert_eq!(answer, plain.handle("POST", "/query", "", query));
+        assert!(
+            String::from_utf8(answer.1)
+                .unwrap()
+                .contains(r#""scores":{"3":{"0":8}}"#)
+        );
     }
 
     proptest! {

@@ -4,7 +4,7 @@
 //! hashes every stored block and every prompt. A pure function of its
 //! arguments: it reads nothing and grants nothing.
 
-use kvwasm_kv_indexer_core::hash::{token_json_blocks, xxh3_blocks};
+use kvwasm_kv_indexer_core::hash::{HashRun, token_json_blocks, xxh3_blocks, xxh3_runs};
 use wasmtime::component::{HasSelf, Linker};
 
 use crate::bindings::events::kvwasm::events::block_hash;
@@ -35,6 +35,22 @@ impl block_hash::Host for HostState {
         hash_blocks(&tokens, block_size, seed)
     }
 
+    fn hash_runs(
+        &mut self,
+        tokens: Vec<u32>,
+        runs: Vec<block_hash::HashRun>,
+    ) -> wasmtime::Result<Vec<u64>> {
+        let runs: Vec<HashRun> = runs
+            .into_iter()
+            .map(|r| HashRun {
+                tokens: r.tokens,
+                block_size: r.block_size,
+                seed: r.seed,
+            })
+            .collect();
+        hash_runs(&tokens, &runs)
+    }
+
     fn hash_token_json(
         &mut self,
         json: Vec<u8>,
@@ -43,6 +59,19 @@ impl block_hash::Host for HostState {
     ) -> Result<Vec<u64>, String> {
         hash_token_json(&json, block_size, seed)
     }
+}
+
+/// The hashes of each run, or a trap for more than [`MAX_TOKENS`] tokens
+/// or runs that do not add up to them.
+fn hash_runs(tokens: &[u32], runs: &[HashRun]) -> wasmtime::Result<Vec<u64>> {
+    if tokens.len() > MAX_TOKENS {
+        wasmtime::bail!(
+            "block-hash: {} tokens in one call, more than {MAX_TOKENS}",
+            tokens.len()
+        );
+    }
+    xxh3_runs(tokens, runs)
+        .ok_or_else(|| wasmtime::format_err!("block-hash: runs do not add up to the tokens"))
 }
 
 /// The hashes of the tokens of a JSON array, or why it is not one of at
@@ -88,6 +117,33 @@ mod tests {
         assert_ne!(
             hash_blocks(&tokens, 16, 1).unwrap(),
             hash_blocks(&tokens, 16, 1337).unwrap()
+        );
+    }
+
+    #[test]
+    fn runs_hash_like_one_call_each_and_must_add_up() {
+        let tokens: Vec<u32> = (0..=40).collect();
+        let run = |tokens, block_size, seed| HashRun {
+            tokens,
+            block_size,
+            seed,
+        };
+        let mut expected = hash_blocks(&tokens[..32], 16, 1337).unwrap();
+        expected.extend(hash_blocks(&tokens[32..], 4, 9).unwrap());
+        assert_eq!(expected[..2], [15310707395893867146, 15292316782987903195]);
+        assert_eq!(expected.len(), 4);
+        let runs = [run(32, 16, 1337), run(0, 16, 1), run(9, 4, 9)];
+        assert_eq!(hash_runs(&tokens, &runs).unwrap(), expected);
+        assert!(hash_runs(&tokens, &runs[..2]).is_err());
+        assert!(hash_runs(&tokens[..40], &runs).is_err());
+        let over = vec![0u32; MAX_TOKENS + 1];
+        let whole = u32::try_from(over.len()).unwrap();
+        assert!(hash_runs(&over, &[run(whole, 16, 1)]).is_err());
+        assert_eq!(
+            hash_runs(&over[1..], &[run(whole - 1, 16, 1)])
+                .unwrap()
+                .len(),
+            MAX_TOKENS / 16
         );
     }
 
