@@ -78,6 +78,9 @@ pub struct Indexer {
     /// Hashes the tokens of a whole batch at once (the guest's host
     /// import); `None` hashes event by event with `hasher`.
     runs_hasher: Option<RunsHasher>,
+    /// The (model, tenant) of the event being applied (see
+    /// [`Indexer::route`]).
+    routed: Key,
 }
 
 impl Default for Indexer {
@@ -97,6 +100,7 @@ impl Indexer {
             hasher,
             json_hasher: None,
             runs_hasher: None,
+            routed: Key::default(),
         }
     }
 
@@ -152,11 +156,14 @@ impl Indexer {
     /// when already computed.
     fn ingest_one(&mut self, event: &Event, locals: Option<&[u64]>) -> bool {
         self.counters.events += 1;
-        let Some(key) = self.route(event) else {
+        if !self.route(event) {
             self.counters.unroutable += 1;
             return false;
-        };
-        let index = self.indexes.get_mut(&key).expect("routed to an index");
+        }
+        let index = self
+            .indexes
+            .get_mut(&self.routed)
+            .expect("routed to an index");
         let worker = (event.worker_id, event.dp_rank);
         let counters = &mut self.counters;
         let result = match &event.data {
@@ -186,29 +193,39 @@ impl Indexer {
     /// The index an event belongs to: its own (model, tenant), else the
     /// registration of its (worker, rank), else any of its worker's (a
     /// batch's rank may differ from the registered one).
-    fn route(&mut self, event: &Event) -> Option<Key> {
-        let Some(model) = &event.model else {
-            let ranks = self.workers.get(&event.worker_id)?;
-            let registration = ranks
-                .get(&event.dp_rank)
-                .or_else(|| ranks.values().next())?;
-            return Some(registration.key.clone());
+    /// Sets `self.routed` to it (its strings reused: no allocation per
+    /// event); `false` if there is none.
+    fn route(&mut self, event: &Event) -> bool {
+        let (model, tenant) = match &event.model {
+            Some(model) => (model.as_str(), event.tenant.as_deref().unwrap_or("default")),
+            None => {
+                let Some(ranks) = self.workers.get(&event.worker_id) else {
+                    return false;
+                };
+                let Some(registration) =
+                    ranks.get(&event.dp_rank).or_else(|| ranks.values().next())
+                else {
+                    return false;
+                };
+                (registration.key.0.as_str(), registration.key.1.as_str())
+            }
         };
-        let key = (
-            model.clone(),
-            event.tenant.clone().unwrap_or_else(default_tenant),
-        );
-        if !self.indexes.contains_key(&key) {
+        let routed = &mut self.routed;
+        routed.0.clear();
+        routed.0.push_str(model);
+        routed.1.clear();
+        routed.1.push_str(tenant);
+        if !self.indexes.contains_key(routed) {
             let EventData::Stored(Stored {
                 block_size: Some(size @ 1..),
                 ..
             }) = event.data
             else {
-                return None;
+                return false;
             };
-            self.indexes.insert(key.clone(), Index::new(size, None));
+            self.indexes.insert(routed.clone(), Index::new(size, None));
         }
-        Some(key)
+        true
     }
 
     /// Answer one request of the API: (status, JSON body).
