@@ -11,6 +11,11 @@ use kvwasm_guest_support::events_bindings::kvwasm::events::{block_hash, types};
 use kvwasm_kv_indexer_core::hash::{self, HashRun};
 use kvwasm_kv_indexer_core::{Event, EventData, Indexer, Stored};
 
+/// talc instead of std's dlmalloc (measured in docs/benchmarks.md).
+#[cfg(target_arch = "wasm32")]
+#[global_allocator]
+static ALLOCATOR: talc::wasm::WasmDynamicTalc = talc::wasm::new_wasm_dynamic_allocator();
+
 thread_local! {
     static INDEXER: RefCell<Indexer> = RefCell::new(
         Indexer::with_block_hasher(host_hashes)
