@@ -73,6 +73,34 @@ fn guest_answers_like_the_native_core() {
         both(&guest, &mut native, "POST", "/query", unknown.as_bytes()).0,
         404
     );
+    // Token arrays the host's `hash-token-json` refuses: the guest answers
+    // through its own parser, with the native body of each error.
+    let too_long = vec![1u32; kvwasm_kv_indexer_core::MAX_TOKEN_IDS + 1];
+    for tokens in [
+        json!([1, 2, "]"]),
+        json!([1, -2]),
+        json!([1, 2.5]),
+        json!([1, 4294967296u64]),
+        json!(too_long),
+    ] {
+        let body = json!({"token_ids": tokens, "model_name": events::MODEL}).to_string();
+        assert_eq!(
+            both(&guest, &mut native, "POST", "/query", body.as_bytes()).0,
+            400
+        );
+    }
+    let unterminated = format!(r#"{{"model_name": "{}", "token_ids": [1, 2"#, events::MODEL);
+    assert_eq!(
+        both(
+            &guest,
+            &mut native,
+            "POST",
+            "/query",
+            unterminated.as_bytes()
+        )
+        .0,
+        400
+    );
 
     let trace = events::trace(&shape);
     assert!(

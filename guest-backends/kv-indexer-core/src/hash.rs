@@ -21,6 +21,49 @@ pub fn seed_for(lora_name: Option<&str>) -> u64 {
 /// host's `kvwasm:events/block-hash` import (xxh3 is slow in wasm32).
 pub type BlockHasher = fn(tokens: &[u32], block_size: u32, seed: u64) -> Vec<u64>;
 
+/// A run of tokens in a [`RunsHasher`]'s token buffer: its next `tokens`
+/// tokens, hashed as [`xxh3_blocks`] with `block_size` and `seed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashRun {
+    pub tokens: u32,
+    pub block_size: u32,
+    pub seed: u64,
+}
+
+/// The block hashes of several runs of tokens in one call, concatenated
+/// in order: [`xxh3_blocks`] of each run. The guest hashes a whole
+/// `on-batch` through one host call (`kvwasm:events/block-hash.hash-runs`)
+/// instead of a crossing per stored event.
+pub type RunsHasher = fn(tokens: &[u32], runs: &[HashRun]) -> Vec<u64>;
+
+/// [`xxh3_blocks`] of each run of `tokens`, concatenated: the pure
+/// function behind [`RunsHasher`]. `None` if the runs do not add up to
+/// `tokens`.
+pub fn xxh3_runs(tokens: &[u32], runs: &[HashRun]) -> Option<Vec<u64>> {
+    let mut hashes = Vec::new();
+    let mut rest = tokens;
+    for run in runs {
+        let (run_tokens, after) = rest.split_at_checked(run.tokens as usize)?;
+        hashes.extend(xxh3_blocks(run_tokens, run.block_size, run.seed));
+        rest = after;
+    }
+    rest.is_empty().then_some(hashes)
+}
+
+/// The hashes of the full blocks of a `/query`'s `token_ids`, given as
+/// the array's raw JSON, with `seed`; `Err` unless the input is one array
+/// of u32 ([`token_array`](crate::token_array)). Natively
+/// [`token_json_blocks`]; in the guest, the host's
+/// `kvwasm:events/block-hash.hash-token-json` (the parse runs ~2× faster
+/// natively, and it was most of a guest `/query`).
+pub type TokenJsonHasher = fn(json: &[u8], block_size: u32, seed: u64) -> Result<Vec<u64>, String>;
+
+/// [`token_array`](crate::token_array), then [`xxh3_blocks`]: the pure
+/// function behind [`TokenJsonHasher`].
+pub fn token_json_blocks(json: &[u8], block_size: u32, seed: u64) -> Result<Vec<u64>, String> {
+    Ok(xxh3_blocks(&crate::token_array(json)?, block_size, seed))
+}
+
 /// One hash per FULL block of `block_size` tokens (the tail is ignored):
 /// xxh3-64 of the tokens' little-endian u32 bytes. Not chained: the tree's
 /// paths carry the prefix structure.

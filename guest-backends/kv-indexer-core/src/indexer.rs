@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::hash::{self, BlockHasher};
+use crate::hash::{self, BlockHasher, HashRun, RunsHasher, TokenJsonHasher};
 use crate::tree::{ApplyError, Tree, Worker};
 use crate::{Event, EventData, Stored};
 
@@ -72,6 +72,15 @@ pub struct Indexer {
     workers: BTreeMap<u64, BTreeMap<u32, Registration>>,
     counters: Counters,
     hasher: BlockHasher,
+    /// Hashes a `/query`'s raw `token_ids` (the guest's host import);
+    /// `None` parses the tokens in place.
+    json_hasher: Option<TokenJsonHasher>,
+    /// Hashes the tokens of a whole batch at once (the guest's host
+    /// import); `None` hashes event by event with `hasher`.
+    runs_hasher: Option<RunsHasher>,
+    /// The (model, tenant) of the event being applied (see
+    /// [`Indexer::route`]).
+    routed: Key,
 }
 
 impl Default for Indexer {
@@ -89,7 +98,28 @@ impl Indexer {
             workers: BTreeMap::new(),
             counters: Counters::default(),
             hasher,
+            json_hasher: None,
+            runs_hasher: None,
+            routed: Key::default(),
         }
+    }
+
+    /// The same indexer, handing each `/query`'s `token_ids` to `hasher`
+    /// as raw JSON: the guest's host import parses and hashes natively
+    /// (the in-place parser was 73% of a guest `/query`). Answers stay
+    /// those of the in-place path: any request the fast path cannot
+    /// answer (a malformed body or array, no such index) goes through it.
+    pub fn with_token_json_hasher(mut self, hasher: TokenJsonHasher) -> Indexer {
+        self.json_hasher = Some(hasher);
+        self
+    }
+
+    /// The same indexer, hashing the token ids of each [`Indexer::ingest`]
+    /// batch in one call to `hasher`: in the guest, one host crossing per
+    /// batch instead of one per stored event.
+    pub fn with_runs_hasher(mut self, hasher: RunsHasher) -> Indexer {
+        self.runs_hasher = Some(hasher);
+        self
     }
 
     pub fn counters(&self) -> &Counters {
@@ -99,20 +129,47 @@ impl Indexer {
     /// Apply events in order; returns how many were not (fully) applied
     /// (each is counted in [`Counters`]).
     pub fn ingest(&mut self, events: &[Event]) -> usize {
-        events.iter().filter(|e| !self.ingest_one(e)).count()
+        let Some(runs_hasher) = self.runs_hasher else {
+            return events.iter().filter(|e| !self.ingest_one(e, None)).count();
+        };
+        let mut tokens = Vec::new();
+        let mut runs = Vec::new();
+        for (stored, run) in events.iter().filter_map(prehashable) {
+            tokens.extend_from_slice(&stored.token_ids);
+            runs.push(run);
+        }
+        let hashes = runs_hasher(&tokens, &runs);
+        let mut at = 0;
+        let mut rejected = 0;
+        for event in events {
+            let locals = prehashable(event).and_then(|(stored, run)| {
+                let n = stored.token_ids.len() / run.block_size as usize;
+                at += n;
+                hashes.get(at - n..at)
+            });
+            rejected += usize::from(!self.ingest_one(event, locals));
+        }
+        rejected
     }
 
-    fn ingest_one(&mut self, event: &Event) -> bool {
+    /// Applies one event; `locals` are its stored blocks' local hashes
+    /// when already computed.
+    fn ingest_one(&mut self, event: &Event, locals: Option<&[u64]>) -> bool {
         self.counters.events += 1;
-        let Some(key) = self.route(event) else {
+        if !self.route(event) {
             self.counters.unroutable += 1;
             return false;
-        };
-        let index = self.indexes.get_mut(&key).expect("routed to an index");
+        }
+        let index = self
+            .indexes
+            .get_mut(&self.routed)
+            .expect("routed to an index");
         let worker = (event.worker_id, event.dp_rank);
         let counters = &mut self.counters;
         let result = match &event.data {
-            EventData::Stored(stored) => store(index, counters, self.hasher, worker, stored),
+            EventData::Stored(stored) => {
+                store(index, counters, self.hasher, worker, stored, locals)
+            }
             EventData::Removed(hashes) => {
                 let before = index.tree.size(worker);
                 let result = index.tree.remove(worker, hashes);
@@ -136,29 +193,39 @@ impl Indexer {
     /// The index an event belongs to: its own (model, tenant), else the
     /// registration of its (worker, rank), else any of its worker's (a
     /// batch's rank may differ from the registered one).
-    fn route(&mut self, event: &Event) -> Option<Key> {
-        let Some(model) = &event.model else {
-            let ranks = self.workers.get(&event.worker_id)?;
-            let registration = ranks
-                .get(&event.dp_rank)
-                .or_else(|| ranks.values().next())?;
-            return Some(registration.key.clone());
+    /// Sets `self.routed` to it (its strings reused: no allocation per
+    /// event); `false` if there is none.
+    fn route(&mut self, event: &Event) -> bool {
+        let (model, tenant) = match &event.model {
+            Some(model) => (model.as_str(), event.tenant.as_deref().unwrap_or("default")),
+            None => {
+                let Some(ranks) = self.workers.get(&event.worker_id) else {
+                    return false;
+                };
+                let Some(registration) =
+                    ranks.get(&event.dp_rank).or_else(|| ranks.values().next())
+                else {
+                    return false;
+                };
+                (registration.key.0.as_str(), registration.key.1.as_str())
+            }
         };
-        let key = (
-            model.clone(),
-            event.tenant.clone().unwrap_or_else(default_tenant),
-        );
-        if !self.indexes.contains_key(&key) {
+        let routed = &mut self.routed;
+        routed.0.clear();
+        routed.0.push_str(model);
+        routed.1.clear();
+        routed.1.push_str(tenant);
+        if !self.indexes.contains_key(routed) {
             let EventData::Stored(Stored {
                 block_size: Some(size @ 1..),
                 ..
             }) = event.data
             else {
-                return None;
+                return false;
             };
-            self.indexes.insert(key.clone(), Index::new(size, None));
+            self.indexes.insert(routed.clone(), Index::new(size, None));
         }
-        Some(key)
+        true
     }
 
     /// Answer one request of the API: (status, JSON body).
@@ -181,9 +248,11 @@ impl Indexer {
             "/register" => parse(body).and_then(|r| self.register(r)),
             "/unregister" => parse(body).and_then(|r| self.unregister(r)),
             "/workers" => Ok(self.list_workers()),
-            "/query" => QueryRequest::parse(body)
-                .map_err(|e| error(400, format!("invalid request body: {e}")))
-                .and_then(|r| self.query(r)),
+            "/query" => self.query_raw(body).map(Ok).unwrap_or_else(|| {
+                QueryRequest::parse(body, token_list)
+                    .map_err(|e| error(400, format!("invalid request body: {e}")))
+                    .and_then(|r| self.query(r))
+            }),
             "/query_by_hash" => parse(body).and_then(|r| self.query_by_hash(r)),
             "/dump" => Ok(json(200, &self.dump())),
             _ => parse(body).map(|dump| self.restore(dump)),
@@ -302,7 +371,19 @@ impl Indexer {
             .ok_or_else(|| error(404, format!("no indexer for model={model} tenant={tenant}")))
     }
 
-    fn query(&self, req: QueryRequest) -> Reply {
+    /// `/query` through the [`TokenJsonHasher`], if there is one and the
+    /// request is well formed; `None` sends it to the in-place path, which
+    /// then gives the same answer or the same error as without a hasher.
+    fn query_raw(&self, body: &[u8]) -> Option<(u16, Vec<u8>)> {
+        let hasher = self.json_hasher?;
+        let req = QueryRequest::parse(body, raw_token_list).ok()?;
+        let index = self.index(&req.model_name, &req.tenant_id).ok()?;
+        let lora = req.lora_name.as_deref().or(index.lora_name.as_deref());
+        let hashes = hasher(req.token_ids, index.block_size, hash::seed_for(lora)).ok()?;
+        Some(scores(index, &hashes))
+    }
+
+    fn query(&self, req: QueryRequest<Vec<u32>>) -> Reply {
         let tokens = req.token_ids;
         let index = self.index(&req.model_name, &req.tenant_id)?;
         let lora = req.lora_name.as_deref().or(index.lora_name.as_deref());
@@ -421,6 +502,7 @@ fn store(
     hasher: BlockHasher,
     worker: Worker,
     stored: &Stored,
+    hashed: Option<&[u64]>,
 ) -> Result<bool, ApplyError> {
     let blocks = stored.block_hashes.len() as u64;
     if stored
@@ -430,16 +512,20 @@ fn store(
         counters.blocks_wrong_size += blocks;
         return Ok(false);
     }
-    let locals = if !stored.tokens_hashes.is_empty() {
-        stored.tokens_hashes.clone()
+    let computed;
+    let locals: &[u64] = if !stored.tokens_hashes.is_empty() {
+        &stored.tokens_hashes
     } else if stored.token_ids.is_empty() {
-        stored.block_hashes.clone()
+        &stored.block_hashes
+    } else if let Some(hashed) = hashed {
+        hashed
     } else {
-        hasher(
+        computed = hasher(
             &stored.token_ids,
             index.block_size,
             hash::seed_for(stored.lora_name.as_deref()),
-        )
+        );
+        &computed
     };
     let complete = locals.len().min(stored.block_hashes.len());
     counters.blocks_incomplete += blocks - complete as u64;
@@ -447,10 +533,32 @@ fn store(
     let result = index.tree.store(
         worker,
         stored.parent_hash,
-        stored.block_hashes.iter().copied().zip(locals),
+        stored
+            .block_hashes
+            .iter()
+            .copied()
+            .zip(locals.iter().copied()),
     );
     counters.blocks_stored += index.tree.size(worker).saturating_sub(before) as u64;
     result.map(|()| true)
+}
+
+/// A store whose local hashes are known before it is routed: token ids
+/// and a block size (a store of another block size than its tree's is
+/// dropped, so its hashes are only used with that size), with the run
+/// [`store`] would hash them as.
+fn prehashable(event: &Event) -> Option<(&Stored, HashRun)> {
+    let EventData::Stored(stored) = &event.data else {
+        return None;
+    };
+    let block_size = stored.block_size.filter(|&size| size != 0)?;
+    let hashed_here = stored.tokens_hashes.is_empty() && !stored.token_ids.is_empty();
+    let run = HashRun {
+        tokens: u32::try_from(stored.token_ids.len()).ok()?,
+        block_size,
+        seed: hash::seed_for(stored.lora_name.as_deref()),
+    };
+    hashed_here.then_some((stored, run))
 }
 
 fn count_error(counters: &mut Counters, err: ApplyError) {
@@ -559,23 +667,29 @@ struct UnregisterRequest {
 }
 
 /// A `/query` body: the fields of Dynamo's request, any order, unknown
-/// fields ignored, a field twice refused.
-struct QueryRequest {
-    token_ids: Vec<u32>,
+/// fields ignored, a field twice refused. `T` is the token ids as read by
+/// the `tokens` reader given to [`QueryRequest::parse`]: parsed
+/// ([`token_list`]) or as raw JSON ([`raw_token_list`]).
+struct QueryRequest<T> {
+    token_ids: T,
     model_name: String,
     /// `tenant_id` or `routing_group`; "default" when absent.
     tenant_id: String,
     lora_name: Option<String>,
 }
 
-impl QueryRequest {
+/// Reads the token list at a byte index of the body: the value and the
+/// index just past it.
+type TokenReader<'a, T> = fn(&'a [u8], usize) -> Result<(T, usize), String>;
+
+impl<'a, T> QueryRequest<T> {
     /// One pass over the body: `token_ids` by [`token_list`] where it
     /// stands, every other value by serde_json (they are short). Going
     /// through serde for the whole object would scan the token array twice
     /// (once to find its end, once to read it): that scan was ~40% of a
     /// guest `/query`.
-    fn parse(body: &[u8]) -> Result<QueryRequest, String> {
-        fn once<T>(slot: &mut Option<T>, value: T, key: &str) -> Result<(), String> {
+    fn parse(body: &'a [u8], tokens_at: TokenReader<'a, T>) -> Result<QueryRequest<T>, String> {
+        fn once<V>(slot: &mut Option<V>, value: V, key: &str) -> Result<(), String> {
             match slot.replace(value) {
                 None => Ok(()),
                 Some(_) => Err(format!("duplicate field `{key}`")),
@@ -600,7 +714,7 @@ impl QueryRequest {
                 match key.as_str() {
                     "token_ids" => {
                         let (list, end) =
-                            token_list(body, i).map_err(|e| format!("token_ids: {e}"))?;
+                            tokens_at(body, i).map_err(|e| format!("token_ids: {e}"))?;
                         i = end;
                         once(&mut tokens, list, "token_ids")?;
                     }
@@ -696,6 +810,43 @@ fn token_list(bytes: &[u8], start: usize) -> Result<(Vec<u32>, usize), String> {
             _ => return Err(format!("expected , or ] at byte {i}")),
         }
     }
+}
+
+/// The token array at byte `start` as raw JSON, unchecked: the bytes up to
+/// its first `]` (an array of numbers has no other), for a
+/// [`TokenJsonHasher`] to parse. Found 8 bytes at a time: a byte loop is
+/// most of the cost of skipping a prompt in wasm.
+fn raw_token_list(bytes: &[u8], start: usize) -> Result<(&[u8], usize), String> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let close = ONES * u64::from(b']');
+    let mut i = start;
+    while let Some(word) = bytes.get(i..i + 8) {
+        // The lowest high bit of `found` marks the first `]` (the borrow
+        // of the subtraction can only mark bytes above a zero byte).
+        let x = u64::from_le_bytes(word.try_into().expect("8 bytes")) ^ close;
+        let found = x.wrapping_sub(ONES) & !x & HIGHS;
+        if found != 0 {
+            let end = i + found.trailing_zeros() as usize / 8 + 1;
+            return Ok((&bytes[start..end], end));
+        }
+        i += 8;
+    }
+    match bytes[i..].iter().position(|&b| b == b']') {
+        Some(at) => Ok((&bytes[start..i + at + 1], i + at + 1)),
+        None => Err("no ] after the token ids".into()),
+    }
+}
+
+/// A whole input of one JSON array of u32 token ids (whitespace around it
+/// allowed), at most [`MAX_TOKEN_IDS`]: what [`TokenJsonHasher`]s accept,
+/// with the rules of `/query`'s in-place parser.
+pub fn token_array(json: &[u8]) -> Result<Vec<u32>, String> {
+    let (tokens, end) = token_list(json, 0)?;
+    if skip_space(json, end) != json.len() {
+        return Err(format!("trailing characters at byte {end}"));
+    }
+    Ok(tokens)
 }
 
 /// The u32 written in decimal at `bytes[at..]` and its length in digits.
@@ -832,15 +983,20 @@ mod tests {
     use super::QueryRequest;
     use proptest::prelude::*;
 
+    /// A `/query` body parsed in place.
+    fn parse(body: &[u8]) -> Result<QueryRequest<Vec<u32>>, String> {
+        QueryRequest::parse(body, super::token_list)
+    }
+
     /// `raw` as a whole body's token list: parsed by the one-pass reader.
     fn token_list(raw: &str) -> Result<Vec<u32>, String> {
         let body = format!("{{\"model_name\": \"m\", \"token_ids\": {raw}}}");
-        QueryRequest::parse(body.as_bytes()).map(|q| q.token_ids)
+        parse(body.as_bytes()).map(|q| q.token_ids)
     }
 
     #[test]
     fn query_bodies_parse_like_serde_would() {
-        let q = QueryRequest::parse(
+        let q = parse(
             br#" {"x": {"a": [1, "]"]}, "token_ids": [1, 2], "routing_group": "t\u0041",
                   "lora_name": null, "model_name": "m\"n"} "#,
         )
@@ -849,8 +1005,7 @@ mod tests {
         assert_eq!(q.model_name, "m\"n");
         assert_eq!(q.tenant_id, "tA");
         assert_eq!(q.lora_name, None);
-        let q =
-            QueryRequest::parse(br#"{"model_name":"m","token_ids":[],"lora_name":"a"}"#).unwrap();
+        let q = parse(br#"{"model_name":"m","token_ids":[],"lora_name":"a"}"#).unwrap();
         assert_eq!(
             (q.tenant_id.as_str(), q.lora_name.as_deref()),
             ("default", Some("a"))
@@ -868,11 +1023,7 @@ mod tests {
             br#"[]"#,
             b"",
         ] {
-            assert!(
-                QueryRequest::parse(bad).is_err(),
-                "{}",
-                String::from_utf8_lossy(bad)
-            );
+            assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
     }
 
@@ -926,6 +1077,149 @@ mod tests {
         for bad in ["[1a]", "[1:]", "[12/]", "[0012]", "[1234567:]"] {
             assert!(super::token_list(bad.as_bytes(), 0).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn raw_token_lists_end_at_the_first_close_bracket() {
+        for len in 0..40 {
+            for at in 0..len {
+                let mut text = vec![b'1'; len];
+                text[at] = b']';
+                text[len - 1] = b']';
+                let (raw, end) = super::raw_token_list(&text, 0).unwrap();
+                assert_eq!((raw.len(), end), (at + 1, at + 1), "{len} {at}");
+            }
+            assert!(super::raw_token_list(&vec![b'1'; len], 0).is_err());
+        }
+    }
+
+    /// An indexer with the raw-JSON hasher (the guest's path) answers
+    /// every `/query` exactly as one that parses in place: valid bodies in
+    /// any field order, and each kind of error the fast path leaves to
+    /// the in-place path.
+    #[test]
+    fn token_json_hasher_answers_like_the_in_place_parser() {
+        use crate::hash::{token_json_blocks, xxh3_blocks};
+        use crate::{Event, EventData, Indexer, Stored};
+        let mut plain = Indexer::default();
+        let mut raw = Indexer::default().with_token_json_hasher(token_json_blocks);
+        let tokens: Vec<u32> = (0..64).collect();
+        let register =
+            br#"{"instance_id": 7, "endpoint": "tcp://h:1", "model_name": "m", "block_size": 16}"#;
+        let stored = Event {
+            worker_id: 7,
+            dp_rank: 0,
+            event_id: 1,
+            model: None,
+            tenant: None,
+            data: EventData::Stored(Stored {
+                block_hashes: vec![1, 2, 3],
+                token_ids: tokens[..48].to_vec(),
+                ..Stored::default()
+            }),
+        };
+        for indexer in [&mut plain, &mut raw] {
+            assert_eq!(indexer.handle("POST", "/register", "", register).0, 201);
+            assert_eq!(indexer.ingest(std::slice::from_ref(&stored)), 0);
+        }
+        let too_long = format!(
+            "{{\"model_name\": \"m\", \"token_ids\": {:?}}}",
+            vec![1; crate::MAX_TOKEN_IDS + 1]
+        );
+        let bodies = [
+            format!(r#"{{"model_name": "m", "token_ids": {tokens:?}}}"#),
+            format!(
+                r#"{{"token_ids": {:?} , "model_name": "m", "tenant_id": "default"}}"#,
+                &tokens[..40]
+            ),
+            r#"{"token_ids": [1, 2, "]"], "model_name": "m"}"#.into(),
+            r#"{"token_ids": [1, 2.5], "model_name": "m"}"#.into(),
+            r#"{"token_ids": [1, 2], "model_name": "m", "token_ids": []}"#.into(),
+            r#"{"token_ids": [1, 2, "model_name": "m"}"#.into(),
+            r#"{"token_ids": [1, 2] "model_name": "m"}"#.into(),
+            r#"{"token_ids": [1, 4294967296], "model_name": "other"}"#.into(),
+            r#"{"token_ids": [1, 2], "model_name": "other"}"#.into(),
+            r#"{"token_ids": [1, 2]"#.into(),
+            too_long,
+        ];
+        for body in &bodies {
+            let expected = plain.handle("POST", "/query", "", body.as_bytes());
+            assert_eq!(
+                raw.handle("POST", "/query", "", body.as_bytes()),
+                expected,
+                "{body:.80}"
+            );
+        }
+        let scored = plain.handle("POST", "/query", "", bodies[0].as_bytes());
+        assert_eq!(scored.0, 200);
+        assert!(
+            String::from_utf8(scored.1)
+                .unwrap()
+                .contains(r#"{"7":{"0":48}}"#)
+        );
+        assert_eq!(
+            token_json_blocks(b" [0,1,2,3] ", 2, 9),
+            Ok(xxh3_blocks(&[0, 1, 2, 3], 2, 9))
+        );
+        for bad in [&b"[1,2] x"[..], b"[1,-2]", b"", b"[1,2"] {
+            assert!(token_json_blocks(bad, 2, 9).is_err());
+        }
+    }
+
+    /// An indexer hashing each batch in one call (the guest's path)
+    /// applies a mixed batch exactly as one hashing event by event.
+    #[test]
+    fn runs_hasher_ingests_like_per_event_hashing() {
+        use crate::hash::xxh3_runs;
+        use crate::{Event, EventData, Indexer, Stored};
+        let stored = |id: u64, parent, tokens: std::ops::Range<u32>, size, lora: Option<&str>| {
+            let blocks = (tokens.len() / 4) as u64;
+            Event {
+                worker_id: 3,
+                dp_rank: 0,
+                event_id: id,
+                model: Some("m".into()),
+                tenant: None,
+                data: EventData::Stored(Stored {
+                    block_hashes: (id * 100..id * 100 + blocks).collect(),
+                    parent_hash: parent,
+                    token_ids: tokens.collect(),
+                    block_size: size,
+                    lora_name: lora.map(Into::into),
+                    ..Stored::default()
+                }),
+            }
+        };
+        let mut by_hash = stored(6, Some(402), 0..0, Some(4), None);
+        if let EventData::Stored(s) = &mut by_hash.data {
+            s.block_hashes = vec![600, 601];
+            s.tokens_hashes = vec![7, 8];
+        }
+        let batch = [
+            stored(1, None, 0..18, Some(4), None),
+            stored(2, Some(103), 18..30, None, None),
+            stored(3, Some(103), 30..38, Some(8), None),
+            stored(4, Some(202), 38..50, Some(4), Some("a")),
+            stored(5, Some(999), 50..54, Some(4), None),
+            by_hash,
+            stored(7, Some(601), 54..62, Some(0), None),
+        ];
+        let mut plain = Indexer::default();
+        let mut runs = Indexer::default().with_runs_hasher(|t, r| xxh3_runs(t, r).unwrap());
+        assert_eq!(plain.ingest(&batch), 2);
+        assert_eq!(runs.ingest(&batch), 2);
+        assert_eq!(runs.counters(), plain.counters());
+        assert_eq!(plain.counters().blocks_stored, 4 + 3 + 3 + 2 + 2);
+        let dump = |indexer: &mut Indexer| indexer.handle("GET", "/dump", "", b"");
+        assert_eq!(dump(&mut runs), dump(&mut plain));
+        let query = br#"{"model_name": "m", "token_ids": [0,1,2,3,4,5,6,7]}"#;
+        let answer = runs.handle("POST", "/query", "", query);
+        assert_eq!(answer, plain.handle("POST", "/query", "", query));
+        assert!(
+            String::from_utf8(answer.1)
+                .unwrap()
+                .contains(r#""scores":{"3":{"0":8}}"#)
+        );
     }
 
     proptest! {

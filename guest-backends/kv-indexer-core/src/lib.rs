@@ -14,7 +14,7 @@ mod indexer;
 mod table;
 pub mod tree;
 
-pub use indexer::{Counters, Indexer, MAX_QUERY_BLOCKS, MAX_TOKEN_IDS};
+pub use indexer::{Counters, Indexer, MAX_QUERY_BLOCKS, MAX_TOKEN_IDS, token_array};
 
 /// One normalised event: a plain mirror of the WIT `event` record
 /// (`wit/events/events.wit`), so this crate needs no bindings.

@@ -8,10 +8,20 @@ use std::cell::RefCell;
 
 use kvwasm_guest_support::events_bindings::exports::kvwasm::events::{http_api, subscriber};
 use kvwasm_guest_support::events_bindings::kvwasm::events::{block_hash, types};
-use kvwasm_kv_indexer_core::{Event, EventData, Indexer, Stored, hash};
+use kvwasm_kv_indexer_core::hash::{self, HashRun};
+use kvwasm_kv_indexer_core::{Event, EventData, Indexer, Stored};
+
+/// talc instead of std's dlmalloc (measured in docs/benchmarks.md).
+#[cfg(target_arch = "wasm32")]
+#[global_allocator]
+static ALLOCATOR: talc::wasm::WasmDynamicTalc = talc::wasm::new_wasm_dynamic_allocator();
 
 thread_local! {
-    static INDEXER: RefCell<Indexer> = RefCell::new(Indexer::with_block_hasher(host_hashes));
+    static INDEXER: RefCell<Indexer> = RefCell::new(
+        Indexer::with_block_hasher(host_hashes)
+            .with_token_json_hasher(block_hash::hash_token_json)
+            .with_runs_hasher(host_runs)
+    );
 }
 
 /// Most tokens per `hash-blocks` call: the host's cap
@@ -33,6 +43,42 @@ fn host_hashes(tokens: &[u32], block_size: u32, seed: u64) -> Vec<u64> {
     full.chunks(HOST_MAX_TOKENS / size * size)
         .flat_map(|chunk| block_hash::hash_blocks(chunk, block_size, seed))
         .collect()
+}
+
+/// A batch's runs hashed by the host (`hash-runs`): one call per
+/// [`HOST_MAX_TOKENS`] tokens of consecutive runs; a run longer than that
+/// alone goes through [`host_hashes`].
+fn host_runs(tokens: &[u32], runs: &[HashRun]) -> Vec<u64> {
+    let mut hashes = Vec::with_capacity(tokens.len() / 16);
+    let mut group: Vec<block_hash::HashRun> = Vec::new();
+    let (mut start, mut end) = (0, 0);
+    for run in runs {
+        let len = run.tokens as usize;
+        if end + len - start > HOST_MAX_TOKENS && !group.is_empty() {
+            hashes.extend(block_hash::hash_runs(&tokens[start..end], &group));
+            group.clear();
+            start = end;
+        }
+        if len > HOST_MAX_TOKENS {
+            hashes.extend(host_hashes(
+                &tokens[end..end + len],
+                run.block_size,
+                run.seed,
+            ));
+            start = end + len;
+        } else {
+            group.push(block_hash::HashRun {
+                tokens: run.tokens,
+                block_size: run.block_size,
+                seed: run.seed,
+            });
+        }
+        end += len;
+    }
+    if !group.is_empty() {
+        hashes.extend(block_hash::hash_runs(&tokens[start..end], &group));
+    }
+    hashes
 }
 
 struct KvIndexer;

@@ -73,7 +73,10 @@ pub(crate) mod events {
     wasmtime::component::bindgen!({
         path: ["../../wit/events"],
         world: "kvwasm:events/event-service",
-        imports: { "kvwasm:events/block-hash.hash-blocks": trappable },
+        imports: {
+            "kvwasm:events/block-hash.hash-blocks": trappable,
+            "kvwasm:events/block-hash.hash-runs": trappable,
+        },
         exports: { default: async },
         require_store_data_send: true,
     });

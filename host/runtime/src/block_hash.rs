@@ -4,7 +4,7 @@
 //! hashes every stored block and every prompt. A pure function of its
 //! arguments: it reads nothing and grants nothing.
 
-use kvwasm_kv_indexer_core::hash::xxh3_blocks;
+use kvwasm_kv_indexer_core::hash::{HashRun, token_json_blocks, xxh3_blocks, xxh3_runs};
 use wasmtime::component::{HasSelf, Linker};
 
 use crate::bindings::events::kvwasm::events::block_hash;
@@ -15,6 +15,11 @@ use crate::state::HostState;
 /// (at most 2× the input) per call. `kvwasm-kv-indexer` splits longer
 /// lists (its `HOST_MAX_TOKENS`).
 pub(crate) const MAX_TOKENS: usize = 1 << 20;
+
+/// Most bytes per `hash-token-json` call: the longest array of
+/// [`MAX_TOKENS`] tokens takes ~11 MiB; the cap bounds the parse per call.
+/// A longer input is an error (the guest answers through its own parser).
+const MAX_JSON: usize = 16 << 20;
 
 pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     block_hash::add_to_linker::<_, HasSelf<_>>(linker, |s| s)
@@ -29,6 +34,53 @@ impl block_hash::Host for HostState {
     ) -> wasmtime::Result<Vec<u64>> {
         hash_blocks(&tokens, block_size, seed)
     }
+
+    fn hash_runs(
+        &mut self,
+        tokens: Vec<u32>,
+        runs: Vec<block_hash::HashRun>,
+    ) -> wasmtime::Result<Vec<u64>> {
+        let runs: Vec<HashRun> = runs
+            .into_iter()
+            .map(|r| HashRun {
+                tokens: r.tokens,
+                block_size: r.block_size,
+                seed: r.seed,
+            })
+            .collect();
+        hash_runs(&tokens, &runs)
+    }
+
+    fn hash_token_json(
+        &mut self,
+        json: Vec<u8>,
+        block_size: u32,
+        seed: u64,
+    ) -> Result<Vec<u64>, String> {
+        hash_token_json(&json, block_size, seed)
+    }
+}
+
+/// The hashes of each run, or a trap for more than [`MAX_TOKENS`] tokens
+/// or runs that do not add up to them.
+fn hash_runs(tokens: &[u32], runs: &[HashRun]) -> wasmtime::Result<Vec<u64>> {
+    if tokens.len() > MAX_TOKENS {
+        wasmtime::bail!(
+            "block-hash: {} tokens in one call, more than {MAX_TOKENS}",
+            tokens.len()
+        );
+    }
+    xxh3_runs(tokens, runs)
+        .ok_or_else(|| wasmtime::format_err!("block-hash: runs do not add up to the tokens"))
+}
+
+/// The hashes of the tokens of a JSON array, or why it is not one of at
+/// most [`MAX_TOKENS`] u32 in at most [`MAX_JSON`] bytes.
+fn hash_token_json(json: &[u8], block_size: u32, seed: u64) -> Result<Vec<u64>, String> {
+    if json.len() > MAX_JSON {
+        return Err(format!("{} bytes, more than {MAX_JSON}", json.len()));
+    }
+    token_json_blocks(json, block_size, seed)
 }
 
 /// The hashes, or a trap for a list over [`MAX_TOKENS`].
@@ -66,6 +118,69 @@ mod tests {
             hash_blocks(&tokens, 16, 1).unwrap(),
             hash_blocks(&tokens, 16, 1337).unwrap()
         );
+    }
+
+    #[test]
+    fn runs_hash_like_one_call_each_and_must_add_up() {
+        let tokens: Vec<u32> = (0..=40).collect();
+        let run = |tokens, block_size, seed| HashRun {
+            tokens,
+            block_size,
+            seed,
+        };
+        let mut expected = hash_blocks(&tokens[..32], 16, 1337).unwrap();
+        expected.extend(hash_blocks(&tokens[32..], 4, 9).unwrap());
+        assert_eq!(expected[..2], [15310707395893867146, 15292316782987903195]);
+        assert_eq!(expected.len(), 4);
+        let runs = [run(32, 16, 1337), run(0, 16, 1), run(9, 4, 9)];
+        assert_eq!(hash_runs(&tokens, &runs).unwrap(), expected);
+        assert!(hash_runs(&tokens, &runs[..2]).is_err());
+        assert!(hash_runs(&tokens[..40], &runs).is_err());
+        let over = vec![0u32; MAX_TOKENS + 1];
+        let whole = u32::try_from(over.len()).unwrap();
+        assert!(hash_runs(&over, &[run(whole, 16, 1)]).is_err());
+        assert_eq!(
+            hash_runs(&over[1..], &[run(whole - 1, 16, 1)])
+                .unwrap()
+                .len(),
+            MAX_TOKENS / 16
+        );
+    }
+
+    #[test]
+    fn token_json_matches_the_vector_and_refuses_what_is_not_u32s() {
+        let json = format!("{:?}", (0..=31).collect::<Vec<u32>>()).into_bytes();
+        assert_eq!(
+            hash_token_json(&json, 16, 1337).unwrap(),
+            [15310707395893867146, 15292316782987903195]
+        );
+        assert!(hash_token_json(b" [ ] ", 16, 1337).unwrap().is_empty());
+        for bad in [
+            &b"[1, 2"[..],
+            b"[1, -2]",
+            b"[1.0]",
+            b"[4294967296]",
+            b"[1] [2]",
+            b"{}",
+            b"",
+        ] {
+            assert!(hash_token_json(bad, 16, 1337).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn token_json_refuses_more_than_the_caps() {
+        let at_cap = format!("{:?}", vec![0u32; MAX_TOKENS]).into_bytes();
+        assert_eq!(
+            hash_token_json(&at_cap, 16, 1337).unwrap().len(),
+            MAX_TOKENS / 16
+        );
+        let over = format!("{:?}", vec![0u32; MAX_TOKENS + 1]).into_bytes();
+        assert!(hash_token_json(&over, 16, 1337).is_err());
+        let mut spaced = vec![b' '; MAX_JSON + 1];
+        spaced[..2].copy_from_slice(b"[]");
+        assert!(hash_token_json(&spaced, 16, 1337).is_err());
+        assert!(hash_token_json(&spaced[..MAX_JSON], 16, 1337).is_ok());
     }
 
     #[test]
