@@ -153,3 +153,32 @@ fn a_guest_that_traps_after_a_restart_costs_one_call() {
     assert_eq!((counters.traps, counters.errors), (1, 1));
     assert_eq!(counters.instances_restarted, 1);
 }
+
+/// Releasing runs no guest code: a destructor that blocks (here for longer
+/// than the call deadline) cannot hold up the release of another backend's
+/// idle instances, which the one release thread looks after in turn.
+#[test]
+fn a_slow_destructor_does_not_hold_up_other_releases() {
+    let dir = tempfile::tempdir().unwrap();
+    let hostile = backend(
+        dir.path(),
+        "idle_slowclose",
+        kvwasm_guest_artifacts::HOSTILE_PATH,
+    );
+    let slow = StoreHandle::open(hostile, "").unwrap();
+    let fs = backend(dir.path(), "idle_after_slowclose", "builtin:fs");
+    let other = StoreHandle::open(fs, "tenant/ns").unwrap();
+    slow.get_manifest("slowclose:5000").unwrap();
+    other.get_manifest("missing").unwrap_err();
+    let idle_since = Instant::now();
+
+    wait_for_release(&slow);
+    wait_for_release(&other);
+    // Before, the hostile destructor ran on the release thread until the
+    // 2 s call deadline, and the other instance waited behind it.
+    assert!(
+        idle_since.elapsed() < Duration::from_millis(1500),
+        "released after {:?}",
+        idle_since.elapsed()
+    );
+}

@@ -64,6 +64,13 @@ impl block_hash::Host for HostState {
 /// The hashes of each run, or a trap for more than [`MAX_TOKENS`] tokens
 /// or runs that do not add up to them.
 fn hash_runs(tokens: &[u32], runs: &[HashRun]) -> wasmtime::Result<Vec<u64>> {
+    // Empty runs add up too: their number is capped like the tokens'.
+    if runs.len() > MAX_TOKENS {
+        wasmtime::bail!(
+            "block-hash: {} runs in one call, more than {MAX_TOKENS}",
+            runs.len()
+        );
+    }
     if tokens.len() > MAX_TOKENS {
         wasmtime::bail!(
             "block-hash: {} tokens in one call, more than {MAX_TOKENS}",
@@ -139,6 +146,8 @@ mod tests {
         let over = vec![0u32; MAX_TOKENS + 1];
         let whole = u32::try_from(over.len()).unwrap();
         assert!(hash_runs(&over, &[run(whole, 16, 1)]).is_err());
+        let empty_runs = vec![run(0, 16, 1); MAX_TOKENS + 1];
+        assert!(hash_runs(&[], &empty_runs).is_err());
         assert_eq!(
             hash_runs(&over[1..], &[run(whole - 1, 16, 1)])
                 .unwrap()

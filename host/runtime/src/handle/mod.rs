@@ -104,7 +104,6 @@ impl StoreHandle {
         // A private-state backend's data lives in its instance: never released.
         let release = (shared_state && backend.idle_release_ms > 0).then(|| Release {
             after: std::time::Duration::from_millis(backend.idle_release_ms),
-            close_timeout_ms: call_timeout_ms,
             metrics: backend.metrics.clone(),
         });
         let pool = Arc::new(Pool::new(first, max_instances, label, release));

@@ -50,6 +50,7 @@ fn period(shortest: Duration) -> Duration {
 
 impl Reaper {
     fn run(&self) {
+        let mut last_trim: Option<Instant> = None;
         loop {
             let shortest = {
                 let mut pools = lock(&self.pools);
@@ -72,12 +73,18 @@ impl Reaper {
             let now = Instant::now();
             let released: usize = pools.iter().map(|p| p.release_idle(now)).sum();
             drop(pools);
-            if released > 0 {
+            // Trimming walks every malloc arena under its lock: at most
+            // once per `TRIM_EVERY`, however short the release times.
+            if released > 0 && last_trim.is_none_or(|t| now.duration_since(t) >= TRIM_EVERY) {
                 trim_heap();
+                last_trim = Some(now);
             }
         }
     }
 }
+
+/// Least time between two heap trims.
+const TRIM_EVERY: Duration = Duration::from_secs(1);
 
 /// Give the heap pages the released instances freed back to the system:
 /// glibc keeps freed memory below the top of its heaps mapped, so without
