@@ -814,28 +814,13 @@ fn token_list(bytes: &[u8], start: usize) -> Result<(Vec<u32>, usize), String> {
 
 /// The token array at byte `start` as raw JSON, unchecked: the bytes up to
 /// its first `]` (an array of numbers has no other), for a
-/// [`TokenJsonHasher`] to parse. Found 8 bytes at a time: a byte loop is
-/// most of the cost of skipping a prompt in wasm.
+/// [`TokenJsonHasher`] to parse. Found by `memchr` (a word at a time): a
+/// byte loop is most of the cost of skipping a prompt in wasm.
 fn raw_token_list(bytes: &[u8], start: usize) -> Result<(&[u8], usize), String> {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let close = ONES * u64::from(b']');
-    let mut i = start;
-    while let Some(word) = bytes.get(i..i + 8) {
-        // The lowest high bit of `found` marks the first `]` (the borrow
-        // of the subtraction can only mark bytes above a zero byte).
-        let x = u64::from_le_bytes(word.try_into().expect("8 bytes")) ^ close;
-        let found = x.wrapping_sub(ONES) & !x & HIGHS;
-        if found != 0 {
-            let end = i + found.trailing_zeros() as usize / 8 + 1;
-            return Ok((&bytes[start..end], end));
-        }
-        i += 8;
-    }
-    match bytes[i..].iter().position(|&b| b == b']') {
-        Some(at) => Ok((&bytes[start..i + at + 1], i + at + 1)),
-        None => Err("no ] after the token ids".into()),
-    }
+    let end = memchr::memchr(b']', &bytes[start..])
+        .map(|at| start + at + 1)
+        .ok_or("no ] after the token ids")?;
+    Ok((&bytes[start..end], end))
 }
 
 /// A whole input of one JSON array of u32 token ids (whitespace around it

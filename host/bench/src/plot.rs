@@ -92,13 +92,7 @@ pub fn write_svg(r: &Results, path: &Path) -> Result<(), String> {
                     .map_err(|e| e.to_string())?;
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| e.to_string())?;
+        draw_legend(&mut chart)?;
     }
     root.present().map_err(|e| e.to_string())
 }
@@ -109,6 +103,24 @@ struct RemotePanel<'a> {
     title: String,
     /// (operation, [(side, time)]), the native client first.
     ops: Vec<(&'static str, Vec<(&'a str, &'a Stat)>)>,
+}
+
+/// A panel of either plot: f64 axes on the SVG backend.
+type Panel<'a> = ChartContext<
+    'a,
+    SVGBackend<'a>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// The series legend, top left, as every panel draws it.
+fn draw_legend(chart: &mut Panel<'_>) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())
 }
 
 /// The pairs of `kvwasm bench --remote` grouped into panels, in order:
@@ -222,13 +234,7 @@ pub fn write_remote_svg(pairs: &[Pair], path: &Path) -> Result<(), String> {
                 }))
                 .map_err(|e| e.to_string())?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| e.to_string())?;
+        draw_legend(&mut chart)?;
     }
     root.present().map_err(|e| e.to_string())
 }

@@ -67,7 +67,7 @@ impl Reaper {
                 }
             };
             std::thread::sleep(period(shortest));
-            // Destructors run without the registry lock: opens go on.
+            // Released without the registry lock: opens go on.
             let pools: Vec<Arc<Pool>> =
                 lock(&self.pools).iter().filter_map(Weak::upgrade).collect();
             let now = Instant::now();
