@@ -579,3 +579,41 @@ pub mod tiered {
             .sum()
     }
 }
+
+/// Backends that release idle instances (`idle_release_ms`), for the tests
+/// of the release thread.
+pub mod idle {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use kvwasm_host::config::Config;
+    use kvwasm_host::{Backend, StoreHandle};
+
+    /// Backend `name` of `component` with `dir = "data"` under `dir`,
+    /// releasing instances idle for `release_ms`.
+    pub fn releasing_after(
+        dir: &Path,
+        name: &str,
+        component: &str,
+        release_ms: u64,
+    ) -> Arc<Backend> {
+        let text = format!(
+            "[backends.{name}]\ncomponent = {component:?}\ndir = \"data\"\n\
+             idle_release_ms = {release_ms}\ncall_timeout_ms = 2000\n"
+        );
+        Arc::new(Config::parse(&text, dir).unwrap().backend(name).unwrap())
+    }
+
+    /// Wait (up to 5 s) until `handle` has no live instance.
+    pub fn wait_for_release(handle: &StoreHandle) {
+        let start = Instant::now();
+        while handle.live_instances() > 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the idle instance was never released"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvwasm_host::config::Config;
 use kvwasm_host::{Backend, KvError, StoreHandle};
+use kvwasm_tests::idle::{releasing_after, wait_for_release};
 
 /// Release time in these tests: short, so a test waits well under a second.
 const RELEASE_MS: u64 = 30;
@@ -15,35 +15,10 @@ const RELEASE_MS: u64 = 30;
 /// machine, had the instance been releasable.
 const WELL_PAST_RELEASE: Duration = Duration::from_millis(400);
 
-/// Backend `name` of `component` with `dir = "data"` under `dir`, released
-/// after `RELEASE_MS`. Each test names its own backend: metrics are per name.
+/// Backend `name` of `component`, released after `RELEASE_MS`. Each test
+/// names its own backend: metrics are per name.
 fn backend(dir: &std::path::Path, name: &str, component: &str) -> Arc<Backend> {
-    backend_releasing_after(dir, name, component, RELEASE_MS)
-}
-
-fn backend_releasing_after(
-    dir: &std::path::Path,
-    name: &str,
-    component: &str,
-    release_ms: u64,
-) -> Arc<Backend> {
-    let text = format!(
-        "[backends.{name}]\ncomponent = {component:?}\ndir = \"data\"\n\
-         idle_release_ms = {release_ms}\ncall_timeout_ms = 2000\n"
-    );
-    Arc::new(Config::parse(&text, dir).unwrap().backend(name).unwrap())
-}
-
-/// Wait (up to 5 s) until `handle` has no live instance.
-fn wait_for_release(handle: &StoreHandle) {
-    let start = Instant::now();
-    while handle.live_instances() > 0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "the idle instance was never released"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    releasing_after(dir, name, component, RELEASE_MS)
 }
 
 #[test]
@@ -107,7 +82,7 @@ fn an_instance_holding_unflushed_puts_is_not_released_before_its_flush() {
 #[test]
 fn idle_release_ms_0_keeps_idle_instances() {
     let dir = tempfile::tempdir().unwrap();
-    let backend = backend_releasing_after(dir.path(), "idle_never", "builtin:fs", 0);
+    let backend = releasing_after(dir.path(), "idle_never", "builtin:fs", 0);
     let handle = StoreHandle::open(backend.clone(), "").unwrap();
     handle.put_manifest("m", b"nothing").unwrap();
     std::thread::sleep(WELL_PAST_RELEASE);

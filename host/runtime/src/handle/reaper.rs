@@ -15,14 +15,24 @@ use super::pool::Pool;
 
 /// The pools that may release instances, while their handles live.
 struct Reaper {
-    pools: Mutex<Vec<Weak<Pool>>>,
-    /// Signalled when a pool is added (the thread sleeps while none is).
+    state: Mutex<Watched>,
+    /// Signalled when a pool is added that the thread's current sleep
+    /// would serve late (or while it waits for a first pool).
     added: Condvar,
+}
+
+struct Watched {
+    pools: Vec<Weak<Pool>>,
+    /// The period the thread is sleeping for (`None`: waiting for a pool).
+    sleeping_for: Option<Duration>,
 }
 
 static REAPER: LazyLock<&'static Reaper> = LazyLock::new(|| {
     let reaper: &'static Reaper = Box::leak(Box::new(Reaper {
-        pools: Mutex::new(Vec::new()),
+        state: Mutex::new(Watched {
+            pools: Vec::new(),
+            sleeping_for: None,
+        }),
         added: Condvar::new(),
     }));
     std::thread::Builder::new()
@@ -33,12 +43,22 @@ static REAPER: LazyLock<&'static Reaper> = LazyLock::new(|| {
 });
 
 /// Look after `pool` until its handle is gone.
+///
+/// The thread is woken only when its current sleep is longer than this
+/// pool's period, so opening many handles does not wake it once each.
 pub(super) fn watch(pool: &Arc<Pool>) {
     let reaper = *REAPER;
-    let mut pools = lock(&reaper.pools);
-    pools.retain(|p| p.strong_count() > 0);
-    pools.push(Arc::downgrade(pool));
-    reaper.added.notify_one();
+    let mut state = lock(&reaper.state);
+    state.pools.retain(|p| p.strong_count() > 0);
+    state.pools.push(Arc::downgrade(pool));
+    let sooner = match (state.sleeping_for, pool.release_after()) {
+        (None, _) => true,
+        (Some(current), Some(after)) => period(after) < current,
+        (Some(_), None) => false,
+    };
+    if sooner {
+        reaper.added.notify_one();
+    }
 }
 
 /// How often the pools are looked at: a quarter of the shortest release
@@ -52,24 +72,34 @@ impl Reaper {
     fn run(&self) {
         let mut last_trim: Option<Instant> = None;
         loop {
-            let shortest = {
-                let mut pools = lock(&self.pools);
-                loop {
-                    pools.retain(|p| p.strong_count() > 0);
-                    let shortest = pools
+            {
+                let mut state = lock(&self.state);
+                let shortest = loop {
+                    state.pools.retain(|p| p.strong_count() > 0);
+                    let shortest = state
+                        .pools
                         .iter()
                         .filter_map(|p| p.upgrade()?.release_after())
                         .min();
                     if let Some(shortest) = shortest {
                         break shortest;
                     }
-                    pools = self.added.wait(pools).unwrap_or_else(|p| p.into_inner());
-                }
-            };
-            std::thread::sleep(period(shortest));
+                    state.sleeping_for = None;
+                    state = self.added.wait(state).unwrap_or_else(|p| p.into_inner());
+                };
+                // Woken early by a pool with a shorter period: the pass
+                // below is early too, which releases nothing too soon
+                // (each pool checks its own idle times).
+                let sleep = period(shortest);
+                state.sleeping_for = Some(sleep);
+                drop(self.added.wait_timeout(state, sleep));
+            }
             // Released without the registry lock: opens go on.
-            let pools: Vec<Arc<Pool>> =
-                lock(&self.pools).iter().filter_map(Weak::upgrade).collect();
+            let pools: Vec<Arc<Pool>> = lock(&self.state)
+                .pools
+                .iter()
+                .filter_map(Weak::upgrade)
+                .collect();
             let now = Instant::now();
             let released: usize = pools.iter().map(|p| p.release_idle(now)).sum();
             drop(pools);
