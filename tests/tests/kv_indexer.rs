@@ -10,10 +10,17 @@ use serde_json::{Value, json};
 /// The subscriber `[subscribers.idx]` of a config file, as `kvwasm serve`
 /// builds it.
 fn subscriber(dir: &tempfile::TempDir) -> Subscriber {
+    subscriber_with(dir, "")
+}
+
+/// As [`subscriber`], with `extra` lines in its table.
+fn subscriber_with(dir: &tempfile::TempDir, extra: &str) -> Subscriber {
     let path = dir.path().join("kvwasm.toml");
     std::fs::write(
         &path,
-        "[subscribers.idx]\ncomponent = \"builtin:kv-indexer\"\nmemory_limit_mib = 256\n",
+        format!(
+            "[subscribers.idx]\ncomponent = \"builtin:kv-indexer\"\nmemory_limit_mib = 256\n{extra}"
+        ),
     )
     .unwrap();
     let subscriber = Subscriber::from_config(&path, "idx").expect("start the guest");
@@ -115,8 +122,8 @@ fn guest_answers_like_the_native_core() {
         .map(|p| events::query_body(p))
         .collect();
     for (n, batch) in trace.events.chunks(shape.batch).enumerate() {
-        let wit: Vec<_> = batch.iter().map(events::to_wit).collect();
-        guest.on_batch(&wit).expect("every trace event applies");
+        let mut wit: Vec<_> = batch.iter().map(events::to_wit).collect();
+        guest.on_batch(&mut wit).expect("every trace event applies");
         assert_eq!(native.ingest(batch), 0);
         if n % 2 == 0 {
             for body in &queries {
@@ -203,8 +210,8 @@ fn events_not_applied_are_the_batch_error() {
     };
     // Worker 2 is not registered and its event names no model.
     let batch = [stored(2), stored(1)];
-    let wit: Vec<_> = batch.iter().map(events::to_wit).collect();
-    match guest.on_batch(&wit) {
+    let mut wit: Vec<_> = batch.iter().map(events::to_wit).collect();
+    match guest.on_batch(&mut wit) {
         Err(KvError::Other(message)) => assert!(message.contains("1 of 2 events"), "{message}"),
         other => panic!("expected the guest's error, got {other:?}"),
     }
@@ -217,4 +224,154 @@ fn events_not_applied_are_the_batch_error() {
         "the rest of the batch applied"
     );
     assert_eq!(guest.generation(), 0, "an error is not a lost instance");
+}
+
+/// Token ids hashed by the host before delivery (`prehash_tokens`, the
+/// default for this guest) and hashed by the guest itself build the same
+/// index as the native core, for every shape of stored event: only those
+/// the core would hash the same way are rewritten.
+#[test]
+fn prehashed_and_raw_token_ids_build_the_same_index() {
+    let stored =
+        |worker: u64, parent: Option<u64>, hashes: &[u64], tokens: std::ops::Range<u32>| Event {
+            worker_id: worker,
+            dp_rank: 0,
+            event_id: 0,
+            model: Some("m".into()),
+            tenant: None,
+            data: EventData::Stored(Stored {
+                block_hashes: hashes.to_vec(),
+                parent_hash: parent,
+                token_ids: tokens.collect(),
+                block_size: Some(16),
+                ..Stored::default()
+            }),
+        };
+    let with = |mut event: Event, change: &dyn Fn(&mut Stored)| {
+        if let EventData::Stored(s) = &mut event.data {
+            change(s);
+        }
+        event
+    };
+    let batch = [
+        stored(1, None, &[1, 2], 0..32),
+        // A partial tail after one full block: the tail is ignored.
+        stored(1, Some(2), &[3], 32..53),
+        // Less than a block: no local hash, so the block stays incomplete
+        // (without tokens it would take its engine hash instead).
+        stored(1, Some(3), &[4], 53..63),
+        with(stored(2, None, &[11, 12], 0..32), &|s| {
+            s.lora_name = Some("adapter".into())
+        }),
+        // No block size: the index's.
+        with(stored(2, None, &[21], 100..116), &|s| s.block_size = None),
+        // The publisher's own hashes win over token ids.
+        with(stored(3, None, &[31], 0..16), &|s| {
+            s.tokens_hashes = vec![999]
+        }),
+        // Another block size than the index's: dropped either way.
+        with(stored(3, None, &[41, 42], 0..16), &|s| {
+            s.block_size = Some(8)
+        }),
+    ];
+    // Which events the host rewrites: token ids replaced by their hashes.
+    let rewritten = [true, true, false, true, false, false, true];
+
+    let queries = [
+        json!({"token_ids": (0..64).collect::<Vec<u32>>(), "model_name": "m"}),
+        json!({"token_ids": (100..116).collect::<Vec<u32>>(), "model_name": "m"}),
+        json!({"token_ids": (0..32).collect::<Vec<u32>>(), "model_name": "m", "lora_name": "adapter"}),
+    ];
+    let mut dumps = Vec::new();
+    for (prehash, extra) in [(true, ""), (false, "prehash_tokens = false\n")] {
+        let dir = tempfile::tempdir().unwrap();
+        let guest = subscriber_with(&dir, extra);
+        let mut native = Indexer::default();
+        for worker in 1..=3 {
+            let register = json!({"instance_id": worker, "endpoint": "tcp://127.0.0.1:5557",
+                "model_name": "m", "block_size": 16})
+            .to_string();
+            assert_eq!(
+                both(
+                    &guest,
+                    &mut native,
+                    "POST",
+                    "/register",
+                    register.as_bytes()
+                )
+                .0,
+                201
+            );
+        }
+        let mut wit: Vec<_> = batch.iter().map(events::to_wit).collect();
+        let _ = guest.on_batch(&mut wit);
+        native.ingest(&batch);
+        for (event, rewritten) in wit.iter().zip(rewritten) {
+            let kvwasm_host::subscriber::EventData::Stored(s) = &event.data else {
+                unreachable!()
+            };
+            let hashed = s.token_ids.is_empty() && !s.tokens_hashes.is_empty();
+            assert_eq!(hashed, prehash && rewritten, "{s:?}");
+        }
+        for query in &queries {
+            assert_eq!(
+                both(
+                    &guest,
+                    &mut native,
+                    "POST",
+                    "/query",
+                    query.to_string().as_bytes()
+                )
+                .0,
+                200
+            );
+        }
+        let dump = guest.handle(&request("GET", "/dump")).unwrap();
+        let guest_dump = dumped_blocks(&serde_json::from_slice(&dump.body).unwrap());
+        let native_dump = native.handle("GET", "/dump", "", b"").1;
+        assert_eq!(
+            guest_dump,
+            dumped_blocks(&serde_json::from_slice(&native_dump).unwrap())
+        );
+        dumps.push(guest_dump);
+    }
+    assert_eq!(dumps[0], dumps[1]);
+    let blocks: Vec<u64> = dumps[0].iter().map(|b| b.2).collect();
+    assert_eq!(blocks, [1, 2, 3, 11, 12, 21, 31], "the stored blocks");
+    assert!(
+        dumps[0].contains(&(3, None, 31, 999)),
+        "the publisher's hash: {:?}",
+        dumps[0]
+    );
+}
+
+fn request(method: &str, path: &str) -> Request {
+    Request {
+        method: method.into(),
+        path: path.into(),
+        query: String::new(),
+        body: Vec::new(),
+    }
+}
+
+/// A `/dump`'s blocks as (worker, parent, block hash, tokens hash),
+/// sorted: the order of a dump's events is the tree's, which is not
+/// fixed.
+fn dumped_blocks(dump: &Value) -> Vec<(u64, Option<u64>, u64, u64)> {
+    let mut blocks: Vec<_> = dump["m:default"]["events"]
+        .as_array()
+        .expect("the index's events")
+        .iter()
+        .flat_map(|e| {
+            let stored = &e["event"]["data"]["stored"];
+            let worker = e["worker_id"].as_u64().unwrap();
+            let parent = stored["parent_hash"].as_u64();
+            stored["blocks"].as_array().unwrap().iter().map(move |b| {
+                let hash = |key: &str| b[key].as_u64().unwrap();
+                (worker, parent, hash("block_hash"), hash("tokens_hash"))
+            })
+        })
+        .collect();
+    blocks.sort_by_key(|b| b.2);
+    blocks
 }

@@ -92,7 +92,15 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
         let calls = backend
             .max_concurrent_calls
             .map_or("unlimited".to_string(), |n| n.to_string());
-        if table != "backends" {
+        if table == "subscribers" {
+            let tokens = match backend.prehash_tokens {
+                true => "hashed by the host (prehash_tokens)",
+                false => "delivered as token ids",
+            };
+            println!(
+                "             one instance, max concurrent calls {calls}; stored tokens {tokens}"
+            );
+        } else if table != "backends" {
             println!("             one instance, max concurrent calls {calls}");
         } else {
             let release = match backend.idle_release_ms {

@@ -41,6 +41,9 @@ pub struct Backend {
     pub(crate) config_vars: Arc<WasiConfigVariables>,
     /// The publisher of this backend's kv_store traffic (`publish_events`).
     pub(crate) events_out: Option<crate::events_out::EventsOut>,
+    /// Subscribers only: stored events reach the guest with their token ids
+    /// already hashed (`prehash_tokens`, see [`crate::subscriber`]).
+    pub prehash_tokens: bool,
 }
 
 impl std::fmt::Debug for Backend {
@@ -54,6 +57,7 @@ impl std::fmt::Debug for Backend {
             .field("max_instances", &self.max_instances)
             .field("idle_release_ms", &self.idle_release_ms)
             .field("max_concurrent_calls", &self.max_concurrent_calls)
+            .field("prehash_tokens", &self.prehash_tokens)
             .finish()
     }
 }
@@ -80,6 +84,7 @@ impl Backend {
             calls_in_flight: CallGate::default(),
             metrics: crate::metrics::for_backend(name),
             events_out: None,
+            prehash_tokens: false,
         }
     }
 

@@ -38,6 +38,11 @@
 //! demote_interval_ms = 500          # how often the background demoter looks
 //! # on each tier but the last: capacity_mib = 1024
 //!
+//! [subscribers.idx]                 # an event subscriber (`kvwasm serve`): the same
+//! component = "builtin:kv-indexer"  # keys and sandbox, one instance, no tenants
+//! prehash_tokens = true             # token ids hashed by the host (default: on
+//!                                   # for builtin:kv-indexer only)
+//!
 //! [fabrics.tcp]                     # a fabric guest: the same keys and sandbox,
 //! component = "builtin:tcp"         # one instance, no tenants
 //! net = ["10.0.0.7:7070"]
@@ -160,6 +165,9 @@ pub struct BackendConfig {
     pub publish_events: Option<String>,
     /// TLS to the remote store, done by the host (see [`TlsConfig`]).
     pub tls: Option<TlsConfig>,
+    /// Subscribers: hand stored events over with their token ids already
+    /// hashed into `tokens-hashes` (default: on for `builtin:kv-indexer`).
+    pub prehash_tokens: Option<bool>,
     /// Tiered store: the entries composed as tiers, fastest first
     /// (docs/tiering.md; checked by [`crate::tiering::config`]).
     #[serde(default)]
@@ -192,12 +200,14 @@ impl Config {
         for (name, backend) in &config.backends {
             backend
                 .validate()
+                .and_then(|()| backend.no_subscriber_keys())
                 .map_err(|e| format!("[backends.{name}]: {e}"))?;
         }
         crate::tiering::config::validate(&config)?;
         for (name, fabric) in &config.fabrics {
             fabric
                 .validate_single()
+                .and_then(|()| fabric.no_subscriber_keys())
                 .map_err(|e| format!("[fabrics.{name}]: {e}"))?;
         }
         for (name, subscriber) in &config.subscribers {
@@ -284,6 +294,7 @@ impl Config {
                 .map_err(|e| format!("cannot create {}: {e}", dir.host.display()))?;
         }
         let limits = spec.limits();
+        let kv_indexer = source == ComponentSource::Builtin(crate::component::Builtin::KvIndexer);
         let mut backend = Backend::new(name, source, component, grants);
         backend.tenant_limits = spec
             .tenants
@@ -298,6 +309,7 @@ impl Config {
             .publish_events
             .as_ref()
             .map(|address| crate::events_out::EventsOut::new(address, backend.metrics.clone()));
+        backend.prehash_tokens = spec.prehash_tokens.unwrap_or(kv_indexer);
         Ok(backend)
     }
 
@@ -412,6 +424,14 @@ impl BackendConfig {
             max_resources: self.max_resources,
         }
         .over(&Limits::default())
+    }
+
+    /// Refuses the keys only an event subscriber reads.
+    fn no_subscriber_keys(&self) -> Result<(), String> {
+        match self.prehash_tokens {
+            Some(_) => Err("prehash_tokens applies to [subscribers.*] only".into()),
+            None => Ok(()),
+        }
     }
 
     /// As [`BackendConfig::validate`], for a guest that runs one instance
@@ -664,6 +684,19 @@ mod tests {
                 "idle_release_ms does not apply",
             ),
             (
+                format!("{fs}prehash_tokens = true"),
+                "prehash_tokens applies to [subscribers.*] only",
+            ),
+            (
+                "[fabrics.f]\ncomponent = \"builtin:fs\"\nprehash_tokens = false".to_owned(),
+                "prehash_tokens applies to [subscribers.*] only",
+            ),
+            (
+                "[subscribers.s]\ncomponent = \"builtin:kv-indexer\"\nprehash_tokens = \"yes\""
+                    .to_owned(),
+                "expected a boolean",
+            ),
+            (
                 format!("{fs}[backends.a.tenants.t]\nmemory_limit_mib = 0"),
                 "tenants.t",
             ),
@@ -674,5 +707,23 @@ mod tests {
         let config = Config::parse(&format!("{fs}net = [\"no-port\"]"), base).unwrap();
         let err = config.grants(&config.backends["a"]).unwrap_err();
         assert!(err.contains("host:port"), "{err}");
+    }
+
+    #[test]
+    fn token_prehashing_is_on_for_the_kv_indexer_unless_configured() {
+        let base = Path::new("/tmp");
+        let config = Config::parse(
+            "[subscribers.default]\ncomponent = \"builtin:kv-indexer\"\n\
+             [subscribers.off]\ncomponent = \"builtin:kv-indexer\"\nprehash_tokens = false\n\
+             [subscribers.advisor]\ncomponent = \"builtin:advisor\"\n\
+             [subscribers.on]\ncomponent = \"builtin:advisor\"\nprehash_tokens = true\n",
+            base,
+        )
+        .unwrap();
+        let prehash = |name| config.subscriber(name).unwrap().prehash_tokens;
+        assert!(prehash("default"));
+        assert!(!prehash("off"));
+        assert!(!prehash("advisor"));
+        assert!(prehash("on"));
     }
 }

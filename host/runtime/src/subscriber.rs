@@ -11,9 +11,15 @@
 //! deadline is discarded and the next call starts a fresh, empty one;
 //! [`Subscriber::generation`] changes, so the caller knows to rebuild it
 //! (replay its event log) first.
+//!
+//! With `prehash_tokens` (on for `builtin:kv-indexer`) the host hashes each
+//! stored event's token ids before delivery: the guest would only hand them
+//! back to `block-hash` anyway, and lowering ~1 KB of tokens per event into
+//! its memory and out again was a fifth of its ingest (docs/benchmarks.md).
 
 use std::sync::Arc;
 
+use kvwasm_kv_indexer_core::hash;
 use wasmtime::Store;
 
 use crate::backend::Backend;
@@ -32,6 +38,7 @@ pub use crate::bindings::events::kvwasm::events::types::{
 /// An event subscriber: one guest instance, called one call at a time.
 pub struct Subscriber {
     guest: OneInstance<SubscriberExports>,
+    prehash_tokens: bool,
 }
 
 impl Subscriber {
@@ -48,6 +55,7 @@ impl Subscriber {
     pub fn start(policy: Arc<Backend>) -> Result<Subscriber, KvError> {
         policy.component.subscriber_exports()?;
         Ok(Subscriber {
+            prehash_tokens: policy.prehash_tokens,
             guest: OneInstance::start(policy, ())?,
         })
     }
@@ -73,8 +81,14 @@ impl Subscriber {
     }
 
     /// Hand `events` to the guest. The guest's own error is
-    /// [`KvError::Other`].
-    pub fn on_batch(&self, events: &[Event]) -> Result<(), KvError> {
+    /// [`KvError::Other`]. With `prehash_tokens`, stored events are first
+    /// rewritten in place ([`prehash_tokens`]): the caller hands over
+    /// events it no longer needs as they were.
+    pub fn on_batch(&self, events: &mut [Event]) -> Result<(), KvError> {
+        if self.prehash_tokens {
+            prehash_tokens(events);
+        }
+        let events = &*events;
         self.guest.operation(
             0,
             |_| 0,
@@ -122,6 +136,31 @@ impl Subscriber {
                 })
             },
         )
+    }
+}
+
+/// Replace each stored event's `token-ids` by their Dynamo block hashes
+/// in `tokens-hashes`, where the KV indexer would compute exactly those
+/// (its `prehashable`): a non-zero block size, token ids and no
+/// publisher hashes. A store of less than one block keeps its tokens: no
+/// hashes and no tokens would mean "use the engine hashes" instead.
+fn prehash_tokens(events: &mut [Event]) {
+    for event in events {
+        let EventData::Stored(stored) = &mut event.data else {
+            continue;
+        };
+        let Some(block_size) = stored.block_size.filter(|&size| size != 0) else {
+            continue;
+        };
+        if !stored.tokens_hashes.is_empty() || stored.token_ids.is_empty() {
+            continue;
+        }
+        let seed = hash::seed_for(stored.lora_name.as_deref());
+        let hashes = hash::xxh3_blocks(&stored.token_ids, block_size, seed);
+        if !hashes.is_empty() {
+            stored.tokens_hashes = hashes;
+            stored.token_ids = Vec::new();
+        }
     }
 }
 

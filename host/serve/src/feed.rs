@@ -23,7 +23,8 @@ pub trait Guest: Send + Sync {
     fn name(&self) -> &str;
     /// Whether it answers API requests (exports `http-api`).
     fn serves_http(&self) -> bool;
-    fn on_batch(&self, events: &[Event]) -> Result<(), KvError>;
+    /// May rewrite `events` in place ([`Subscriber::on_batch`]).
+    fn on_batch(&self, events: &mut [Event]) -> Result<(), KvError>;
     fn handle(&self, request: &Request) -> Result<Response, KvError>;
     /// Changes when the instance was replaced by an empty one.
     fn generation(&self) -> u64;
@@ -36,7 +37,7 @@ impl Guest for Subscriber {
     fn serves_http(&self) -> bool {
         Subscriber::serves_http(self)
     }
-    fn on_batch(&self, events: &[Event]) -> Result<(), KvError> {
+    fn on_batch(&self, events: &mut [Event]) -> Result<(), KvError> {
         Subscriber::on_batch(self, events)
     }
     fn handle(&self, request: &Request) -> Result<Response, KvError> {
@@ -218,7 +219,9 @@ impl GuestCell {
                 .filter(|(seq, _)| !state.poisoned.contains(seq))
                 .find(|(_, entry)| {
                     let result = match entry {
-                        Entry::Events(events) => self.guest.on_batch(events).map(drop),
+                        Entry::Events(events) => {
+                            self.guest.on_batch(&mut events.to_vec()).map(drop)
+                        }
                         Entry::Request(r) if http => self.guest.handle(r).map(drop),
                         Entry::Request(_) => Ok(()),
                     };
@@ -403,7 +406,7 @@ pub(crate) mod tests {
         fn serves_http(&self) -> bool {
             true
         }
-        fn on_batch(&self, events: &[Event]) -> Result<(), KvError> {
+        fn on_batch(&self, events: &mut [Event]) -> Result<(), KvError> {
             let _gate = self.gate.lock().unwrap();
             if events.iter().any(|e| e.event_id == TRAP)
                 && self
