@@ -37,9 +37,18 @@ static VTABLE: Vtable = Vtable {
     prefetch_chunks: Some(prefetch_chunks),
 };
 
-/// The one symbol a consumer needs.
+/// The one symbol a consumer needs. Consumers call it once, when they load
+/// the library: the one-time setup ([`kvwasm_host::prepare`]) is done here,
+/// not in their first open.
 #[unsafe(no_mangle)]
 pub extern "C" fn kv_store_get_vtable() -> *const Vtable {
+    static PREPARED: std::sync::Once = std::sync::Once::new();
+    PREPARED.call_once(|| {
+        init_logging();
+        if catch_unwind(kvwasm_host::prepare).is_err() {
+            tracing::error!("internal panic caught while preparing the library");
+        }
+    });
     &VTABLE
 }
 

@@ -9,7 +9,7 @@ use plotters::prelude::*;
 use crate::remote::Pair;
 use crate::stats::Stat;
 use crate::workloads::size_label;
-use crate::{CHUNK_SIZES, Results};
+use crate::{CHUNK_SIZES, Results, Row};
 
 const PALETTE: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
@@ -97,12 +97,20 @@ pub fn write_svg(r: &Results, path: &Path) -> Result<(), String> {
     root.present().map_err(|e| e.to_string())
 }
 
-/// One panel of the remote plot: a backend at one load, its operations
-/// (save, restore), each with the native client's bar and kvwasm's.
-struct RemotePanel<'a> {
+/// One panel of a bar plot: groups of bars (one bar per side, the native
+/// baseline first), each with its min–max range and, where there is one,
+/// the target a kvwasm bar must stay under.
+struct BarPanel<'a> {
     title: String,
-    /// (operation, [(side, time)]), the native client first.
-    ops: Vec<(&'static str, Vec<(&'a str, &'a Stat)>)>,
+    y_desc: &'static str,
+    groups: Vec<BarGroup<'a>>,
+}
+
+/// One x position of a [`BarPanel`].
+struct BarGroup<'a> {
+    label: String,
+    bars: Vec<(&'a str, &'a Stat)>,
+    target: Option<f64>,
 }
 
 /// A panel of either plot: f64 axes on the SVG backend.
@@ -125,9 +133,10 @@ fn draw_legend(chart: &mut Panel<'_>) -> Result<(), String> {
 
 /// The pairs of `kvwasm bench --remote` grouped into panels, in order:
 /// one per native client and load (`save 96 × 1 MiB` and `restore with
-/// prefetch 96 × 1 MiB` share the panel `96 × 1 MiB`).
-fn remote_panels(pairs: &[Pair]) -> Vec<RemotePanel<'_>> {
-    let mut panels: Vec<RemotePanel> = Vec::new();
+/// prefetch 96 × 1 MiB` share the panel `96 × 1 MiB`); each operation's
+/// target is its ratio times the native client's median.
+fn remote_panels(pairs: &[Pair]) -> Vec<BarPanel<'_>> {
+    let mut panels: Vec<BarPanel> = Vec::new();
     for pair in pairs {
         let (op, load) = match pair.case.strip_prefix("save ") {
             Some(load) => ("save", load),
@@ -142,23 +151,26 @@ fn remote_panels(pairs: &[Pair]) -> Vec<RemotePanel<'_>> {
         let panel = match panels.iter().position(|p| p.title == title) {
             Some(i) => &mut panels[i],
             None => {
-                panels.push(RemotePanel {
+                panels.push(BarPanel {
                     title,
-                    ops: Vec::new(),
+                    y_desc: "ms (median; bar: min–max)",
+                    groups: Vec::new(),
                 });
                 panels.last_mut().expect("just pushed")
             }
         };
-        let bars = match panel.ops.iter().position(|(o, _)| *o == op) {
-            Some(i) => &mut panel.ops[i].1,
+        let group = match panel.groups.iter().position(|g| g.label == op) {
+            Some(i) => &mut panel.groups[i],
             None => {
-                panel
-                    .ops
-                    .push((op, vec![(pair.native_label.as_str(), &pair.native)]));
-                &mut panel.ops.last_mut().expect("just pushed").1
+                panel.groups.push(BarGroup {
+                    label: op.into(),
+                    bars: vec![(pair.native_label.as_str(), &pair.native)],
+                    target: Some(pair.target * pair.native.median),
+                });
+                panel.groups.last_mut().expect("just pushed")
             }
         };
-        bars.push((pair.kvwasm_label.as_str(), &pair.kvwasm));
+        group.bars.push((pair.kvwasm_label.as_str(), &pair.kvwasm));
     }
     panels
 }
@@ -166,19 +178,125 @@ fn remote_panels(pairs: &[Pair]) -> Vec<RemotePanel<'_>> {
 /// The remote comparison as an SVG: one panel per backend and load, a bar
 /// per side (median ms, lower is better) with its min–max range.
 pub fn write_remote_svg(pairs: &[Pair], path: &Path) -> Result<(), String> {
-    let panels = remote_panels(pairs);
+    write_bar_svg(&remote_panels(pairs), path)
+}
+
+/// `kvwasm bench --scale`'s rows (native, kvwasm) as panels: open latency,
+/// the slowest opens, idle memory per handle and calls over all handles,
+/// with issue 17's targets.
+fn scale_panels(rows: &[Row]) -> Vec<BarPanel<'_>> {
+    let group = |case: &str, label: &str, target: Option<f64>| {
+        let row = rows.iter().find(|r| r.case == case)?;
+        Some(BarGroup {
+            label: label.into(),
+            bars: vec![
+                ("native", &row.per_target[0]),
+                ("kvwasm", &row.per_target[1]),
+            ],
+            target,
+        })
+    };
+    fn panel<'a>(
+        title: &str,
+        y_desc: &'static str,
+        groups: Vec<Option<BarGroup<'a>>>,
+    ) -> BarPanel<'a> {
+        BarPanel {
+            title: title.into(),
+            y_desc,
+            groups: groups.into_iter().flatten().collect(),
+        }
+    }
+    let idle = Some(16.0);
+    let calls = rows
+        .iter()
+        .filter(|r| r.case.contains(", round-robin over "))
+        .map(|r| {
+            let label = r.case.split(", round-robin").next().unwrap_or(&r.case);
+            group(&r.case, label, None)
+        })
+        .collect();
+    let panels = [
+        panel(
+            "open, warm artifact cache",
+            "ms (median of runs; bar: min–max)",
+            vec![
+                group("open p50", "p50", None),
+                group("open p99", "p99", Some(0.5)),
+                group("open p99, thread CPU time", "p99 CPU", Some(0.5)),
+            ],
+        ),
+        panel(
+            "library load and the slowest open",
+            "ms (median of runs; bar: min–max)",
+            vec![
+                group(
+                    "library load (dlopen + kv_store_get_vtable)",
+                    "library load",
+                    None,
+                ),
+                group("open max", "max", Some(5.0)),
+                group("open max, thread CPU time", "max CPU", Some(5.0)),
+                group(
+                    "open max, all but the first of each backend",
+                    "max, not first",
+                    Some(5.0),
+                ),
+            ],
+        ),
+        panel(
+            "resident memory per idle handle",
+            "KiB (median of runs; bar: min–max)",
+            vec![
+                group(
+                    "resident memory per idle handle, after open",
+                    "after open",
+                    idle,
+                ),
+                group(
+                    "resident memory per idle handle, after one put + get",
+                    "after put+get",
+                    idle,
+                ),
+                rows.iter()
+                    .find(|r| {
+                        r.case
+                            .starts_with("resident memory per idle handle, after a manifest")
+                    })
+                    .and_then(|r| group(&r.case, "released", idle)),
+            ],
+        ),
+        panel(
+            "calls over every handle",
+            "ns per call (median of runs)",
+            calls,
+        ),
+    ];
+    panels
+        .into_iter()
+        .filter(|p| !p.groups.is_empty())
+        .collect()
+}
+
+/// The `--scale` figures as an SVG (docs/benchmarks-scale.svg).
+pub fn write_scale_svg(rows: &[Row], path: &Path) -> Result<(), String> {
+    write_bar_svg(&scale_panels(rows), path)
+}
+
+/// Bar panels side by side; a target is a red line over its group.
+fn write_bar_svg(panels: &[BarPanel], path: &Path) -> Result<(), String> {
     if panels.is_empty() {
-        return Err("no remote results to plot".into());
+        return Err("no results to plot".into());
     }
     let width = 520 * panels.len() as u32;
     let root = SVGBackend::new(path, (width, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
-    for (area, panel) in root.split_evenly((1, panels.len())).iter().zip(&panels) {
-        let sides = panel.ops.iter().map(|(_, b)| b.len()).max().unwrap_or(1);
+    for (area, panel) in root.split_evenly((1, panels.len())).iter().zip(panels) {
+        let sides = panel.groups.iter().map(|g| g.bars.len()).max().unwrap_or(1);
         let top = panel
-            .ops
+            .groups
             .iter()
-            .flat_map(|(_, bars)| bars.iter().map(|(_, s)| s.max))
+            .flat_map(|g| g.bars.iter().map(|(_, s)| s.max).chain(g.target))
             .fold(0.0f64, f64::max)
             * 1.25;
         let mut chart = ChartBuilder::on(area)
@@ -186,38 +304,42 @@ pub fn write_remote_svg(pairs: &[Pair], path: &Path) -> Result<(), String> {
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(52)
-            .build_cartesian_2d(-0.5f64..(panel.ops.len() as f64 - 0.5), 0.0..top.max(0.1))
+            .build_cartesian_2d(
+                -0.5f64..(panel.groups.len() as f64 - 0.5),
+                0.0..top.max(0.1),
+            )
             .map_err(|e| e.to_string())?;
-        let ops: Vec<&str> = panel.ops.iter().map(|(op, _)| *op).collect();
+        let labels: Vec<&str> = panel.groups.iter().map(|g| g.label.as_str()).collect();
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .x_labels(ops.len())
+            .x_labels(labels.len())
             .x_label_formatter(&|x| {
                 let i = x.round();
                 if (x - i).abs() > 0.01 || i < 0.0 {
                     return String::new();
                 }
-                ops.get(i as usize)
+                labels
+                    .get(i as usize)
                     .map(|s| s.to_string())
                     .unwrap_or_default()
             })
-            .y_desc("ms (median; bar: min–max)")
+            .y_desc(panel.y_desc)
             .draw()
             .map_err(|e| e.to_string())?;
         let slot = 0.8 / sides as f64;
         for side in 0..sides {
             let style = PALETTE[side % PALETTE.len()];
             let bars: Vec<(f64, &Stat)> = panel
-                .ops
+                .groups
                 .iter()
                 .enumerate()
-                .filter_map(|(i, (_, bars))| {
+                .filter_map(|(i, g)| {
                     let x = i as f64 - 0.4 + slot * side as f64;
-                    bars.get(side).map(|(_, stat)| (x, *stat))
+                    g.bars.get(side).map(|(_, stat)| (x, *stat))
                 })
                 .collect();
-            let label = panel.ops[0].1.get(side).map_or("", |(l, _)| l);
+            let label = panel.groups[0].bars.get(side).map_or("", |(l, _)| l);
             chart
                 .draw_series(bars.iter().map(|(x, s)| {
                     Rectangle::new([(*x, 0.0), (x + slot * 0.9, s.median)], style.filled())
@@ -233,6 +355,24 @@ pub fn write_remote_svg(pairs: &[Pair], path: &Path) -> Result<(), String> {
                     PathElement::new(vec![(mid, s.min), (mid, s.max)], BLACK.stroke_width(1))
                 }))
                 .map_err(|e| e.to_string())?;
+        }
+        let targets: Vec<(f64, f64)> = panel
+            .groups
+            .iter()
+            .enumerate()
+            .filter_map(|(i, g)| Some((i as f64, g.target?)))
+            .collect();
+        if !targets.is_empty() {
+            let red = RED.stroke_width(2);
+            chart
+                .draw_series(
+                    targets
+                        .iter()
+                        .map(|&(x, y)| PathElement::new(vec![(x - 0.45, y), (x + 0.45, y)], red)),
+                )
+                .map_err(|e| e.to_string())?
+                .label("target (kvwasm at most)")
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], red));
         }
         draw_legend(&mut chart)?;
     }
@@ -279,17 +419,23 @@ mod tests {
                 "96 × 1 MiB: reqwest"
             ]
         );
-        let bars = |p: &RemotePanel, op: usize| -> Vec<String> {
-            p.ops[op].1.iter().map(|(l, _)| l.to_string()).collect()
+        let bars = |p: &BarPanel, op: usize| -> Vec<String> {
+            p.groups[op]
+                .bars
+                .iter()
+                .map(|(l, _)| l.to_string())
+                .collect()
         };
-        assert_eq!(panels[0].ops.len(), 2);
-        assert_eq!(panels[0].ops[0].0, "save");
+        assert_eq!(panels[0].groups.len(), 2);
+        assert_eq!(panels[0].groups[0].label, "save");
         assert_eq!(
             bars(&panels[0], 0),
             ["redis crate", "kvwasm (redis)", "kvwasm (redis-batched)"]
         );
-        assert_eq!(panels[0].ops[1].0, "restore");
+        assert_eq!(panels[0].groups[1].label, "restore");
         assert_eq!(bars(&panels[0], 1), ["redis crate", "kvwasm (redis)"]);
+        // The target is the ratio over the native client's median (2.0).
+        assert_eq!(panels[0].groups[0].target, Some(1.3 * 2.0));
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("remote.svg");
@@ -299,5 +445,68 @@ mod tests {
             assert!(svg.contains(text), "{text} missing from the plot");
         }
         assert!(write_remote_svg(&[], &path).is_err());
+    }
+
+    /// The scale rows become four panels, the issue's targets on the
+    /// groups they bound; cases the run did not have leave no empty group.
+    #[test]
+    fn scale_rows_become_panels_with_their_targets() {
+        let row = |case: &str| Row {
+            medium: "scale".into(),
+            case: case.into(),
+            unit: crate::Unit::Millis,
+            per_target: vec![Stat::new(vec![1.0]), Stat::new(vec![2.0])],
+        };
+        let rows = [
+            row("open p50"),
+            row("open p99"),
+            row("open max"),
+            row("open max, all but the first of each backend"),
+            row("resident memory per idle handle, after open"),
+            row(
+                "resident memory per idle handle, after a manifest and 1500 ms idle (kvwasm: instance released)",
+            ),
+            row("put 4 KiB, round-robin over 1000 handles"),
+        ];
+        let panels = scale_panels(&rows);
+        let groups = |p: &BarPanel| -> Vec<(String, Option<f64>)> {
+            p.groups
+                .iter()
+                .map(|g| (g.label.clone(), g.target))
+                .collect()
+        };
+        assert_eq!(
+            groups(&panels[0]),
+            [("p50".into(), None), ("p99".into(), Some(0.5))]
+        );
+        assert_eq!(
+            groups(&panels[1]),
+            [
+                ("max".into(), Some(5.0)),
+                ("max, not first".into(), Some(5.0))
+            ]
+        );
+        assert_eq!(
+            groups(&panels[2]),
+            [
+                ("after open".into(), Some(16.0)),
+                ("released".into(), Some(16.0))
+            ]
+        );
+        assert_eq!(groups(&panels[3]), [("put 4 KiB".into(), None)]);
+        assert_eq!(panels[3].groups[0].bars[1].0, "kvwasm");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("scale.svg");
+        write_scale_svg(&rows, &path).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        for text in [
+            "library load and the slowest open",
+            "resident memory per idle handle",
+            "target (kvwasm at most)",
+        ] {
+            assert!(svg.contains(text), "{text} missing from the plot");
+        }
+        assert!(write_scale_svg(&[], &path).is_err());
     }
 }

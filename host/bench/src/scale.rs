@@ -62,6 +62,10 @@ pub struct ScalePlan {
 /// One child's measurements.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct ScaleSample {
+    /// Loading the library (`dlopen` and `kv_store_get_vtable`, where the
+    /// shim does its one-time setup), wall ms.
+    pub load_ms: f64,
+    pub native_load_ms: f64,
     /// kvwasm `open` times in order, ms (the first of each backend included).
     pub open_ms: Vec<f64>,
     pub native_open_ms: Vec<f64>,
@@ -200,6 +204,11 @@ fn rows(samples: &[ScaleSample], handles: usize) -> Vec<Row> {
             .fold(0.0, f64::max)
     };
     let mut out = vec![
+        row(
+            "library load (dlopen + kv_store_get_vtable)".into(),
+            Unit::Millis,
+            &|s| (s.native_load_ms, s.load_ms),
+        ),
         row("open p50".into(), Unit::Millis, &|s| {
             (pct(&s.native_open_ms, 0.5), pct(&s.open_ms, 0.5))
         }),
@@ -345,8 +354,13 @@ pub fn probe(
     quick: bool,
 ) -> Result<ScaleSample, String> {
     let handles = handles.max(WARM_HANDLES + 1);
-    let native_lib = Library::open(native.as_os_str()).map_err(|e| e.to_string())?;
-    let shim_lib = Library::open(shim.as_os_str()).map_err(|e| e.to_string())?;
+    let load = |path: &Path| {
+        let started = Instant::now();
+        let lib = Library::open(path.as_os_str()).map_err(|e| e.to_string())?;
+        Ok::<_, String>((lib, started.elapsed().as_secs_f64() * 1e3))
+    };
+    let (native_lib, native_load_ms) = load(native)?;
+    let (shim_lib, load_ms) = load(shim)?;
     let data = vec![0x5a; SMALL];
     let native_uris: Vec<String> = (0..handles)
         .map(|i| {
@@ -384,6 +398,8 @@ pub fn probe(
     let [first_call_ms, first_call_cpu_ms] = kvwasm.first_call_ms;
     let [native_first_call_ms, native_first_call_cpu_ms] = native.first_call_ms;
     Ok(ScaleSample {
+        load_ms,
+        native_load_ms,
         open_ms,
         native_open_ms,
         open_cpu_ms,

@@ -39,7 +39,8 @@ pub struct BenchArgs {
     /// Seconds, not minutes: tiny sizes and one repetition (a smoke run).
     #[arg(long)]
     quick: bool,
-    /// Write the throughput plot (SVG) here (with --remote: the remote comparison).
+    /// Write the throughput plot (SVG) here (with --remote: the remote
+    /// comparison; with --scale: the scale figures and their targets).
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
     /// Write all samples as JSON here.
@@ -273,6 +274,10 @@ fn bench_scale(args: &BenchArgs) -> anyhow::Result<()> {
     };
     let rows = kvwasm_bench::scale::run(&plan).map_err(anyhow::Error::msg)?;
     print!("{}", kvwasm_bench::scale::markdown(&rows, &plan));
+    if let Some(path) = &args.plot {
+        kvwasm_bench::plot::write_scale_svg(&rows, path).map_err(anyhow::Error::msg)?;
+        eprintln!("plot written to {}", path.display());
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)
             .with_context(|| format!("writing {}", path.display()))?;

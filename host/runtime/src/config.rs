@@ -564,7 +564,7 @@ pub(crate) fn cached_backend(path: &Path, name: &str) -> Result<Arc<Backend>, St
 /// open of each backend would otherwise parse the whole file again (with
 /// 10 backends × 100 tenants, milliseconds each; docs/benchmarks.md,
 /// "Performance at scale").
-fn cached_config(path: &Path) -> Result<Arc<Config>, String> {
+pub(crate) fn cached_config(path: &Path) -> Result<Arc<Config>, String> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
     static CONFIGS: OnceLock<Mutex<HashMap<PathBuf, Arc<Config>>>> = OnceLock::new();

@@ -51,6 +51,11 @@ fn config(metering: Metering) -> Config {
     config.epoch_interruption(true);
     config.consume_fuel(metering == Metering::Fuel);
     config.cranelift_opt_level(OptLevel::Speed);
+    // For profiling guests with `perf` (docs/benchmarks.md): wasmtime
+    // writes /tmp/perf-PID.map naming the compiled guest functions.
+    if std::env::var_os("KVWASM_PERFMAP").is_some() {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     // Proposals no shipped guest uses are off: each is attack surface, and
     // multi-memory would let one core module hold many linear memories.
     // (The instance's total memory is capped by `limits` either way.)

@@ -56,6 +56,38 @@ pub use error::KvError;
 pub use handle::StoreHandle;
 pub use payload::MallocBuffer;
 
+/// One-time setup, done when a consumer loads the library
+/// (`kv_store_get_vtable`) instead of inside its first open: the
+/// descriptor table grown ([`capabilities::descriptors::reserve_table`]),
+/// the engine built with its epoch thread, the config file (if one is
+/// found) parsed, and the builtin components its backends name loaded
+/// (`builtin:fs` when there is no config: `wasm:///dir` uses it). Vendor
+/// files are left to their first open (a cold cache would compile them
+/// here). Errors are left to the open that meets them. Measured in
+/// docs/benchmarks.md, "Performance at scale".
+pub fn prepare() {
+    capabilities::descriptors::reserve_table();
+    engine::engine();
+    let builtins: Vec<component::ComponentSource> = match config::locate() {
+        Ok(path) => match config::cached_config(&path) {
+            Ok(config) => config
+                .backends
+                .values()
+                .filter(|spec| {
+                    spec.fuel.is_none() && spec.tenants.values().all(|t| t.fuel.is_none())
+                })
+                .filter_map(|spec| spec.component.parse().ok())
+                .filter(|source| matches!(source, component::ComponentSource::Builtin(_)))
+                .collect(),
+            Err(_) => Vec::new(),
+        },
+        Err(_) => vec![component::ComponentSource::Builtin(component::Builtin::Fs)],
+    };
+    for source in builtins {
+        let _ = component::LoadedComponent::load(&source);
+    }
+}
+
 /// Open the store a `wasm://` URI names (see [`uri`] and
 /// [`handle::open_shared`]).
 pub fn open(uri: &str) -> Result<Arc<StoreHandle>, KvError> {

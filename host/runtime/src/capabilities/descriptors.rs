@@ -32,6 +32,39 @@ fn threshold() -> RawFd {
     *THRESHOLD
 }
 
+/// The descriptor table size [`reserve_table`] grows to: room for about a
+/// thousand handles (3 descriptors each) and the consumer's own. 8 bytes
+/// a slot, 32 KiB in all.
+const RESERVED_TABLE: RawFd = 4096;
+
+/// Grow the process's descriptor table in one step (at most to the
+/// headroom threshold). In a threaded process Linux waits an RCU grace
+/// period each time the table doubles (8–16 ms measured here): opening
+/// handles one after another paid it inside the opens that crossed 256,
+/// 512, 1024 and 2048 descriptors. Paid once here instead, when the shim
+/// is loaded (docs/benchmarks.md). `F_DUPFD` takes the lowest free number
+/// at or above the top, so no open descriptor is touched; the table never
+/// shrinks.
+pub fn reserve_table() {
+    static RESERVED: std::sync::Once = std::sync::Once::new();
+    RESERVED.call_once(|| {
+        let top = RESERVED_TABLE.min(threshold()) - 1;
+        // SAFETY: creates a descriptor we own and close below.
+        let probe = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if probe < 0 {
+            return;
+        }
+        // SAFETY: duplicates the descriptor created above at or above `top`.
+        let high = unsafe { libc::fcntl(probe, libc::F_DUPFD_CLOEXEC, top) };
+        for fd in [high, probe] {
+            if fd >= 0 {
+                // SAFETY: closes descriptors created here.
+                unsafe { libc::close(fd) };
+            }
+        }
+    });
+}
+
 /// Whether a guest may keep descriptor `fd`, just opened on its behalf.
 pub(crate) fn within_headroom(fd: RawFd) -> bool {
     fd < threshold()

@@ -29,7 +29,6 @@ use super::advisor::{AdvisedStore, Advisor, AdvisorLoop, AdvisorStatus};
 use super::config::TieredConfig;
 use super::fs_tier::FsTier;
 use super::{Access, AccessKind, Action, Advice, AdviceReport, AdviceSink, TierUsage};
-use crate::config::Config;
 use crate::error::KvError;
 use crate::handle::{StoreHandle, open_shared};
 use crate::metrics::{TierGauges, TierMetrics};
@@ -289,27 +288,20 @@ pub fn open_tiered(path: &Path, name: &str, namespace: &str) -> Result<Arc<Store
     Ok(handle)
 }
 
-/// Whether entry `name` of the config at `path` is a tiered store (cached
-/// per process, as backends are: a changed config applies to the next one).
+/// Whether entry `name` of the config at `path` is a tiered store (the
+/// file parsed once per process, as for backends: a changed config applies
+/// to the next process).
 pub fn is_tiered(path: &Path, name: &str) -> Result<bool, String> {
-    static SEEN: LazyLock<Mutex<HashMap<(PathBuf, String), bool>>> =
-        LazyLock::new(Default::default);
-    let key = (path.to_owned(), name.to_owned());
-    if let Some(&tiered) = lock(&SEEN).get(&key) {
-        return Ok(tiered);
-    }
-    let config = Config::load(path)?;
-    let tiered = config
+    let config = crate::config::cached_config(path)?;
+    Ok(config
         .backends
         .get(name)
-        .is_some_and(|b| !b.tiers.is_empty());
-    lock(&SEEN).insert(key, tiered);
-    Ok(tiered)
+        .is_some_and(|b| !b.tiers.is_empty()))
 }
 
 impl TieredStore {
     fn open(path: &Path, name: &str, namespace: &str) -> Result<Arc<StoreHandle>, KvError> {
-        let config = Config::load(path).map_err(KvError::Host)?;
+        let config = crate::config::cached_config(path).map_err(KvError::Host)?;
         let tiered = TieredConfig::of(&config, name)
             .map_err(KvError::Host)?
             .ok_or_else(|| KvError::Host(format!("backend {name:?} is not a tiered store")))?;
