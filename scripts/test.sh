@@ -47,7 +47,7 @@ target/release/kvwasm bench --quick --no-progress --native "$scratch/libkv_store
 target/release/kvwasm bench --events --quick >/dev/null
 target/release/kvwasm bench --fabric --quick >/dev/null
 target/release/kvwasm bench --scale --quick --native "$scratch/libkv_store_cfs.so" \
-    --dir "scratch=$scratch/bench" >/dev/null
+    --dir "scratch=$scratch/bench" --plot "$scratch/scale.svg" >/dev/null
 
 step "kvwasm demo (smoke)"
 target/release/kvwasm compile
