@@ -273,21 +273,34 @@ fn prehashed_and_raw_token_ids_build_the_same_index() {
         with(stored(3, None, &[41, 42], 0..16), &|s| {
             s.block_size = Some(8)
         }),
+        // A block size of 0 means "not known": the guest hashes with the
+        // index's, the host leaves it alone.
+        with(stored(4, None, &[51], 200..216), &|s| {
+            s.block_size = Some(0)
+        }),
+        // No tokens and no local hashes: a storage event (engine hashes).
+        stored(4, None, &[61, 62], 0..0),
+        // More tokens than engine blocks: only the first block's are used.
+        stored(5, None, &[71], 300..348),
     ];
     // Which events the host rewrites: token ids replaced by their hashes.
-    let rewritten = [true, true, false, true, false, false, true];
+    let rewritten = [
+        true, true, false, true, false, false, true, false, false, true,
+    ];
 
     let queries = [
         json!({"token_ids": (0..64).collect::<Vec<u32>>(), "model_name": "m"}),
         json!({"token_ids": (100..116).collect::<Vec<u32>>(), "model_name": "m"}),
         json!({"token_ids": (0..32).collect::<Vec<u32>>(), "model_name": "m", "lora_name": "adapter"}),
+        json!({"token_ids": (200..216).collect::<Vec<u32>>(), "model_name": "m"}),
+        json!({"token_ids": (300..348).collect::<Vec<u32>>(), "model_name": "m"}),
     ];
     let mut dumps = Vec::new();
     for (prehash, extra) in [(true, ""), (false, "prehash_tokens = false\n")] {
         let dir = tempfile::tempdir().unwrap();
         let guest = subscriber_with(&dir, extra);
         let mut native = Indexer::default();
-        for worker in 1..=3 {
+        for worker in 1..=5 {
             let register = json!({"instance_id": worker, "endpoint": "tcp://127.0.0.1:5557",
                 "model_name": "m", "block_size": 16})
             .to_string();
@@ -312,6 +325,7 @@ fn prehashed_and_raw_token_ids_build_the_same_index() {
             };
             let hashed = s.token_ids.is_empty() && !s.tokens_hashes.is_empty();
             assert_eq!(hashed, prehash && rewritten, "{s:?}");
+            assert!(s.tokens_hashes.len() <= s.block_hashes.len(), "{s:?}");
         }
         for query in &queries {
             assert_eq!(
@@ -337,7 +351,11 @@ fn prehashed_and_raw_token_ids_build_the_same_index() {
     }
     assert_eq!(dumps[0], dumps[1]);
     let blocks: Vec<u64> = dumps[0].iter().map(|b| b.2).collect();
-    assert_eq!(blocks, [1, 2, 3, 11, 12, 21, 31], "the stored blocks");
+    assert_eq!(
+        blocks,
+        [1, 2, 3, 11, 12, 21, 31, 51, 61, 62, 71],
+        "the stored blocks"
+    );
     assert!(
         dumps[0].contains(&(3, None, 31, 999)),
         "the publisher's hash: {:?}",

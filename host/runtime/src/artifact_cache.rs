@@ -63,30 +63,65 @@ pub fn load(
     component_hash: &blake3::Hash,
 ) -> wasmtime::Result<(Component, Origin)> {
     let uncached = || Ok((Component::new(engine, bytes)?, Origin::CompiledUncached));
-    let Some(dir) = cache_dir() else {
+    let Some((dir, dir_file)) = trusted_dir() else {
         return uncached();
     };
-    let dir_file = match open_dir(&dir) {
-        Ok(file) => file,
+    let name = artifact_name(engine, component_hash);
+    if let Some(component) = lookup(engine, &dir, &dir_file, &name) {
+        return Ok((component, Origin::Cached));
+    }
+    let path = dir.join(&name);
+    let artifact = engine.precompile_component(bytes)?;
+    if let Err(e) = store(&dir, &path, &artifact) {
+        tracing::warn!(dir = %dir.display(), "cannot write the artifact cache: {e}");
+        return uncached();
+    }
+    // SAFETY: just produced by this engine from `bytes`.
+    let component = unsafe { Component::deserialize(engine, &artifact)? };
+    Ok((component, Origin::Compiled))
+}
+
+/// The component for `component_hash` if its artifact is in the cache;
+/// `None` otherwise. Never compiles (compiling starts wasmtime's thread
+/// pool, which [`crate::prepare`] must not).
+pub fn load_cached(engine: &Engine, component_hash: &blake3::Hash) -> Option<Component> {
+    let (dir, dir_file) = trusted_dir()?;
+    lookup(
+        engine,
+        &dir,
+        &dir_file,
+        &artifact_name(engine, component_hash),
+    )
+}
+
+/// The cache directory and an open descriptor on it, if a cache is
+/// configured and only this user can write it (otherwise a warning).
+fn trusted_dir() -> Option<(PathBuf, std::fs::File)> {
+    let dir = cache_dir()?;
+    match open_dir(&dir) {
+        Ok(file) => Some((dir, file)),
         Err(Untrusted::Refused(why)) => {
             refuse(&dir, &why);
-            return uncached();
+            None
         }
         Err(Untrusted::Io(e)) => {
             tracing::warn!(dir = %dir.display(), "cannot use the artifact cache: {e}");
-            return uncached();
+            None
         }
-    };
-    let name = artifact_name(engine, component_hash);
-    let path = dir.join(&name);
-    match open_artifact(&dir_file, &name) {
+    }
+}
+
+/// The cached artifact `name` in `dir`, if present, trusted and loadable.
+fn lookup(engine: &Engine, dir: &Path, dir_file: &std::fs::File, name: &str) -> Option<Component> {
+    let path = dir.join(name);
+    match open_artifact(dir_file, name) {
         Ok(Some(artifact)) => {
             // SAFETY: the artifact was written by `store` below with this
             // engine configuration (its name pins both), and the file and
             // its directory were checked (on the open descriptors) to be
             // writable by this user only. wasmtime still checks the header.
             match unsafe { Component::deserialize(engine, &artifact) } {
-                Ok(component) => return Ok((component, Origin::Cached)),
+                Ok(component) => return Some(component),
                 Err(e) => {
                     tracing::warn!(path = %path.display(), "ignoring unusable cached artifact: {e}")
                 }
@@ -98,14 +133,7 @@ pub fn load(
             tracing::warn!(path = %path.display(), "ignoring unreadable cached artifact: {e}")
         }
     }
-    let artifact = engine.precompile_component(bytes)?;
-    if let Err(e) = store(&dir, &path, &artifact) {
-        tracing::warn!(dir = %dir.display(), "cannot write the artifact cache: {e}");
-        return uncached();
-    }
-    // SAFETY: just produced by this engine from `bytes`.
-    let component = unsafe { Component::deserialize(engine, &artifact)? };
-    Ok((component, Origin::Compiled))
+    None
 }
 
 /// Why a cache directory or artifact is not used.

@@ -222,6 +222,22 @@ impl LoadedComponent {
         source: &ComponentSource,
         metering: Metering,
     ) -> wasmtime::Result<Arc<LoadedComponent>> {
+        LoadedComponent::load_with(source, metering, Compile::IfNotCached)?
+            .ok_or_else(|| wasmtime::format_err!("{source}: no component was produced"))
+    }
+
+    /// As [`LoadedComponent::load`], but only if its compiled code is in
+    /// the artifact cache (or already loaded): `None` when it would have
+    /// to be compiled.
+    pub fn load_if_cached(source: &ComponentSource) -> wasmtime::Result<Option<Arc<Self>>> {
+        LoadedComponent::load_with(source, Metering::Off, Compile::Never)
+    }
+
+    fn load_with(
+        source: &ComponentSource,
+        metering: Metering,
+        compile: Compile,
+    ) -> wasmtime::Result<Option<Arc<LoadedComponent>>> {
         let bytes = read(source)?;
         let hash = match source {
             ComponentSource::Builtin(b) => b.hash(),
@@ -234,10 +250,16 @@ impl LoadedComponent {
         static LOADED: OnceLock<Mutex<Loaded>> = OnceLock::new();
         let loaded = LOADED.get_or_init(Default::default);
         if let Some(found) = loaded.lock().unwrap().get(&(hash, metering)) {
-            return Ok(found.clone());
+            return Ok(Some(found.clone()));
         }
         let engine = engine_for(metering);
-        let (component, origin) = artifact_cache::load(engine, &bytes, &hash)?;
+        let (component, origin) = match compile {
+            Compile::IfNotCached => artifact_cache::load(engine, &bytes, &hash)?,
+            Compile::Never => match artifact_cache::load_cached(engine, &hash) {
+                Some(component) => (component, Origin::Cached),
+                None => return Ok(None),
+            },
+        };
         let pre = linker(metering)?.instantiate_pre(&component)?;
         let pre = match BackendExportsPre::new(pre.clone()) {
             Ok(store) => Exports::KvStore(store),
@@ -266,13 +288,22 @@ impl LoadedComponent {
             engine,
             metering,
         });
-        Ok(loaded
-            .lock()
-            .unwrap()
-            .entry((hash, metering))
-            .or_insert(component)
-            .clone())
+        Ok(Some(
+            loaded
+                .lock()
+                .unwrap()
+                .entry((hash, metering))
+                .or_insert(component)
+                .clone(),
+        ))
     }
+}
+
+/// Whether loading a component may compile it.
+#[derive(Clone, Copy)]
+enum Compile {
+    IfNotCached,
+    Never,
 }
 
 impl LoadedComponent {

@@ -269,13 +269,7 @@ impl Config {
     /// grants and limits.
     fn guest(&self, name: &str, spec: &BackendConfig, kind: GuestKind) -> Result<Backend, String> {
         let source = self.component_source(spec)?;
-        let metered = spec.fuel.is_some() || spec.tenants.values().any(|t| t.fuel.is_some());
-        let metering = if metered {
-            Metering::Fuel
-        } else {
-            Metering::Off
-        };
-        let component = LoadedComponent::load_for(&source, metering)
+        let component = LoadedComponent::load_for(&source, spec.metering())
             .map_err(|e| format!("cannot load {source}: {e:#}"))?;
         if let Some(pin) = &spec.sha256
             && !pin.eq_ignore_ascii_case(&component.sha256)
@@ -410,7 +404,17 @@ impl Config {
 }
 
 impl BackendConfig {
-    fn source(&self) -> Result<ComponentSource, String> {
+    /// The engine this guest's code is compiled for: metered if the guest
+    /// or any of its tenants sets a fuel budget.
+    pub(crate) fn metering(&self) -> Metering {
+        if self.fuel.is_some() || self.tenants.values().any(|t| t.fuel.is_some()) {
+            Metering::Fuel
+        } else {
+            Metering::Off
+        }
+    }
+
+    pub(crate) fn source(&self) -> Result<ComponentSource, String> {
         self.component.parse()
     }
 

@@ -4,14 +4,16 @@
 //! only if a backend sets `fuel`, whose code counts fuel: metering changes
 //! the generated code, so the two never share compiled artifacts (the
 //! artifact cache key includes the engine's compatibility hash). The ticker
-//! thread that drives call deadlines starts with each engine and lives as
-//! long as the process.
+//! thread that drives call deadlines starts with the first store (not with
+//! the engine, which may be built when the library is loaded, where no
+//! thread is started: see [`crate::prepare`]) and lives as long as the
+//! process.
 //!
 //! Guests are called asynchronously (wasmtime's `async` feature; every call
 //! runs on a fiber) so that a deadline can abandon a guest blocked in a host
 //! import: see [`crate::deadline`].
 
-use std::sync::OnceLock;
+use std::sync::{Once, OnceLock};
 
 use wasmtime::{Config, Engine, OptLevel};
 
@@ -31,15 +33,34 @@ pub fn engine() -> &'static Engine {
     engine_for(Metering::Off)
 }
 
+/// One engine per [`Metering`], each created on first use.
+static ENGINES: [OnceLock<Engine>; 2] = [OnceLock::new(), OnceLock::new()];
+
 /// The shared engine for `metering`, created on first use.
 pub fn engine_for(metering: Metering) -> &'static Engine {
-    static ENGINES: [OnceLock<Engine>; 2] = [OnceLock::new(), OnceLock::new()];
     ENGINES[metering as usize].get_or_init(|| {
-        let engine =
-            Engine::new(&config(metering)).expect("the kvwasm engine configuration is valid");
-        start_epoch_ticker(engine.clone());
-        engine
+        Engine::new(&config(metering)).expect("the kvwasm engine configuration is valid")
     })
+}
+
+/// Start the epoch ticker if it is not running yet: called before any
+/// store is created, so every store's deadline is driven. One thread
+/// advances every engine created so far (at most two).
+pub(crate) fn ensure_ticking() {
+    static TICKER: Once = Once::new();
+    TICKER.call_once(|| {
+        std::thread::Builder::new()
+            .name("kvwasm-epoch".into())
+            .spawn(|| {
+                loop {
+                    std::thread::sleep(EPOCH_TICK);
+                    for engine in ENGINES.iter().filter_map(OnceLock::get) {
+                        engine.increment_epoch();
+                    }
+                }
+            })
+            .expect("spawn the epoch ticker thread");
+    });
 }
 
 /// The engine configuration. Anything that changes generated code must be
@@ -67,16 +88,4 @@ fn config(metering: Metering) -> Config {
     config.wasm_wide_arithmetic(false);
     config.wasm_custom_page_sizes(false);
     config
-}
-
-fn start_epoch_ticker(engine: Engine) {
-    std::thread::Builder::new()
-        .name("kvwasm-epoch".into())
-        .spawn(move || {
-            loop {
-                std::thread::sleep(EPOCH_TICK);
-                engine.increment_epoch();
-            }
-        })
-        .expect("spawn the epoch ticker thread");
 }

@@ -59,12 +59,15 @@ pub use payload::MallocBuffer;
 /// One-time setup, done when a consumer loads the library
 /// (`kv_store_get_vtable`) instead of inside its first open: the
 /// descriptor table grown ([`capabilities::descriptors::reserve_table`]),
-/// the engine built with its epoch thread, the config file (if one is
-/// found) parsed, and the builtin components its backends name loaded
-/// (`builtin:fs` when there is no config: `wasm:///dir` uses it). Vendor
-/// files are left to their first open (a cold cache would compile them
-/// here). Errors are left to the open that meets them. Measured in
-/// docs/benchmarks.md, "Performance at scale".
+/// the engine built, the config file (if one is found) parsed, and the
+/// builtin components its backends name loaded from the artifact cache
+/// (`builtin:fs` when there is no config: `wasm:///dir` uses it).
+///
+/// Nothing here starts a thread or compiles: a consumer may load the
+/// library from a constructor (under the loader's lock) or fork after
+/// loading it, and the child's threads are its own. A builtin that is not
+/// in the cache yet, and every vendor file, is left to its first open;
+/// errors too. Measured in docs/benchmarks.md, "Performance at scale".
 pub fn prepare() {
     capabilities::descriptors::reserve_table();
     engine::engine();
@@ -73,10 +76,8 @@ pub fn prepare() {
             Ok(config) => config
                 .backends
                 .values()
-                .filter(|spec| {
-                    spec.fuel.is_none() && spec.tenants.values().all(|t| t.fuel.is_none())
-                })
-                .filter_map(|spec| spec.component.parse().ok())
+                .filter(|spec| spec.metering() == engine::Metering::Off)
+                .filter_map(|spec| spec.source().ok())
                 .filter(|source| matches!(source, component::ComponentSource::Builtin(_)))
                 .collect(),
             Err(_) => Vec::new(),
@@ -84,7 +85,7 @@ pub fn prepare() {
         Err(_) => vec![component::ComponentSource::Builtin(component::Builtin::Fs)],
     };
     for source in builtins {
-        let _ = component::LoadedComponent::load(&source);
+        let _ = component::LoadedComponent::load_if_cached(&source);
     }
 }
 

@@ -25,6 +25,9 @@ pub trait Guest: Send + Sync {
     fn serves_http(&self) -> bool;
     /// May rewrite `events` in place ([`Subscriber::on_batch`]).
     fn on_batch(&self, events: &mut [Event]) -> Result<(), KvError>;
+    /// Events shared with the log, delivered as they are
+    /// ([`Subscriber::on_batch_as_is`]).
+    fn replay(&self, events: &[Event]) -> Result<(), KvError>;
     fn handle(&self, request: &Request) -> Result<Response, KvError>;
     /// Changes when the instance was replaced by an empty one.
     fn generation(&self) -> u64;
@@ -39,6 +42,9 @@ impl Guest for Subscriber {
     }
     fn on_batch(&self, events: &mut [Event]) -> Result<(), KvError> {
         Subscriber::on_batch(self, events)
+    }
+    fn replay(&self, events: &[Event]) -> Result<(), KvError> {
+        Subscriber::on_batch_as_is(self, events)
     }
     fn handle(&self, request: &Request) -> Result<Response, KvError> {
         Subscriber::handle(self, request)
@@ -219,9 +225,7 @@ impl GuestCell {
                 .filter(|(seq, _)| !state.poisoned.contains(seq))
                 .find(|(_, entry)| {
                     let result = match entry {
-                        Entry::Events(events) => {
-                            self.guest.on_batch(&mut events.to_vec()).map(drop)
-                        }
+                        Entry::Events(events) => self.guest.replay(events),
                         Entry::Request(r) if http => self.guest.handle(r).map(drop),
                         Entry::Request(_) => Ok(()),
                     };
@@ -407,6 +411,9 @@ pub(crate) mod tests {
             true
         }
         fn on_batch(&self, events: &mut [Event]) -> Result<(), KvError> {
+            self.replay(events)
+        }
+        fn replay(&self, events: &[Event]) -> Result<(), KvError> {
             let _gate = self.gate.lock().unwrap();
             if events.iter().any(|e| e.event_id == TRAP)
                 && self

@@ -13,23 +13,27 @@
 use std::os::fd::RawFd;
 use std::sync::LazyLock;
 
-/// The first descriptor number guests may not hold.
+/// The first descriptor number guests may not hold, from the soft limit
+/// when a guest first needs a descriptor.
 fn threshold() -> RawFd {
-    static THRESHOLD: LazyLock<RawFd> = LazyLock::new(|| {
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: writes one rlimit struct.
-        let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
-            limit.rlim_cur
-        } else {
-            1024
-        };
-        let soft = soft.min(RawFd::MAX as libc::rlim_t) as RawFd;
-        soft - (soft / 4).max(64).min(soft / 2)
-    });
+    static THRESHOLD: LazyLock<RawFd> = LazyLock::new(current_threshold);
     *THRESHOLD
+}
+
+/// The threshold for the soft `RLIMIT_NOFILE` limit as it is now.
+fn current_threshold() -> RawFd {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: writes one rlimit struct.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        limit.rlim_cur
+    } else {
+        1024
+    };
+    let soft = soft.min(RawFd::MAX as libc::rlim_t) as RawFd;
+    soft - (soft / 4).max(64).min(soft / 2)
 }
 
 /// The descriptor table size [`reserve_table`] grows to: room for about a
@@ -48,7 +52,7 @@ const RESERVED_TABLE: RawFd = 4096;
 pub fn reserve_table() {
     static RESERVED: std::sync::Once = std::sync::Once::new();
     RESERVED.call_once(|| {
-        let top = RESERVED_TABLE.min(threshold()) - 1;
+        let top = RESERVED_TABLE.min(current_threshold()) - 1;
         // SAFETY: creates a descriptor we own and close below.
         let probe = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if probe < 0 {
