@@ -7,6 +7,12 @@
 //! compare, cheap on both.
 //! The price is memory: 16 bytes a slot, so 32–64 bytes an entry where
 //! hashbrown takes about 18–36.
+//!
+//! In a guest, every function entry and loop iteration also checks the
+//! call's deadline (wasmtime's epoch check: ~17% of the indexer guest's
+//! ingest time, docs/benchmarks.md). So the home slot, where most probes
+//! end, is probed before any loop, and the wasm build inlines the lookups
+//! (the native build keeps the compiler's choice).
 
 use std::hash::BuildHasher;
 
@@ -28,13 +34,23 @@ impl Table {
         self.len
     }
 
+    #[cfg_attr(target_family = "wasm", inline(always))]
     pub(crate) fn get(&self, key: u64) -> Option<u32> {
         if self.len == 0 {
             return None;
         }
         let mask = self.slots.len() - 1;
         let mut i = self.home(key);
+        // The home slot outside the loop (module doc).
+        let (k, v) = self.slots[i];
+        if v == EMPTY {
+            return None;
+        }
+        if k == key {
+            return Some(v);
+        }
         loop {
+            i = (i + 1) & mask;
             let (k, v) = self.slots[i];
             if v == EMPTY {
                 return None;
@@ -42,11 +58,11 @@ impl Table {
             if k == key {
                 return Some(v);
             }
-            i = (i + 1) & mask;
         }
     }
 
     /// Set `key` to `value` (never `u32::MAX`); the previous value.
+    #[cfg_attr(target_family = "wasm", inline(always))]
     pub(crate) fn insert(&mut self, key: u64, value: u32) -> Option<u32> {
         debug_assert_ne!(value, EMPTY);
         if (self.len + 1) * 2 > self.slots.len() {
@@ -54,35 +70,42 @@ impl Table {
         }
         let mask = self.slots.len() - 1;
         let mut i = self.home(key);
-        loop {
-            let slot = &mut self.slots[i];
-            if slot.1 == EMPTY {
-                *slot = (key, value);
-                self.len += 1;
-                return None;
+        // The home slot outside the loop (module doc).
+        if self.slots[i].1 != EMPTY {
+            if self.slots[i].0 == key {
+                return Some(std::mem::replace(&mut self.slots[i].1, value));
             }
-            if slot.0 == key {
-                return Some(std::mem::replace(&mut slot.1, value));
+            loop {
+                i = (i + 1) & mask;
+                if self.slots[i].1 == EMPTY {
+                    break;
+                }
+                if self.slots[i].0 == key {
+                    return Some(std::mem::replace(&mut self.slots[i].1, value));
+                }
             }
-            i = (i + 1) & mask;
         }
+        self.slots[i] = (key, value);
+        self.len += 1;
+        None
     }
 
+    #[cfg_attr(target_family = "wasm", inline(always))]
     pub(crate) fn remove(&mut self, key: u64) -> Option<u32> {
         if self.len == 0 {
             return None;
         }
         let mask = self.slots.len() - 1;
         let mut hole = self.home(key);
-        loop {
-            let (k, v) = self.slots[hole];
-            if v == EMPTY {
+        // The home slot outside the loop (module doc).
+        if self.slots[hole].1 == EMPTY {
+            return None;
+        }
+        while self.slots[hole].0 != key {
+            hole = (hole + 1) & mask;
+            if self.slots[hole].1 == EMPTY {
                 return None;
             }
-            if k == key {
-                break;
-            }
-            hole = (hole + 1) & mask;
         }
         let removed = self.slots[hole].1;
         // Pull back every later entry of the run that may sit in the hole
@@ -110,6 +133,8 @@ impl Table {
         self.hasher.hash_one(key) as usize & (self.slots.len() - 1)
     }
 
+    #[cold]
+    #[inline(never)]
     fn grow(&mut self) {
         let size = (self.slots.len() * 2).max(4);
         let old = std::mem::replace(&mut self.slots, vec![(0, EMPTY); size]);
