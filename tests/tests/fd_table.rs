@@ -37,11 +37,16 @@ fn loading_the_shim_grows_the_descriptor_table_once_and_starts_no_thread() {
     // An empty artifact cache: loading must not compile (wasmtime's
     // compile pool is threads), the first open does.
     let cache = tempfile::tempdir().unwrap();
-    // SAFETY: no other thread runs yet.
+    // SAFETY: this test is alone in its binary; libtest's threads do not
+    // read the environment.
     unsafe { std::env::set_var("KVWASM_CACHE_DIR", cache.path()) };
     let before = status("FDSize");
+    // Below a soft limit of about 128 there is nothing to grow.
     let wanted = guest_threshold().min(4096);
-    assert!(before < wanted, "the table is already {before} slots");
+    assert!(
+        before < wanted || wanted <= 64,
+        "the table is already {before} slots"
+    );
     // Threaded, as a consumer is: the case where growing the table waits.
     let worker =
         std::thread::spawn(|| std::thread::park_timeout(std::time::Duration::from_secs(5)));
@@ -53,6 +58,8 @@ fn loading_the_shim_grows_the_descriptor_table_once_and_starts_no_thread() {
         status("FDSize")
     );
     assert_eq!(status("Threads"), threads, "loading started a thread");
+    let cached = std::fs::read_dir(cache.path()).map_or(0, |d| d.count());
+    assert_eq!(cached, 0, "loading compiled into the cache");
     // Nothing was left open by the growth.
     let dir = std::fs::read_dir("/proc/self/fd").unwrap().count();
     assert!(dir < 64, "{dir} descriptors open");

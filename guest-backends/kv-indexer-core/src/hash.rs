@@ -16,6 +16,16 @@ pub fn seed_for(lora_name: Option<&str>) -> u64 {
     }
 }
 
+/// The part of a stored event's token ids that its `blocks` engine hashes
+/// cover (at most `blocks` full blocks). The indexer pairs local hashes
+/// with engine hashes, so hashing further tokens would be work for nothing
+/// (one hash per token with a block size of 1); host and guest both hash
+/// only these.
+pub fn paired_tokens(tokens: &[u32], blocks: usize, block_size: u32) -> &[u32] {
+    let covered = (blocks as u64).saturating_mul(u64::from(block_size));
+    &tokens[..covered.min(tokens.len() as u64) as usize]
+}
+
 /// Computes the hashes of the full blocks of `tokens` with `seed`, as
 /// [`xxh3_blocks`] does: natively that function itself; in the guest, the
 /// host's `kvwasm:events/block-hash` import (xxh3 is slow in wasm32).
@@ -101,6 +111,20 @@ mod tests {
             block_hashes(&tokens, 16, None),
             [15310707395893867146, 15292316782987903195]
         );
+    }
+
+    #[test]
+    fn only_the_tokens_of_the_engine_blocks_are_paired() {
+        let tokens: Vec<u32> = (0..100).collect();
+        assert_eq!(paired_tokens(&tokens, 2, 16), &tokens[..32]);
+        assert_eq!(
+            paired_tokens(&tokens, 9, 16),
+            &tokens[..],
+            "fewer tokens than blocks"
+        );
+        assert!(paired_tokens(&tokens, 0, 16).is_empty());
+        assert_eq!(paired_tokens(&tokens, 3, 1), &tokens[..3]);
+        assert_eq!(paired_tokens(&tokens, usize::MAX, u32::MAX), &tokens[..]);
     }
 
     #[test]

@@ -134,16 +134,16 @@ impl Indexer {
         };
         let mut tokens = Vec::new();
         let mut runs = Vec::new();
-        for (stored, run) in events.iter().filter_map(prehashable) {
-            tokens.extend_from_slice(&stored.token_ids);
+        for (paired, run) in events.iter().filter_map(prehashable) {
+            tokens.extend_from_slice(paired);
             runs.push(run);
         }
         let hashes = runs_hasher(&tokens, &runs);
         let mut at = 0;
         let mut rejected = 0;
         for event in events {
-            let locals = prehashable(event).and_then(|(stored, run)| {
-                let n = stored.token_ids.len() / run.block_size as usize;
+            let locals = prehashable(event).and_then(|(paired, run)| {
+                let n = paired.len() / run.block_size as usize;
                 at += n;
                 hashes.get(at - n..at)
             });
@@ -521,7 +521,11 @@ fn store(
         hashed
     } else {
         computed = hasher(
-            &stored.token_ids,
+            hash::paired_tokens(
+                &stored.token_ids,
+                stored.block_hashes.len(),
+                index.block_size,
+            ),
             index.block_size,
             hash::seed_for(stored.lora_name.as_deref()),
         );
@@ -547,18 +551,19 @@ fn store(
 /// and a block size (a store of another block size than its tree's is
 /// dropped, so its hashes are only used with that size), with the run
 /// [`store`] would hash them as.
-fn prehashable(event: &Event) -> Option<(&Stored, HashRun)> {
+fn prehashable(event: &Event) -> Option<(&[u32], HashRun)> {
     let EventData::Stored(stored) = &event.data else {
         return None;
     };
     let block_size = stored.block_size.filter(|&size| size != 0)?;
     let hashed_here = stored.tokens_hashes.is_empty() && !stored.token_ids.is_empty();
+    let paired = hash::paired_tokens(&stored.token_ids, stored.block_hashes.len(), block_size);
     let run = HashRun {
-        tokens: u32::try_from(stored.token_ids.len()).ok()?,
+        tokens: u32::try_from(paired.len()).ok()?,
         block_size,
         seed: hash::seed_for(stored.lora_name.as_deref()),
     };
-    hashed_here.then_some((stored, run))
+    hashed_here.then_some((paired, run))
 }
 
 fn count_error(counters: &mut Counters, err: ApplyError) {

@@ -13,10 +13,12 @@
 //! runs on a fiber) so that a deadline can abandon a guest blocked in a host
 //! import: see [`crate::deadline`].
 
-use std::sync::{Once, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use wasmtime::{Config, Engine, OptLevel};
 
+use crate::error::KvError;
 use crate::limits::EPOCH_TICK;
 
 /// Whether compiled code meters fuel.
@@ -45,22 +47,32 @@ pub fn engine_for(metering: Metering) -> &'static Engine {
 
 /// Start the epoch ticker if it is not running yet: called before any
 /// store is created, so every store's deadline is driven. One thread
-/// advances every engine created so far (at most two).
-pub(crate) fn ensure_ticking() {
-    static TICKER: Once = Once::new();
-    TICKER.call_once(|| {
-        std::thread::Builder::new()
-            .name("kvwasm-epoch".into())
-            .spawn(|| {
-                loop {
-                    std::thread::sleep(EPOCH_TICK);
-                    for engine in ENGINES.iter().filter_map(OnceLock::get) {
-                        engine.increment_epoch();
-                    }
+/// advances every engine created so far (at most two). A failed start
+/// (no thread could be created) fails this store only; the next tries
+/// again.
+pub(crate) fn ensure_ticking() -> Result<(), KvError> {
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    static STARTING: Mutex<()> = Mutex::new(());
+    if STARTED.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let _starting = STARTING.lock().unwrap_or_else(PoisonError::into_inner);
+    if STARTED.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    std::thread::Builder::new()
+        .name("kvwasm-epoch".into())
+        .spawn(|| {
+            loop {
+                std::thread::sleep(EPOCH_TICK);
+                for engine in ENGINES.iter().filter_map(OnceLock::get) {
+                    engine.increment_epoch();
                 }
-            })
-            .expect("spawn the epoch ticker thread");
-    });
+            }
+        })
+        .map_err(|e| KvError::host("cannot start the epoch ticker thread", e))?;
+    STARTED.store(true, Ordering::Release);
+    Ok(())
 }
 
 /// The engine configuration. Anything that changes generated code must be

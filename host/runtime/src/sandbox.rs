@@ -57,7 +57,7 @@ pub(crate) fn new_store(
         limits: limits.instance_limits(),
         stderr,
     };
-    crate::engine::ensure_ticking();
+    crate::engine::ensure_ticking()?;
     let mut store = Store::new(backend.component.engine, state);
     store.limiter(|s| &mut s.limits);
     // On a metered engine every call needs a budget; tenants that set none

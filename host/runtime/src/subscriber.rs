@@ -91,10 +91,18 @@ impl Subscriber {
         self.on_batch_as_is(events)
     }
 
-    /// Hand `events` to the guest unchanged, without pre-hashing: for
-    /// events shared with a log (a replay), which are not copied. The guest
-    /// hashes their token ids itself, to the same result.
-    pub fn on_batch_as_is(&self, events: &[Event]) -> Result<(), KvError> {
+    /// Hand `events` shared with a log (a replay) to the guest exactly as
+    /// [`Subscriber::on_batch`] would: copied only when they are to be
+    /// pre-hashed, so a replayed batch costs the guest what it did live.
+    pub fn replay(&self, events: &[Event]) -> Result<(), KvError> {
+        if self.prehash_tokens {
+            self.on_batch(&mut events.to_vec())
+        } else {
+            self.on_batch_as_is(events)
+        }
+    }
+
+    fn on_batch_as_is(&self, events: &[Event]) -> Result<(), KvError> {
         self.guest.operation(
             0,
             |_| 0,
@@ -148,9 +156,9 @@ impl Subscriber {
 /// Replace each stored event's `token-ids` by their Dynamo block hashes
 /// in `tokens-hashes`, where the KV indexer would compute exactly those
 /// (its `prehashable`): a non-zero block size, token ids and no
-/// publisher hashes. Only the tokens of the event's engine blocks are
-/// hashed (the indexer pairs the two; the rest would be dropped), so the
-/// work is bounded by the event's own size. A store that yields no full
+/// publisher hashes. Only the tokens the event's engine hashes cover are
+/// hashed ([`hash::paired_tokens`], as the indexer does), so the work is
+/// bounded by the event's own size. A store that yields no full
 /// block keeps its tokens: no hashes and no tokens would mean "use the
 /// engine hashes" instead.
 fn prehash_tokens(events: &mut [Event]) {
@@ -164,14 +172,9 @@ fn prehash_tokens(events: &mut [Event]) {
         if !stored.tokens_hashes.is_empty() || stored.token_ids.is_empty() {
             continue;
         }
-        // The indexer pairs local hashes with engine hashes, so tokens
-        // beyond the engine's blocks would be hashed for nothing (and a
-        // block size of 1 would make that one hash per token).
-        let used = (stored.block_hashes.len() as u64)
-            .saturating_mul(u64::from(block_size))
-            .min(stored.token_ids.len() as u64) as usize;
+        let paired = hash::paired_tokens(&stored.token_ids, stored.block_hashes.len(), block_size);
         let seed = hash::seed_for(stored.lora_name.as_deref());
-        let hashes = hash::xxh3_blocks(&stored.token_ids[..used], block_size, seed);
+        let hashes = hash::xxh3_blocks(paired, block_size, seed);
         if !hashes.is_empty() {
             stored.tokens_hashes = hashes;
             stored.token_ids = Vec::new();

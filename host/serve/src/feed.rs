@@ -25,8 +25,7 @@ pub trait Guest: Send + Sync {
     fn serves_http(&self) -> bool;
     /// May rewrite `events` in place ([`Subscriber::on_batch`]).
     fn on_batch(&self, events: &mut [Event]) -> Result<(), KvError>;
-    /// Events shared with the log, delivered as they are
-    /// ([`Subscriber::on_batch_as_is`]).
+    /// Events shared with the log ([`Subscriber::replay`]).
     fn replay(&self, events: &[Event]) -> Result<(), KvError>;
     fn handle(&self, request: &Request) -> Result<Response, KvError>;
     /// Changes when the instance was replaced by an empty one.
@@ -44,7 +43,7 @@ impl Guest for Subscriber {
         Subscriber::on_batch(self, events)
     }
     fn replay(&self, events: &[Event]) -> Result<(), KvError> {
-        Subscriber::on_batch_as_is(self, events)
+        Subscriber::replay(self, events)
     }
     fn handle(&self, request: &Request) -> Result<Response, KvError> {
         Subscriber::handle(self, request)
