@@ -19,8 +19,8 @@ pub fn seed_for(lora_name: Option<&str>) -> u64 {
 /// The part of a stored event's token ids that its `blocks` engine hashes
 /// cover (at most `blocks` full blocks). The indexer pairs local hashes
 /// with engine hashes, so hashing further tokens would be work for nothing
-/// (one hash per token with a block size of 1); host and guest both hash
-/// only these.
+/// (one hash per token with a block size of 1): the host's pre-hashing
+/// and the indexer's batched hashing take only these.
 pub fn paired_tokens(tokens: &[u32], blocks: usize, block_size: u32) -> &[u32] {
     let covered = (blocks as u64).saturating_mul(u64::from(block_size));
     &tokens[..covered.min(tokens.len() as u64) as usize]

@@ -521,11 +521,7 @@ fn store(
         hashed
     } else {
         computed = hasher(
-            hash::paired_tokens(
-                &stored.token_ids,
-                stored.block_hashes.len(),
-                index.block_size,
-            ),
+            &stored.token_ids,
             index.block_size,
             hash::seed_for(stored.lora_name.as_deref()),
         );
@@ -556,14 +552,16 @@ fn prehashable(event: &Event) -> Option<(&[u32], HashRun)> {
         return None;
     };
     let block_size = stored.block_size.filter(|&size| size != 0)?;
-    let hashed_here = stored.tokens_hashes.is_empty() && !stored.token_ids.is_empty();
+    if !stored.tokens_hashes.is_empty() || stored.token_ids.is_empty() {
+        return None;
+    }
     let paired = hash::paired_tokens(&stored.token_ids, stored.block_hashes.len(), block_size);
     let run = HashRun {
         tokens: u32::try_from(paired.len()).ok()?,
         block_size,
         seed: hash::seed_for(stored.lora_name.as_deref()),
     };
-    hashed_here.then_some((paired, run))
+    Some((paired, run))
 }
 
 fn count_error(counters: &mut Counters, err: ApplyError) {
