@@ -55,7 +55,11 @@ pub extern "C" fn kv_store_get_vtable() -> *const Vtable {
 /// Run an entry point: no panic crosses the FFI boundary, every failure is
 /// logged with the operation's name and becomes a negative code.
 fn entry(op: &'static str, body: impl FnOnce() -> Result<i32, KvError>) -> i32 {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    let checked = || {
+        kvwasm_host::engine::check_not_forked()?;
+        body()
+    };
+    match catch_unwind(AssertUnwindSafe(checked)) {
         Ok(Ok(rc)) => rc,
         Ok(Err(err)) => {
             if err.is_miss() {

@@ -71,7 +71,34 @@ pub(crate) fn ensure_ticking() -> Result<(), KvError> {
             }
         })
         .map_err(|e| KvError::host("cannot start the epoch ticker thread", e))?;
+    // SAFETY: registers a handler that only stores to an atomic, which is
+    // async-signal-safe (all a forked child may run).
+    unsafe { libc::pthread_atfork(None, None, Some(mark_forked)) };
     STARTED.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Set in a child forked after the host started its threads: the ticker,
+/// the I/O runtime and the reaper did not follow it, so a guest call there
+/// would run without a deadline or wait forever for I/O.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn mark_forked() {
+    FORKED.store(true, Ordering::Relaxed);
+}
+
+/// Refuse, in a process forked after the host started its threads, every
+/// call that would need them (a clear error instead of a hang). A fork
+/// before the first open is fine: nothing has started yet.
+pub fn check_not_forked() -> Result<(), KvError> {
+    if FORKED.load(Ordering::Relaxed) {
+        return Err(KvError::Host(
+            "this process was forked after kvwasm started its threads (first open in the \
+             parent): the child cannot run guests; open stores in the child only, or fork \
+             before the first open"
+                .into(),
+        ));
+    }
     Ok(())
 }
 
