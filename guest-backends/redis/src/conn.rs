@@ -4,8 +4,11 @@
 use std::io::{ErrorKind, Read, Write};
 use std::time::{Duration, Instant};
 
+use std::cell::RefCell;
+
+use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_streams::{ReadError, read_exact};
 use kvwasm_guest_support::net::Stream;
-use kvwasm_guest_support::{Error, Settings};
+use kvwasm_guest_support::{Error, Payload, Settings};
 use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::encode::encode_borrowed;
 use redis_protocol::resp2::types::{BorrowedFrame, OwnedFrame};
@@ -90,6 +93,14 @@ const MAX_BULK: u64 = 512 << 20;
 /// (two copies fewer per byte, and no compaction of the read buffer).
 const DIRECT_BULK: usize = 64 << 10;
 
+/// One reply: a decoded frame, or a long bulk string that was read by the
+/// caller's `read_long` (in the guest, into a host payload).
+#[derive(Debug, PartialEq)]
+pub(crate) enum Reply<V> {
+    Frame(OwnedFrame),
+    Long(V),
+}
+
 /// Bytes received and not yet decoded, and the replies decoded from them.
 /// Apart from the socket, so the decoding is tested natively.
 #[derive(Default)]
@@ -140,17 +151,27 @@ impl Replies {
 
     /// The next whole reply, calling `read` (which reads at least one
     /// byte into the buffer it is given, or fails) until it is in. A long
-    /// bulk string is read into its own buffer, exactly as long as the
-    /// reply, so nothing past it is consumed.
-    pub(crate) fn read_reply<E>(
+    /// bulk string goes to `read_long` with the part of it already read
+    /// and its length; it reads the rest itself (the host, straight into a
+    /// payload) or declines with `None` before reading anything, and the
+    /// value is then read into its own buffer, exactly as long as the
+    /// reply. Either way nothing past the reply is consumed.
+    pub(crate) fn read_reply<V, E>(
         &mut self,
         mut read: impl FnMut(&mut [u8]) -> Result<usize, E>,
+        mut read_long: impl FnMut(&[u8], usize) -> Result<Option<V>, E>,
         malformed: impl Fn(String) -> E,
-    ) -> Result<OwnedFrame, E> {
+    ) -> Result<Reply<V>, E> {
         loop {
             if let Some(len) = self.long_bulk().map_err(&malformed)? {
-                let mut value = vec![0; len + 2];
                 // Fewer than `len + 2` bytes are buffered (`long_bulk`).
+                let head = &self.received[self.start..self.end.min(self.start + len)];
+                if let Some(value) = read_long(head, len)? {
+                    self.start += head.len();
+                    self.expect_crlf(&mut read, &malformed)?;
+                    return Ok(Reply::Long(value));
+                }
+                let mut value = vec![0; len + 2];
                 let mut filled = self.end - self.start;
                 value[..filled].copy_from_slice(&self.received[self.start..self.end]);
                 (self.start, self.end) = (0, 0);
@@ -161,16 +182,33 @@ impl Replies {
                     return Err(malformed("a bulk string not followed by CRLF".into()));
                 }
                 value.truncate(len);
-                return Ok(OwnedFrame::BulkString(value));
+                return Ok(Reply::Frame(OwnedFrame::BulkString(value)));
             }
             match self.next().map_err(&malformed)? {
-                Some(frame) => return Ok(frame),
+                Some(frame) => return Ok(Reply::Frame(frame)),
                 None => {
                     let n = read(self.spare())?;
                     self.filled(n);
                 }
             }
         }
+    }
+
+    /// Consume the CRLF that ends a bulk string read by `read_long`.
+    fn expect_crlf<E>(
+        &mut self,
+        mut read: impl FnMut(&mut [u8]) -> Result<usize, E>,
+        malformed: impl Fn(String) -> E,
+    ) -> Result<(), E> {
+        while self.end - self.start < 2 {
+            let n = read(self.spare())?;
+            self.filled(n);
+        }
+        if self.received[self.start..self.start + 2] != *b"\r\n" {
+            return Err(malformed("a bulk string not followed by CRLF".into()));
+        }
+        self.start += 2;
+        Ok(())
     }
 
     /// If the pending reply is a bulk string of at least [`DIRECT_BULK`]
@@ -266,7 +304,7 @@ impl Connection {
         }
         if !hello.is_empty() {
             for reply in conn.pipeline(&hello, deadline)? {
-                if let OwnedFrame::Error(message) = reply {
+                if let Reply::Frame(OwnedFrame::Error(message)) = reply {
                     return Err(ConnError {
                         denied: is_auth_error(&message),
                         ..fail(format!(
@@ -285,7 +323,7 @@ impl Connection {
         &mut self,
         commands: &[Vec<&[u8]>],
         deadline: Instant,
-    ) -> Result<Vec<OwnedFrame>, ConnError> {
+    ) -> Result<Vec<Reply<Payload>>, ConnError> {
         let mut out = Vec::with_capacity(WRITE_BATCH);
         for command in commands {
             let args: Vec<BorrowedFrame<'_>> = command
@@ -331,11 +369,13 @@ impl Connection {
         Ok(())
     }
 
-    fn next_reply(&mut self, deadline: Instant) -> Result<OwnedFrame, ConnError> {
+    fn next_reply(&mut self, deadline: Instant) -> Result<Reply<Payload>, ConnError> {
         let mut replies = std::mem::take(&mut self.replies);
-        let (stream, peer) = (&mut self.stream, &self.peer);
+        let stream = RefCell::new(&mut self.stream);
+        let peer = &self.peer;
         let reply = replies.read_reply(
-            |buf| peer.receive(stream, buf, deadline),
+            |buf| peer.receive(&mut stream.borrow_mut(), buf, deadline),
+            |head, len| peer.receive_payload(&stream.borrow(), head, len, deadline),
             |e| peer.failure(e, false),
         );
         self.replies = replies;
@@ -361,6 +401,31 @@ impl Peer {
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(self.io_failure("receive failed", e)),
+            }
+        }
+    }
+
+    /// Read a long value straight into a host payload: `head` is its start,
+    /// already received. `None` if the host declined before reading (a
+    /// payload limit): then the caller reads it.
+    fn receive_payload(
+        &self,
+        stream: &Stream,
+        head: &[u8],
+        len: usize,
+        deadline: Instant,
+    ) -> Result<Option<Payload>, ConnError> {
+        let wait = self.remaining(deadline)?;
+        let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        match read_exact(stream.input(), head, len as u64, nanos) {
+            Ok(payload) => Ok(Some(payload)),
+            Err(ReadError::Limit(_)) => Ok(None),
+            Err(ReadError::Closed) => {
+                Err(self.failure("the server closed the connection".into(), true))
+            }
+            Err(ReadError::TimedOut) => Err(self.timed_out()),
+            Err(ReadError::Failed(why)) => {
+                Err(self.failure(format!("receive failed: {why}"), false))
             }
         }
     }
@@ -501,48 +566,69 @@ mod tests {
         assert_eq!(feed(b"$536870912\r\nxyz", &[]), (vec![], None));
     }
 
+    /// `stream` read 64 KiB at a time (as wasi:sockets hands it over),
+    /// long values read by a stand-in for the host when `host_reads`.
+    fn read_all(
+        stream: &[u8],
+        replies: usize,
+        host_reads: bool,
+    ) -> (Vec<Result<Reply<Vec<u8>>, String>>, Replies) {
+        let at = std::cell::Cell::new(0);
+        let read = |buf: &mut [u8]| -> Result<usize, String> {
+            let n = buf.len().min(stream.len() - at.get()).min(64 << 10);
+            buf[..n].copy_from_slice(&stream[at.get()..at.get() + n]);
+            at.set(at.get() + n);
+            Ok(n)
+        };
+        let read_long = |head: &[u8], len: usize| -> Result<Option<Vec<u8>>, String> {
+            if !host_reads {
+                return Ok(None);
+            }
+            let rest = len - head.len();
+            let mut value = head.to_vec();
+            value.extend_from_slice(&stream[at.get()..at.get() + rest]);
+            at.set(at.get() + rest);
+            Ok(Some(value))
+        };
+        let mut state = Replies::default();
+        let got = (0..replies)
+            .map(|_| state.read_reply(read, read_long, |e| e))
+            .collect();
+        (got, state)
+    }
+
     #[test]
     fn long_bulk_strings_bypass_the_read_buffer() {
-        // Three 1 MiB values and a status, arriving 64 KiB per read (as
-        // wasi:sockets hands them): the read buffer never holds a value.
+        // Three 1 MiB values and a status: the read buffer never holds a
+        // value, whether the host reads them or the guest does.
         let values: Vec<OwnedFrame> = (0..3u8)
             .map(|i| OwnedFrame::BulkString(vec![i; 1 << 20]))
             .chain([OwnedFrame::SimpleString(b"OK".to_vec())])
             .collect();
         let stream = encoded(&values);
-        let mut at = 0;
-        let mut read = |buf: &mut [u8]| -> Result<usize, String> {
-            let n = buf.len().min(stream.len() - at).min(64 << 10);
-            buf[..n].copy_from_slice(&stream[at..at + n]);
-            at += n;
-            Ok(n)
-        };
-        let mut replies = Replies::default();
-        for value in &values {
-            assert_eq!(&replies.read_reply(&mut read, |e| e).unwrap(), value);
+        for host_reads in [false, true] {
+            let (got, replies) = read_all(&stream, values.len(), host_reads);
+            for (got, value) in got.into_iter().zip(&values) {
+                let got = match got.unwrap() {
+                    Reply::Long(bytes) if host_reads => OwnedFrame::BulkString(bytes),
+                    Reply::Frame(frame) => frame,
+                    Reply::Long(_) => panic!("read by the host, which declined"),
+                };
+                assert_eq!(&got, value);
+            }
+            assert!(
+                replies.received.len() <= READ_SIZE,
+                "{}",
+                replies.received.len()
+            );
+            // A body not followed by CRLF is refused.
+            let mut bad = encoded(&values[..1]);
+            let crlf = bad.len() - 2;
+            bad[crlf] = b'x';
+            let (got, _) = read_all(&bad, 1, host_reads);
+            let error = got.into_iter().next().unwrap().unwrap_err();
+            assert!(error.contains("CRLF"), "{error}");
         }
-        assert!(
-            replies.received.len() <= READ_SIZE,
-            "{}",
-            replies.received.len()
-        );
-        // A body not followed by CRLF is refused.
-        let mut bad = encoded(&values[..1]);
-        let crlf = bad.len() - 2;
-        bad[crlf] = b'x';
-        let mut at = 0;
-        let error = Replies::default()
-            .read_reply(
-                |buf: &mut [u8]| {
-                    let n = buf.len().min(bad.len() - at);
-                    buf[..n].copy_from_slice(&bad[at..at + n]);
-                    at += n;
-                    Ok::<_, String>(n)
-                },
-                |e| e,
-            )
-            .unwrap_err();
-        assert!(error.contains("CRLF"), "{error}");
     }
 
     proptest! {
@@ -559,31 +645,58 @@ mod tests {
             prop_assert_eq!(feed(&stream, &cuts), (frames, None));
         }
 
-        /// The same through `read_reply`, which reads long bulk strings
-        /// straight into their own buffers: every reply whole, in order,
-        /// and exactly the bytes of the replies consumed.
+        /// The same through `read_reply`, which hands long bulk strings to
+        /// `read_long` (the host, in the guest) or, when it declines, reads
+        /// them straight into their own buffers: every reply whole, in
+        /// order, and exactly the bytes of the replies consumed.
         #[test]
         fn replies_read_directly_decode_exactly(
             frames in proptest::collection::vec(reply(), 1..12),
             cuts in proptest::collection::vec(1..400_000usize, 0..24),
+            host_reads in any::<bool>(),
         ) {
             let stream = encoded(&frames);
-            let mut at = 0;
-            let mut cuts = cuts.into_iter().cycle();
+            let source = std::cell::RefCell::new((0usize, cuts.into_iter().cycle()));
             let mut read = |buf: &mut [u8]| -> Result<usize, String> {
-                let n = buf.len().min(stream.len() - at).min(cuts.next().unwrap_or(usize::MAX));
+                let (at, cuts) = &mut *source.borrow_mut();
+                let n = buf.len().min(stream.len() - *at).min(cuts.next().unwrap_or(usize::MAX));
                 if n == 0 {
                     return Err("read past the replies".into());
                 }
-                buf[..n].copy_from_slice(&stream[at..at + n]);
-                at += n;
+                buf[..n].copy_from_slice(&stream[*at..*at + n]);
+                *at += n;
                 Ok(n)
+            };
+            let mut long_reads = 0;
+            let mut read_long = |head: &[u8], len: usize| -> Result<Option<Vec<u8>>, String> {
+                if !host_reads {
+                    return Ok(None);
+                }
+                long_reads += 1;
+                let (at, _) = &mut *source.borrow_mut();
+                let rest = len - head.len();
+                if stream.len() - *at < rest {
+                    return Err("read past the replies".into());
+                }
+                let mut value = head.to_vec();
+                value.extend_from_slice(&stream[*at..*at + rest]);
+                *at += rest;
+                Ok(Some(value))
             };
             let mut replies = Replies::default();
             for frame in &frames {
-                prop_assert_eq!(&replies.read_reply(&mut read, |e| e).map_err(TestCaseError::fail)?, frame);
+                let got = match replies
+                    .read_reply(&mut read, &mut read_long, |e| e)
+                    .map_err(TestCaseError::fail)?
+                {
+                    Reply::Frame(frame) => frame,
+                    Reply::Long(value) => OwnedFrame::BulkString(value),
+                };
+                prop_assert_eq!(&got, frame);
             }
             prop_assert_eq!(replies.start, replies.end, "nothing left over");
+            let long = frames.iter().filter(|f| matches!(f, OwnedFrame::BulkString(b) if b.len() >= DIRECT_BULK)).count();
+            prop_assert!(long_reads <= long);
         }
 
         /// A stream cut short yields the whole replies before the cut,

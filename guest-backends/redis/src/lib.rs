@@ -21,11 +21,11 @@ mod conn;
 
 use std::time::Instant;
 
-use kvwasm_guest_support::remote::{Remote, RemoteStore};
-use kvwasm_guest_support::{BackendInfo, Error, Guest, Result, Settings, export_backend};
+use kvwasm_guest_support::remote::{Remote, RemoteStore, Value};
+use kvwasm_guest_support::{BackendInfo, Error, Guest, Payload, Result, Settings, export_backend};
 use redis_protocol::resp2::types::OwnedFrame;
 
-use conn::{ConnError, Connection, Endpoint};
+use conn::{ConnError, Connection, Endpoint, Reply};
 
 struct RedisBackend;
 
@@ -55,7 +55,7 @@ impl Redis {
     /// connection that the server dropped (it restarted, or closed an idle
     /// client) is replaced and the pipeline sent once more, within the same
     /// deadline: every command kvwasm sends is idempotent.
-    fn pipeline(&mut self, commands: &[Vec<&[u8]>]) -> Result<Vec<OwnedFrame>> {
+    fn pipeline(&mut self, commands: &[Vec<&[u8]>]) -> Result<Vec<Reply<Payload>>> {
         let deadline = Instant::now() + self.endpoint.timeout;
         let reused = self.conn.is_some();
         match self.try_pipeline(commands, deadline) {
@@ -71,7 +71,7 @@ impl Redis {
         &mut self,
         commands: &[Vec<&[u8]>],
         deadline: Instant,
-    ) -> Result<Vec<OwnedFrame>, ConnError> {
+    ) -> Result<Vec<Reply<Payload>>, ConnError> {
         let mut conn = match self.conn.take() {
             Some(conn) => conn,
             None => Connection::open(&self.endpoint, deadline)?,
@@ -83,7 +83,7 @@ impl Redis {
     }
 
     /// One command per key, each with the same verb.
-    fn per_key(&mut self, verb: &str, keys: &[String]) -> Result<Vec<OwnedFrame>> {
+    fn per_key(&mut self, verb: &str, keys: &[String]) -> Result<Vec<Reply<Payload>>> {
         let commands: Vec<Vec<&[u8]>> = keys
             .iter()
             .map(|k| vec![verb.as_bytes(), k.as_bytes()])
@@ -109,7 +109,7 @@ impl Remote for Redis {
         self.per_key("EXISTS", keys)?
             .into_iter()
             .map(|reply| match reply {
-                OwnedFrame::Integer(n) => Ok(n > 0),
+                Reply::Frame(OwnedFrame::Integer(n)) => Ok(n > 0),
                 other => Err(unexpected("EXISTS", other)),
             })
             .collect()
@@ -122,19 +122,20 @@ impl Remote for Redis {
             .collect();
         for reply in self.pipeline(&commands)? {
             match reply {
-                OwnedFrame::SimpleString(s) if s == b"OK" => {}
+                Reply::Frame(OwnedFrame::SimpleString(s)) if s == b"OK" => {}
                 other => return Err(unexpected("SET", other)),
             }
         }
         Ok(())
     }
 
-    fn get(&mut self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
+    fn get(&mut self, keys: &[String]) -> Result<Vec<Option<Value>>> {
         self.per_key("GET", keys)?
             .into_iter()
             .map(|reply| match reply {
-                OwnedFrame::BulkString(bytes) => Ok(Some(bytes)),
-                OwnedFrame::Null => Ok(None),
+                Reply::Long(payload) => Ok(Some(Value::Payload(payload))),
+                Reply::Frame(OwnedFrame::BulkString(bytes)) => Ok(Some(Value::Bytes(bytes))),
+                Reply::Frame(OwnedFrame::Null) => Ok(None),
                 other => Err(unexpected("GET", other)),
             })
             .collect()
@@ -142,18 +143,22 @@ impl Remote for Redis {
 
     fn delete(&mut self, key: &str) -> Result<()> {
         match self.per_key("DEL", &[key.to_owned()])?.pop() {
-            Some(OwnedFrame::Integer(_)) => Ok(()),
-            other => Err(unexpected("DEL", other.unwrap_or(OwnedFrame::Null))),
+            Some(Reply::Frame(OwnedFrame::Integer(_))) => Ok(()),
+            other => Err(unexpected(
+                "DEL",
+                other.unwrap_or(Reply::Frame(OwnedFrame::Null)),
+            )),
         }
     }
 }
 
 /// A reply of the wrong shape, or the server's error reply, as an error
 /// that carries the server's words.
-fn unexpected(command: &str, reply: OwnedFrame) -> Error {
+fn unexpected(command: &str, reply: Reply<Payload>) -> Error {
     match reply {
-        OwnedFrame::Error(message) => conn::server_error(command, &message),
-        other => Error::Io(format!("redis {command}: unexpected reply {other:?}")),
+        Reply::Frame(OwnedFrame::Error(message)) => conn::server_error(command, &message),
+        Reply::Frame(other) => Error::Io(format!("redis {command}: unexpected reply {other:?}")),
+        Reply::Long(_) => Error::Io(format!("redis {command}: unexpected long bulk string")),
     }
 }
 

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use kvwasm_guest_support::{Error, Result, Settings};
+use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_streams::ReadError;
+use kvwasm_guest_support::remote::Value;
+use kvwasm_guest_support::{Error, Result, Settings, read_exact_by_handle};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use wasip2::clocks::monotonic_clock;
 use wasip2::http::outgoing_handler::{self, FutureIncomingResponse};
@@ -55,11 +57,15 @@ pub(crate) struct Request<'a> {
     pub(crate) body: &'a [u8],
 }
 
-/// A response with its whole body.
+/// A response with its whole body: a long `200` body read by the host
+/// straight into a payload, anything else in guest memory.
 pub(crate) struct Response {
     pub(crate) status: u16,
-    pub(crate) body: Vec<u8>,
+    pub(crate) body: Value,
 }
+
+/// `200` bodies at least this long are read into a payload.
+const PAYLOAD_BODY: usize = 64 << 10;
 
 /// Longest explanation quoted from a response, in characters: a service
 /// (or anything answering at its address) cannot flood the host's log.
@@ -70,7 +76,10 @@ impl Response {
     /// start of the body, or nothing (HEAD responses have no body), at most
     /// [`REASON_CHARS`] characters.
     pub(crate) fn reason(&self) -> String {
-        let text = String::from_utf8_lossy(&self.body);
+        let Value::Bytes(body) = &self.body else {
+            return String::new();
+        };
+        let text = String::from_utf8_lossy(body);
         let reason = match error_fields(&text) {
             (Some(code), Some(message)) => format!("{code}: {message}"),
             (Some(code), None) => code,
@@ -302,13 +311,42 @@ impl Client {
         };
         let status = response.status();
         let length = response.headers().get("content-length");
-        let mut bytes = Vec::with_capacity(body_capacity(length.first().map(Vec::as_slice)));
+        let length = length.first().map(Vec::as_slice);
         let body = response
             .consume()
             .map_err(|()| Error::Other("response body taken twice".into()))?;
         let stream = body
             .stream()
             .map_err(|()| Error::Other("response body stream".into()))?;
+        match content_length(length) {
+            Some(len) if status == 200 && len >= PAYLOAD_BODY => {
+                let left = deadline.saturating_sub(monotonic_clock::now());
+                match read_exact_by_handle(stream.handle(), &[], len as u64, left) {
+                    Ok(payload) => {
+                        return Ok(Response {
+                            status,
+                            body: Value::Payload(payload),
+                        });
+                    }
+                    // Refused before reading: read it here.
+                    Err(ReadError::Limit(_)) => {}
+                    Err(ReadError::TimedOut) => return Err(self.timed_out()),
+                    Err(ReadError::Closed) => {
+                        return Err(
+                            self.stream_error("reading a response body", StreamError::Closed)
+                        );
+                    }
+                    Err(ReadError::Failed(why)) => {
+                        return Err(Error::Unavailable(format!(
+                            "s3 at {}: reading a response body: {why}",
+                            self.origin
+                        )));
+                    }
+                }
+            }
+            _ => {}
+        }
+        let mut bytes = Vec::with_capacity(body_capacity(length));
         loop {
             match stream.read(1 << 20) {
                 Ok(chunk) if chunk.is_empty() => self.wait(&stream.subscribe(), deadline)?,
@@ -319,7 +357,7 @@ impl Client {
         }
         Ok(Response {
             status,
-            body: bytes,
+            body: Value::Bytes(bytes),
         })
     }
 
@@ -330,12 +368,16 @@ impl Client {
         if ready.contains(&0) {
             Ok(())
         } else {
-            Err(Error::Unavailable(format!(
-                "s3 at {}: no response within {} ms",
-                self.origin,
-                self.timeout.as_millis()
-            )))
+            Err(self.timed_out())
         }
+    }
+
+    fn timed_out(&self) -> Error {
+        Error::Unavailable(format!(
+            "s3 at {}: no response within {} ms",
+            self.origin,
+            self.timeout.as_millis()
+        ))
     }
 
     fn stream_error(&self, what: &str, e: StreamError) -> Error {
@@ -352,11 +394,16 @@ impl Client {
 /// a claim past [`MAX_PREALLOC`] reserves that much (the body still grows
 /// to what really arrives, and a hostile length costs no more).
 fn body_capacity(content_length: Option<&[u8]>) -> usize {
-    content_length
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(|v| v.trim().parse::<usize>().ok())
+    self::content_length(content_length)
         .unwrap_or(0)
         .min(MAX_PREALLOC)
+}
+
+/// A `content-length` header's value.
+fn content_length(value: Option<&[u8]>) -> Option<usize> {
+    value
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.trim().parse::<usize>().ok())
 }
 
 /// The most a response body reserves before its bytes arrive.
@@ -398,7 +445,7 @@ mod tests {
     fn response(body: impl Into<Vec<u8>>) -> Response {
         Response {
             status: 403,
-            body: body.into(),
+            body: Value::Bytes(body.into()),
         }
     }
 

@@ -21,7 +21,7 @@
 mod http;
 mod sign;
 
-use kvwasm_guest_support::remote::{Remote, RemoteStore};
+use kvwasm_guest_support::remote::{Remote, RemoteStore, Value};
 use kvwasm_guest_support::{BackendInfo, Error, Guest, Result, Settings, export_backend};
 
 use http::{Client, Method, Request, Response};
@@ -108,7 +108,7 @@ impl Remote for S3 {
         Ok(())
     }
 
-    fn get(&mut self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
+    fn get(&mut self, keys: &[String]) -> Result<Vec<Option<Value>>> {
         self.per_key(Method::Get, keys)?
             .into_iter()
             .map(|r| match r.status {

@@ -81,7 +81,7 @@ pub use bindings::exports::kvwasm::kv_store::store::{
 };
 pub use bindings::kvwasm::kv_store::types::{Error, Payload};
 pub use errors::FsErrorExt;
-pub use payload::PayloadExt;
+pub use payload::{PayloadExt, read_exact_by_handle};
 pub use settings::Settings;
 
 pub use fabric_bindings::exports::kvwasm::fabric::transport::Guest as Fabric;

@@ -4,7 +4,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Resolve `address` (`host:port`), connect by `deadline`, make sure the
 /// handshake really succeeded, and turn Nagle off. The error says what
@@ -41,86 +41,54 @@ pub fn connect(address: &str, deadline: Instant) -> Result<TcpStream, String> {
     Ok(stream)
 }
 
-/// A connection to a granted peer: plain TCP, or a TLS session on it whose
-/// handshake and certificate checks the host performed (`wasi:tls`, with
-/// the operator's roots). Used like a [`TcpStream`].
-pub enum Stream {
-    Plain(TcpStream),
-    Tls(tls::TlsStream),
-}
+/// A connection to a granted peer over raw `wasi:sockets` streams: plain
+/// TCP, or a TLS session on it whose handshake and certificate checks the
+/// host performed (`wasi:tls`, with the operator's roots). Used like a
+/// [`TcpStream`]; unlike one, it hands out its input stream, so a long
+/// value can be read straight into a payload
+/// ([`crate::bindings::kvwasm::kv_store::payload_streams`]).
+pub use raw::Stream;
 
 /// Connect to `address` (`host:port`) by `deadline`, then, if `tls`, ask
 /// the host for a TLS session on the socket with `host` as the server
 /// name. A peer that does not complete the handshake by `deadline` fails:
 /// there is no fallback to plain text.
 pub fn connect_stream(address: &str, tls: bool, deadline: Instant) -> Result<Stream, String> {
-    if !tls {
-        return connect(address, deadline).map(Stream::Plain);
-    }
     let peer: SocketAddr = address
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve the address: {e} (is `dns = true` granted?)"))?
         .next()
         .ok_or("the address resolves to nothing")?;
-    let host = address
-        .rsplit_once(':')
-        .map_or(address, |(h, _)| h)
-        .trim_matches(['[', ']']);
-    tls::TlsStream::connect(peer, host, deadline)
-}
-
-impl Stream {
-    /// As [`TcpStream::set_read_timeout`].
-    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
-        match self {
-            Stream::Plain(s) => s.set_read_timeout(timeout),
-            Stream::Tls(s) => {
-                s.read_timeout.set(timeout);
-                Ok(())
-            }
-        }
-    }
-
-    /// As [`TcpStream::set_write_timeout`].
-    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
-        match self {
-            Stream::Plain(s) => s.set_write_timeout(timeout),
-            Stream::Tls(s) => {
-                s.write_timeout.set(timeout);
-                Ok(())
-            }
-        }
-    }
+    let server_name = tls.then(|| {
+        address
+            .rsplit_once(':')
+            .map_or(address, |(h, _)| h)
+            .trim_matches(['[', ']'])
+    });
+    Stream::connect(peer, server_name, deadline)
 }
 
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Plain(s) => s.read(buf),
-            Stream::Tls(s) => s.read(buf),
-        }
+        self.read_some(buf)
     }
 }
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Plain(s) => s.write(buf),
-            Stream::Tls(s) => s.write(buf),
-        }
+        self.write_some(buf)
     }
 
+    /// Writes already start sending: callers wait for the reply.
     fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Stream::Plain(s) => s.flush(),
-            Stream::Tls(_) => Ok(()),
-        }
+        Ok(())
     }
 }
 
-mod tls {
-    //! A TLS session over raw `wasi:sockets` streams (std's `TcpStream`
-    //! cannot hand its streams over), with the timeouts of a `TcpStream`.
+mod raw {
+    //! A TCP connection on raw `wasi:sockets` streams (std's `TcpStream`
+    //! cannot hand its streams over), optionally with a TLS session on
+    //! them, with the timeouts of a `TcpStream`.
 
     use std::cell::Cell;
     use std::io::{Error, ErrorKind};
@@ -138,15 +106,15 @@ mod tls {
     use crate::tls_bindings::wasi::sockets::tcp_create_socket::create_tcp_socket;
     use crate::tls_bindings::wasi::tls::types::{ClientConnection, ClientHandshake};
 
-    /// Fields drop in order: the session's streams, the session, then the
-    /// socket (a resource cannot go before its children).
-    pub struct TlsStream {
+    /// Fields drop in order: the streams, the TLS session if any, then
+    /// the socket (a resource cannot go before its children).
+    pub struct Stream {
         input: InputStream,
         output: OutputStream,
-        _session: ClientConnection,
+        _session: Option<ClientConnection>,
         _socket: TcpSocket,
-        pub(super) read_timeout: Cell<Option<Duration>>,
-        pub(super) write_timeout: Cell<Option<Duration>>,
+        read_timeout: Cell<Option<Duration>>,
+        write_timeout: Cell<Option<Duration>>,
     }
 
     /// Wait for `pollable` for at most `timeout` (forever if `None`).
@@ -162,6 +130,14 @@ mod tls {
             Ok(())
         } else {
             Err(Error::from(ErrorKind::TimedOut))
+        }
+    }
+
+    /// Why a connect failed, with the grant to check when it was refused.
+    fn connect_error(e: ErrorCode) -> String {
+        match e {
+            ErrorCode::AccessDenied => "cannot connect: the peer is not granted in `net`".into(),
+            e => format!("cannot connect: {e}"),
         }
     }
 
@@ -203,19 +179,20 @@ mod tls {
         }
     }
 
-    impl TlsStream {
-        /// Connect to `peer`, then hand the socket's streams to the host
-        /// for a TLS handshake with `server_name`, all by `deadline`.
+    impl Stream {
+        /// Connect to `peer`; with a `server_name`, hand the socket's
+        /// streams to the host for a TLS handshake with it. All by
+        /// `deadline`.
         pub fn connect(
             peer: SocketAddr,
-            server_name: &str,
+            server_name: Option<&str>,
             deadline: Instant,
-        ) -> Result<super::Stream, String> {
+        ) -> Result<Stream, String> {
             let (family, addr) = wasi_addr(peer);
-            let socket = create_tcp_socket(family).map_err(|e| format!("cannot connect: {e}"))?;
+            let socket = create_tcp_socket(family).map_err(connect_error)?;
             socket
                 .start_connect(&instance_network(), addr)
-                .map_err(|e| format!("cannot connect: {e}"))?;
+                .map_err(connect_error)?;
             let (input, output) = {
                 let ready = socket.subscribe();
                 loop {
@@ -223,12 +200,12 @@ mod tls {
                         Ok(streams) => break streams,
                         Err(ErrorCode::WouldBlock) => wait(&ready, left(deadline))
                             .map_err(|_| "cannot connect: timed out".to_owned())?,
-                        Err(ErrorCode::AccessDenied) => {
-                            return Err("cannot connect: the peer is not granted in `net`".into());
-                        }
-                        Err(e) => return Err(format!("cannot connect: {e}")),
+                        Err(e) => return Err(connect_error(e)),
                     }
                 }
+            };
+            let Some(server_name) = server_name else {
+                return Ok(Stream::new(input, output, None, socket));
             };
             let handshake = ClientHandshake::new(server_name, input, output);
             let pending = ClientHandshake::finish(handshake);
@@ -245,17 +222,43 @@ mod tls {
                 }
                 _ => return Err("TLS handshake failed: no result".into()),
             };
-            Ok(super::Stream::Tls(TlsStream {
+            Ok(Stream::new(input, output, Some(session), socket))
+        }
+
+        fn new(
+            input: InputStream,
+            output: OutputStream,
+            session: Option<ClientConnection>,
+            socket: TcpSocket,
+        ) -> Stream {
+            Stream {
                 input,
                 output,
                 _session: session,
                 _socket: socket,
                 read_timeout: Cell::new(None),
                 write_timeout: Cell::new(None),
-            }))
+            }
         }
 
-        pub(super) fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        /// Where the peer's bytes arrive (decrypted, on a TLS session).
+        pub fn input(&self) -> &InputStream {
+            &self.input
+        }
+
+        /// As [`std::net::TcpStream::set_read_timeout`].
+        pub fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+            self.read_timeout.set(timeout);
+            Ok(())
+        }
+
+        /// As [`std::net::TcpStream::set_write_timeout`].
+        pub fn set_write_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+            self.write_timeout.set(timeout);
+            Ok(())
+        }
+
+        pub(super) fn read_some(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
             loop {
                 match self.input.read(buf.len() as u64) {
                     Ok(bytes) if !bytes.is_empty() => {
@@ -271,7 +274,7 @@ mod tls {
 
         /// Writes as much of `buf` as the session takes now, and starts
         /// sending it (callers then wait for the reply, not for a flush).
-        pub(super) fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        pub(super) fn write_some(&mut self, buf: &[u8]) -> std::io::Result<usize> {
             loop {
                 let room = self.output.check_write().map_err(stream_error)?;
                 if room == 0 {

@@ -38,6 +38,7 @@
 //! `<prefix>/<namespace>/manifests/<name>`. Manifest names cannot contain
 //! `/`, so the two key spaces never meet, whatever the namespace.
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 
@@ -56,9 +57,48 @@ pub trait Remote: Sized + 'static {
     /// Store every `(key, value)`; `Ok` only if all were stored.
     fn put(&mut self, items: &[(String, &[u8])]) -> Result<()>;
     /// The value of each key, `None` where it is missing.
-    fn get(&mut self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>>;
+    fn get(&mut self, keys: &[String]) -> Result<Vec<Option<Value>>>;
     /// Remove `key`; a missing key is success.
     fn delete(&mut self, key: &str) -> Result<()>;
+}
+
+/// A value as a [`Remote`] received it: in guest memory, or (a long one)
+/// read by the host straight into a payload, which then goes back to the
+/// consumer without a copy (`payload-streams`).
+pub enum Value {
+    Bytes(Vec<u8>),
+    Payload(Payload),
+}
+
+impl Value {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Value::Bytes(b) => b.len(),
+            Value::Payload(p) => usize::try_from(p.len()).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The value as a payload for the consumer (a copy only of bytes).
+    pub fn into_payload(self) -> Payload {
+        match self {
+            Value::Bytes(b) => Payload::new(&b),
+            Value::Payload(p) => p,
+        }
+    }
+
+    /// The bytes, in guest memory (a copy only of a payload).
+    fn bytes(&self) -> Cow<'_, [u8]> {
+        match self {
+            Value::Bytes(b) => Cow::Borrowed(b),
+            Value::Payload(p) => Cow::Owned(p.to_vec()),
+        }
+    }
 }
 
 /// When `put-chunk` asks the server whether a hash is already there.
@@ -164,7 +204,7 @@ struct Staging {
     /// Hashes answered `already-present` without being staged since the
     /// last flush: a manifest may name them, so the flush re-checks them.
     vouched: HashSet<Vec<u8>>,
-    prefetched: HashMap<Vec<u8>, Vec<u8>>,
+    prefetched: HashMap<Vec<u8>, Value>,
     prefetched_bytes: usize,
 }
 
@@ -208,13 +248,12 @@ impl<R: Remote> RemoteStore<R> {
         }
         let vouched: Vec<Vec<u8>> = staging.vouched.iter().cloned().collect();
         let staged = staging.pending.len();
-        // (hash, its bytes if this handle still holds them)
-        let candidates: Vec<(&[u8], Option<&[u8]>)> = staging
+        let candidates: Vec<Candidate<'_>> = staging
             .pending
             .iter()
-            .map(|(h, data)| (h.as_slice(), Some(data.as_slice())))
+            .map(|(h, data)| (h.as_slice(), Some(Cow::Borrowed(data.as_slice()))))
             .chain(vouched.iter().map(|h| {
-                let cached = staging.prefetched.get(h).map(Vec::as_slice);
+                let cached = staging.prefetched.get(h).map(Value::bytes);
                 (h.as_slice(), cached)
             }))
             .collect();
@@ -230,7 +269,7 @@ impl<R: Remote> RemoteStore<R> {
                 (true, _) => {}
                 (false, Some(bytes)) => {
                     missing_staged += usize::from(at < staged);
-                    missing.push((key, bytes));
+                    missing.push((key, bytes.as_ref()));
                 }
                 (false, None) => gone.push(hash.to_vec()),
             }
@@ -266,6 +305,10 @@ impl<R: Remote> RemoteStore<R> {
         )))
     }
 }
+
+/// A hash to check at a flush, with its bytes if the handle still holds
+/// them.
+type Candidate<'a> = (&'a [u8], Option<Cow<'a, [u8]>>);
 
 /// What a flush did, for the manifest's log line.
 #[derive(Default)]
@@ -357,9 +400,9 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             if let Some(bytes) = staging.staged(&hash) {
                 return Ok(Payload::new(bytes));
             }
-            if let Some(bytes) = staging.prefetched.remove(&hash) {
-                staging.prefetched_bytes -= bytes.len();
-                return Ok(Payload::new(&bytes));
+            if let Some(value) = staging.prefetched.remove(&hash) {
+                staging.prefetched_bytes -= value.len();
+                return Ok(value.into_payload());
             }
         }
         let value = self
@@ -367,9 +410,9 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             .get(&[self.keys.chunk(&hash)])?
             .pop()
             .flatten();
-        let bytes = value.ok_or(Error::NotFound)?;
+        let value = value.ok_or(Error::NotFound)?;
         self.staging.borrow_mut().remember(hash);
-        Ok(Payload::new(&bytes))
+        Ok(value.into_payload())
     }
 
     fn put_manifest(&self, name: String, data: &Payload) -> Result<()> {
@@ -396,7 +439,7 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             .get(&[self.keys.manifest(&name)])?
             .pop()
             .flatten();
-        value.map(|b| Payload::new(&b)).ok_or(Error::NotFound)
+        value.map(Value::into_payload).ok_or(Error::NotFound)
     }
 
     fn delete_manifest(&self, name: String) -> Result<()> {
@@ -433,16 +476,17 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             let values = self.remote().get(&keys)?;
             let mut staging = self.staging.borrow_mut();
             for (hash, value) in wave.iter().zip(values) {
-                let Some(bytes) = value else { continue };
+                let Some(value) = value else { continue };
+                let len = value.len();
                 fetched += 1;
-                fetched_bytes += bytes.len();
-                if staging.prefetched_bytes + bytes.len() > budget {
+                fetched_bytes += len;
+                if staging.prefetched_bytes + len > budget {
                     // Full: later gets fetch the rest themselves.
                     return Ok(());
                 }
-                staging.prefetched_bytes += bytes.len();
+                staging.prefetched_bytes += len;
                 staging.remember(hash.clone());
-                staging.prefetched.insert(hash.clone(), bytes);
+                staging.prefetched.insert(hash.clone(), value);
             }
         }
         Ok(())

@@ -1,23 +1,28 @@
 //! Host bindings for `wit/kv-store.wit`.
 //!
 //! WASI types are shared with wasmtime-wasi so a guest's
-//! `wasi:filesystem` descriptor can be handed to `payload-io`, and the
+//! `wasi:filesystem` descriptor can be handed to `payload-io` and its
+//! `wasi:io` input streams to `payload-streams`, and the
 //! `payload` resource is backed by [`crate::payload::Payload`]. The
 //! conversion of a guest's error into a [`KvError`] lives here, so that
 //! `error` depends on nothing.
 
 wasmtime::component::bindgen!({
     path: "../../wit",
-    world: "kvwasm:kv-store/filesystem-backend",
+    world: "kvwasm:kv-store/host-imports",
     with: {
         "wasi:io": wasmtime_wasi::p2::bindings::io,
         "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
         "wasi:filesystem": wasmtime_wasi::p2::bindings::filesystem,
         "kvwasm:kv-store/types.payload": crate::payload::Payload,
     },
-    // kvwasm's own imports never wait, so they stay synchronous; calls into
-    // the guest are futures (see `crate::deadline`).
-    imports: { default: trappable },
+    // kvwasm's own imports never wait, so they stay synchronous, but for
+    // `read-exact`, which waits for the stream like a WASI pollable; calls
+    // into the guest are futures (see `crate::deadline`).
+    imports: {
+        "kvwasm:kv-store/payload-streams.read-exact": async | trappable,
+        default: trappable,
+    },
     exports: { default: async },
     require_store_data_send: true,
 });
@@ -46,9 +51,9 @@ impl From<GuestError> for KvError {
 /// Any backend's exports, typed. (The generated name comes from the WIT
 /// world used to generate the host side; every backend world exports the
 /// same `store` interface, so this serves them all.)
-pub(crate) type BackendExports = FilesystemBackend;
+pub(crate) type BackendExports = HostImports;
 /// [`BackendExports`] pre-linked against the host, ready to instantiate.
-pub(crate) type BackendExportsPre<T> = FilesystemBackendPre<T>;
+pub(crate) type BackendExportsPre<T> = HostImportsPre<T>;
 
 /// Host bindings for `wit/fabric` (`kvwasm:fabric/fabric`): the exports of
 /// a fabric guest. Its one import, the `payload` resource, is the kv-store

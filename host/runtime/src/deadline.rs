@@ -20,11 +20,11 @@
 //! (FIFOs and devices, see [`crate::capabilities::dirs`]).
 
 use std::future::Future;
-use std::pin::pin;
-use std::sync::LazyLock;
+use std::pin::{Pin, pin};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use crate::io::InstanceIo;
 use crate::limits::EPOCH_TICK;
 
 /// When an operation must have returned, and the budget it was given (for
@@ -67,72 +67,119 @@ impl Deadline {
     }
 }
 
-/// The runtime behind guests' asynchronous host imports (sockets, timers,
-/// HTTP). One worker thread drives its I/O and timer events; guest calls
-/// themselves run on the consumer's threads. Name lookups run on its
-/// blocking pool (tokio's default size, threads started on demand and gone
-/// after 10 s idle), so lookups a deadline abandoned cannot starve others.
-/// The kv_store-traffic publisher's task runs here too ([`crate::events_out`]).
-pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("kvwasm-io")
-            .enable_all()
-            .build()
-            .expect("start the kvwasm I/O runtime")
-    });
-    &RUNTIME
-}
-
-/// Run `future` on this thread until it completes or `deadline` passes
-/// (`None`). The caller must discard whatever state the future left behind
-/// when it gets `None`.
+/// Run the future `make` returns, on this thread, until it completes or
+/// `deadline` passes (`None`). The caller must discard whatever state the
+/// future left behind when it gets `None`.
+///
+/// `io` is the instance's own event loop, if it has one ([`crate::io`]):
+/// this thread drives it while the future waits. Without one, the future
+/// is polled here and its I/O is driven by the shared runtime.
 ///
 /// Works on any thread, including one already inside another tokio
-/// runtime (an async engine calling the C ABI): the future is polled here,
-/// not handed to a runtime's `block_on`.
-pub(crate) fn block_on<F: Future>(deadline: Deadline, future: F) -> Option<F::Output> {
-    let _context = runtime().enter();
+/// runtime (an async engine calling the C ABI). There the future is polled
+/// without a runtime of our own; an instance's own loop, which tokio will
+/// not drive on such a thread, is driven by a short-lived helper thread
+/// for the call instead.
+pub(crate) fn block_on<F, M>(
+    deadline: Deadline,
+    io: Option<&InstanceIo>,
+    make: M,
+) -> Option<F::Output>
+where
+    M: FnOnce() -> F + Send,
+    F: Future,
+    F::Output: Send,
+{
+    let Some(io) = io else {
+        let _context = crate::io::shared().enter();
+        return run_polled(deadline, make());
+    };
+    if tokio::runtime::Handle::try_current().is_err() {
+        return run_driven(deadline, io, make());
+    }
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("kvwasm-call".into())
+            .spawn_scoped(scope, || run_driven(deadline, io, make()))
+            .map_err(|e| tracing::warn!("cannot start a thread for a guest call: {e}"))
+            .ok()?
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// Most calls never wait on an event loop (file I/O runs inline, a cached
+/// chunk is at hand): they finish in the first poll, and no timer is armed
+/// for them.
+fn first_poll<F: Future>(future: Pin<&mut F>) -> Poll<F::Output> {
+    future.poll(&mut Context::from_waker(Waker::noop()))
+}
+
+/// Poll on this thread; the shared runtime delivers the wake-ups.
+fn run_polled<F: Future>(deadline: Deadline, future: F) -> Option<F::Output> {
     let mut future = pin!(future);
-    // Most calls never wait on the event loop (file I/O runs inline): they
-    // finish in the first poll, and no timer is armed for them.
-    if let Poll::Ready(out) = future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
+    if let Poll::Ready(out) = first_poll(future.as_mut()) {
         return Some(out);
     }
     let until = tokio::time::Instant::from_std(deadline.instant());
     pollster::block_on(tokio::time::timeout_at(until, future)).ok()
 }
 
+/// Drive the instance's own loop on this thread while the future waits.
+fn run_driven<F: Future>(deadline: Deadline, io: &InstanceIo, future: F) -> Option<F::Output> {
+    let runtime = io.runtime();
+    let mut future = pin!(future);
+    {
+        let _context = runtime.enter();
+        if let Poll::Ready(out) = first_poll(future.as_mut()) {
+            return Some(out);
+        }
+    }
+    let until = tokio::time::Instant::from_std(deadline.instant());
+    runtime
+        .block_on(async { tokio::time::timeout_at(until, future).await })
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Both kinds of call: through the shared runtime, and through an
+    /// instance's own loop.
+    fn each_io(test: impl Fn(Option<&InstanceIo>)) {
+        test(None);
+        test(Some(&InstanceIo::new().unwrap()));
+    }
 
     #[test]
     fn a_pending_future_is_abandoned_at_the_deadline() {
-        let started = Instant::now();
-        let out = block_on(Deadline::after_ms(50), async {
-            tokio::time::sleep(Duration::from_secs(3600)).await;
+        each_io(|io| {
+            let started = Instant::now();
+            let out = block_on(Deadline::after_ms(50), io, || async {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            });
+            assert!(out.is_none());
+            let took = started.elapsed();
+            assert!(
+                took >= Duration::from_millis(50) && took < Duration::from_millis(1000),
+                "{took:?}"
+            );
         });
-        assert!(out.is_none());
-        let took = started.elapsed();
-        assert!(
-            took >= Duration::from_millis(50) && took < Duration::from_millis(1000),
-            "{took:?}"
-        );
     }
 
     #[test]
     fn a_ready_future_needs_no_timer() {
-        assert_eq!(block_on(Deadline::after_ms(1), async { 7 }), Some(7));
-        let out = block_on(Deadline::after_ms(1000), async {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            8
+        each_io(|io| {
+            assert_eq!(block_on(Deadline::after_ms(1), io, || async { 7 }), Some(7));
+            let out = block_on(Deadline::after_ms(1000), io, || async {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                8
+            });
+            assert_eq!(out, Some(8));
         });
-        assert_eq!(out, Some(8));
     }
 
     #[test]
@@ -141,12 +188,63 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let out = outer.block_on(async {
-            block_on(Deadline::after_ms(1000), async {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                9
-            })
+        each_io(|io| {
+            let out = outer.block_on(async {
+                block_on(Deadline::after_ms(1000), io, || async {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    9
+                })
+            });
+            assert_eq!(out, Some(9));
         });
-        assert_eq!(out, Some(9));
+    }
+
+    /// A socket opened in one call is registered with the instance's loop;
+    /// a later call on another thread (inside another runtime, even)
+    /// still gets its reply, because each caller drives that loop.
+    #[test]
+    fn an_instance_socket_outlives_the_call_and_the_thread_that_opened_it() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut peer, _) = listener.accept().unwrap();
+            let mut byte = [0u8; 1];
+            for reply in [b'a', b'b', b'c'] {
+                peer.read_exact(&mut byte).unwrap();
+                // The reply comes late: the caller must be parked by then.
+                std::thread::sleep(Duration::from_millis(20));
+                peer.write_all(&[reply]).unwrap();
+            }
+        });
+        let io = InstanceIo::new().unwrap();
+        let deadline = || Deadline::after_ms(5_000);
+        let mut socket = block_on(deadline(), Some(&io), || async {
+            tokio::net::TcpStream::connect(address).await.unwrap()
+        })
+        .unwrap();
+        let round_trip = |socket: &mut tokio::net::TcpStream| {
+            block_on(deadline(), Some(&io), || async {
+                socket.write_all(b"?").await.unwrap();
+                socket.read_u8().await.unwrap()
+            })
+        };
+        assert_eq!(round_trip(&mut socket), Some(b'a'));
+        let socket = std::thread::scope(|s| {
+            s.spawn(|| {
+                assert_eq!(round_trip(&mut socket), Some(b'b'));
+                socket
+            })
+            .join()
+            .unwrap()
+        });
+        let outer = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut socket = socket;
+        assert_eq!(
+            outer.block_on(async { round_trip(&mut socket) }),
+            Some(b'c')
+        );
+        server.join().unwrap();
     }
 }

@@ -99,7 +99,7 @@ impl EventsOut {
         self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::channel(QUEUE_EVENTS);
             let (address, metrics) = (self.address.clone(), self.metrics.clone());
-            crate::deadline::runtime().spawn(publish(address, receiver, metrics));
+            crate::io::shared().spawn(publish(address, receiver, metrics));
             sender
         })
     }

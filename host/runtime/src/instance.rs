@@ -74,10 +74,10 @@ impl Instance {
     }
 
     /// Run one guest method within `deadline` and classify the result.
-    fn call<T>(
+    fn call<T: Send>(
         &mut self,
         deadline: Deadline,
-        f: impl AsyncFnOnce(&GuestStore, &mut Store<HostState>, ResourceAny) -> CallResult<T>,
+        f: impl AsyncFnOnce(&GuestStore, &mut Store<HostState>, ResourceAny) -> CallResult<T> + Send,
     ) -> Outcome<T> {
         let guest = self.bindings.kvwasm_kv_store_store().store();
         let handle = self.handle;
@@ -160,7 +160,11 @@ impl Instance {
     pub(crate) fn close(mut self, deadline: Deadline) {
         arm(&mut self.store, deadline, self.fuel);
         let handle = self.handle;
-        match deadline::block_on(deadline, handle.resource_drop_async(&mut self.store)) {
+        let io = self.store.data().io.clone();
+        let store = &mut self.store;
+        match deadline::block_on(deadline, io.as_deref(), || {
+            handle.resource_drop_async(store)
+        }) {
             Some(Ok(())) => {}
             Some(Err(e)) => tracing::debug!("closing a guest store failed: {e:#}"),
             None => crate::log_limit::warn(

@@ -6,6 +6,7 @@
 //!
 //! * [`engine`] — the one wasmtime engine per process and its epoch clock;
 //! * [`deadline`] — one deadline per operation, held whatever the guest does;
+//! * `io` — the event loops behind guests' sockets, timers and HTTP;
 //! * [`artifact_cache`] — precompiled components on disk;
 //! * [`component`] — compiled, pre-linked components shared in the process;
 //! * [`capabilities`] and [`limits`] — what a guest may reach and use;
@@ -37,6 +38,7 @@ pub mod fabric;
 mod guest_log;
 pub mod handle;
 mod instance;
+mod io;
 pub mod limits;
 pub mod log_limit;
 pub mod metrics;

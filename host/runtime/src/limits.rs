@@ -229,10 +229,9 @@ mod tests {
         store.limiter(|l| l);
         store.set_epoch_deadline(1000);
         let linker = Linker::new(engine);
-        let result = block_on(
-            Deadline::after_ms(10_000),
-            linker.instantiate_async(&mut store, &component),
-        )
+        let result = block_on(Deadline::after_ms(10_000), None, || {
+            linker.instantiate_async(&mut store, &component)
+        })
         .expect("no deadline");
         (result.map(drop), store.data().memory_denied)
     }

@@ -7,6 +7,8 @@
 //! and is classified the same way ([`Outcome`]), so a new guest kind cannot
 //! come with a second, weaker path.
 
+use std::sync::Arc;
+
 use wasmtime::{Store, Trap};
 
 use crate::backend::Backend;
@@ -15,6 +17,7 @@ use crate::deadline::{self, Deadline};
 use crate::engine::Metering;
 use crate::error::KvError;
 use crate::guest_log::GuestStderr;
+use crate::io::InstanceIo;
 use crate::state::HostState;
 
 /// How a call into a guest ended.
@@ -56,6 +59,14 @@ pub(crate) fn new_store(
         table,
         limits: limits.instance_limits(),
         stderr,
+        io: backend
+            .grants
+            .net
+            .has_peers()
+            .then(InstanceIo::new)
+            .transpose()
+            .map_err(|e| KvError::host("cannot start the instance's event loop", e))?
+            .map(Arc::new),
     };
     crate::engine::ensure_ticking()?;
     let mut store = Store::new(backend.component.engine, state);
@@ -71,14 +82,15 @@ pub(crate) fn new_store(
 
 /// Run `call` (instantiation, or one guest method) within `deadline`, and
 /// classify how it ended.
-pub(crate) fn run<T, E: Into<KvError>>(
+pub(crate) fn run<T: Send, E: Into<KvError> + Send>(
     store: &mut Store<HostState>,
     deadline: Deadline,
     fuel: Option<u64>,
-    call: impl AsyncFnOnce(&mut Store<HostState>) -> wasmtime::Result<Result<T, E>>,
+    call: impl AsyncFnOnce(&mut Store<HostState>) -> wasmtime::Result<Result<T, E>> + Send,
 ) -> Outcome<T> {
     arm(store, deadline, fuel);
-    match deadline::block_on(deadline, call(&mut *store)) {
+    let io = store.data().io.clone();
+    match deadline::block_on(deadline, io.as_deref(), || call(&mut *store)) {
         None => Outcome::Lost(KvError::Timeout(deadline.budget_ms())),
         Some(Ok(result)) => Outcome::Returned(result.map_err(Into::into)),
         Some(Err(err)) => Outcome::Lost(lost(store, err, deadline)),

@@ -21,7 +21,7 @@ use crate::state::HostState;
 
 /// What a guest kind provides: how to load its exports into a new store,
 /// and what host-side state is tied to the live instance.
-pub(crate) trait GuestKind: Sized {
+pub(crate) trait GuestKind: Sized + Send + Sync {
     /// The name in logs (`fabric`, `subscriber`).
     const KIND: &'static str;
     /// Host-side state that belongs with the live instance (for example the
@@ -42,13 +42,13 @@ pub(crate) struct Instance<G> {
     fuel: Option<u64>,
 }
 
-impl<G> Instance<G> {
+impl<G: Send + Sync> Instance<G> {
     /// A new store for `policy` in which `load` instantiates the component
     /// and looks up its exports, within `deadline`.
     pub(crate) fn start(
         policy: &Backend,
         deadline: Deadline,
-        load: impl AsyncFnOnce(&mut Store<HostState>) -> wasmtime::Result<G>,
+        load: impl AsyncFnOnce(&mut Store<HostState>) -> wasmtime::Result<G> + Send,
     ) -> Result<Instance<G>, KvError> {
         let (mut store, fuel) = sandbox::new_store(policy, "")?;
         let started = sandbox::run(&mut store, deadline, fuel, async |s| {
@@ -197,9 +197,9 @@ impl<G: GuestKind> Turn<'_, G> {
     /// the store and the exports and returns the guest's answer. A guest
     /// error is returned as it is; a lost instance is discarded, with what
     /// was tied to it.
-    pub(crate) fn call<T, E: Into<KvError>>(
+    pub(crate) fn call<T: Send, E: Into<KvError> + Send>(
         &mut self,
-        call: impl AsyncFnOnce(&mut Store<HostState>, &G) -> wasmtime::Result<Result<T, E>>,
+        call: impl AsyncFnOnce(&mut Store<HostState>, &G) -> wasmtime::Result<Result<T, E>> + Send,
     ) -> Result<T, KvError> {
         let deadline = self.deadline;
         let instance = self.instance()?;

@@ -10,6 +10,7 @@ use wasmtime_wasi_tls::{WasiTlsCtx, WasiTlsCtxView, WasiTlsView};
 
 use crate::capabilities::http::HttpPolicy;
 use crate::guest_log::GuestStderr;
+use crate::io::InstanceIo;
 use crate::limits::InstanceLimits;
 
 /// Per-instance host state: the WASI contexts built from the grants, the
@@ -34,6 +35,10 @@ pub struct HostState {
     pub(crate) limits: InstanceLimits,
     /// The guest's stderr, kept for trap reports.
     pub(crate) stderr: GuestStderr,
+    /// The instance's own event loop, for a guest granted network peers
+    /// (see [`crate::io`]). Last, so that it outlives the sockets in
+    /// `wasi` and `table`.
+    pub(crate) io: Option<Arc<InstanceIo>>,
 }
 
 impl WasiView for HostState {

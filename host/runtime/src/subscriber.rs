@@ -136,9 +136,9 @@ impl Subscriber {
     /// Run `call` on the instance's `advisor` export, under the same
     /// deadline, replacement and metrics as every call
     /// ([`crate::tiering::advisor`]). A guest without one: [`KvError::NotFound`].
-    pub(crate) fn call_advisor<T>(
+    pub(crate) fn call_advisor<T: Send>(
         &self,
-        call: impl AsyncFnOnce(&advisor::Guest, &mut Store<HostState>) -> wasmtime::Result<T>,
+        call: impl AsyncFnOnce(&advisor::Guest, &mut Store<HostState>) -> wasmtime::Result<T> + Send,
     ) -> Result<T, KvError> {
         self.guest.operation(
             0,

@@ -178,7 +178,7 @@ impl WasiHttpHooks for HttpPolicy {
             && request.uri().scheme() == Some(&http::uri::Scheme::HTTPS)
         {
             let (tls, metrics) = (tls.clone(), self.metrics.clone());
-            return Box::new(async move {
+            return Box::new(crate::io::on_shared(async move {
                 let sent = send_https(request, options, &tls).await;
                 if let Err(e) = &sent {
                     crate::log_limit::warn(
@@ -187,9 +187,11 @@ impl WasiHttpHooks for HttpPolicy {
                     );
                 }
                 sent
-            });
+            }));
         }
-        Box::new(send_http(request, options))
+        // On the shared runtime whatever loop the guest runs on: the pool's
+        // connections outlive the instance, and serve others.
+        Box::new(crate::io::on_shared(send_http(request, options)))
     }
 }
 

@@ -76,6 +76,11 @@ impl NetGrant {
         });
     }
 
+    /// Whether the guest may open any socket at all.
+    pub(crate) fn has_peers(&self) -> bool {
+        !self.addrs.is_empty()
+    }
+
     /// One line per peer with its addresses.
     pub fn describe(&self) -> Vec<String> {
         let mut lines: Vec<String> = self.peers.iter().map(|p| format!("tcp {p}")).collect();

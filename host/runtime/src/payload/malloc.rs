@@ -30,6 +30,27 @@ impl MallocBuffer {
         Some(buf)
     }
 
+    /// Copy `bytes` into the block at `offset`; `false` (nothing copied) if
+    /// they do not fit.
+    pub(crate) fn write_at(&mut self, offset: usize, bytes: &[u8]) -> bool {
+        if offset
+            .checked_add(bytes.len())
+            .is_none_or(|end| end > self.len)
+        {
+            return false;
+        }
+        // SAFETY: `offset + bytes.len() <= len`, checked above; no overlap
+        // (the block is uniquely owned).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.ptr.as_ptr().add(offset),
+                bytes.len(),
+            )
+        };
+        true
+    }
+
     /// Fill a new buffer of up to `len` bytes from `file` at `offset` with
     /// `pread`, straight into the malloc'd block. Shorter only at EOF (then
     /// the block is shrunk to what was read).

@@ -16,6 +16,7 @@
 
 mod io;
 mod malloc;
+mod streams;
 
 use wasmtime::component::Resource;
 

@@ -28,6 +28,7 @@
 //! | `stderr:<KiB>`         | writes that much to stderr, in lines, then `pong`  |
 //! | `slowclose:<ms>`       | makes this store's destructor block that long      |
 //! | `listdir`              | counts the entries of `/data`                      |
+//! | `readexact:<ip:port>,<len>,<ms>,<head>` | connects over raw `wasi:sockets` and reads `len` bytes with `payload-streams.read-exact` (`head` first); the payload, or the error as text |
 //! | `symlink:<target>`     | creates `/data/link` pointing at `target`          |
 //! | anything else          | reads `/data/<name>` without validating the name   |
 //!
@@ -78,6 +79,28 @@ fn number<T: std::str::FromStr>(text: &str, name: &str) -> Result<T> {
         .map_err(|_| Error::InvalidArgument(name.to_owned()))
 }
 
+/// `readexact:<ip:port>,<len>,<ms>,<head>`: the value read into a
+/// payload by the host, or what `read-exact` answered, as text.
+fn read_exact_from(args: &str, name: &str) -> Result<Payload> {
+    use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_streams::read_exact;
+    let [addr, len, ms, head] = args.splitn(4, ',').collect::<Vec<_>>()[..] else {
+        return Err(Error::InvalidArgument(name.to_owned()));
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let stream = kvwasm_guest_support::net::connect_stream(addr, false, deadline)
+        .map_err(Error::Unavailable)?;
+    let timeout_ns = number::<u64>(ms, name)?.saturating_mul(1_000_000);
+    match read_exact(
+        stream.input(),
+        head.as_bytes(),
+        number(len, name)?,
+        timeout_ns,
+    ) {
+        Ok(payload) => Ok(payload),
+        Err(e) => Ok(Payload::new(format!("{e:?}").as_bytes())),
+    }
+}
+
 fn io_error(e: std::io::Error) -> Error {
     Error::Io(e.to_string())
 }
@@ -106,6 +129,9 @@ impl GuestStore for HostileStore {
     }
 
     fn get_manifest(&self, name: String) -> Result<Payload> {
+        if let Some(args) = name.strip_prefix("readexact:") {
+            return read_exact_from(args, &name);
+        }
         let bytes = match name.split_once(':') {
             _ if name == "ping" => b"pong".to_vec(),
             _ if name == "panic" => panic!("hostile guest panics on purpose"),
