@@ -89,6 +89,28 @@ fn a_stream_that_ends_early_is_closed_and_a_silent_one_times_out() {
     );
 }
 
+/// A guest that asks to wait longer than its call may is cut at the
+/// call's deadline like any other wait: one failed call, a fresh instance
+/// for the next.
+#[test]
+fn the_call_deadline_ends_a_read_exact_that_waits_longer() {
+    let addr = peer(vec![letters(10)], Duration::from_secs(3));
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), &format!("net = [\"{addr}\"]\n"));
+    let started = Instant::now();
+    let (out, stderr) = Probe::new(PROBE, "wasm://hostile/t").config(&config).run(&[
+        &format!("get-manifest:readexact:{addr},5000,60000,"),
+        "get-manifest:ping",
+    ]);
+    assert!(out[1].ends_with("-> -8"), "{out:?} {stderr}");
+    assert_eq!(out[2], "get-manifest ping -> 0 pong", "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 #[test]
 fn the_payload_limits_refuse_before_a_byte_is_read() {
     let addr = peer(vec![letters(10)], Duration::from_secs(1));

@@ -14,7 +14,7 @@ use wasip2::http::types::{
     ErrorCode, Fields, IncomingResponse, OutgoingBody, OutgoingRequest, RequestOptions, Scheme,
 };
 use wasip2::io::poll::{Pollable, poll};
-use wasip2::io::streams::StreamError;
+use wasip2::io::streams::{InputStream, StreamError};
 
 use crate::sign::Signer;
 
@@ -64,7 +64,7 @@ pub(crate) struct Response {
     pub(crate) body: Value,
 }
 
-/// `200` bodies at least this long are read into a payload.
+/// `GET` bodies (`200`) at least this long are read into a payload.
 const PAYLOAD_BODY: usize = 64 << 10;
 
 /// Longest explanation quoted from a response, in characters: a service
@@ -214,12 +214,13 @@ impl Client {
                 let Some(request) = requests.next() else {
                     break;
                 };
-                in_flight.push_back(self.start(request, deadline)?);
+                let method = request.method;
+                in_flight.push_back((method, self.start(request, deadline)?));
             }
-            let Some(oldest) = in_flight.pop_front() else {
+            let Some((method, oldest)) = in_flight.pop_front() else {
                 return Ok(responses);
             };
-            responses.push(self.finish(oldest, deadline)?);
+            responses.push(self.finish(method, oldest, deadline)?);
         }
     }
 
@@ -300,7 +301,12 @@ impl Client {
     }
 
     /// Wait for a response and read its whole body.
-    fn finish(&self, future: FutureIncomingResponse, deadline: u64) -> Result<Response> {
+    fn finish(
+        &self,
+        method: Method,
+        future: FutureIncomingResponse,
+        deadline: u64,
+    ) -> Result<Response> {
         self.wait(&future.subscribe(), deadline)?;
         let response: IncomingResponse = match future.get() {
             Some(Ok(Ok(response))) => response,
@@ -319,10 +325,14 @@ impl Client {
             .stream()
             .map_err(|()| Error::Other("response body stream".into()))?;
         match content_length(length) {
-            Some(len) if status == 200 && len >= PAYLOAD_BODY => {
+            // (A `HEAD` response announces the length of a body it has not.)
+            Some(len) if matches!(method, Method::Get) && status == 200 && len >= PAYLOAD_BODY => {
                 let left = deadline.saturating_sub(monotonic_clock::now());
                 match read_exact_by_handle(stream.handle(), &[], len as u64, left) {
                     Ok(payload) => {
+                        // `content-length` is a claim (hyper keeps the header
+                        // of a chunked body): the body must end here.
+                        self.expect_end(&stream, deadline)?;
                         return Ok(Response {
                             status,
                             body: Value::Payload(payload),
@@ -359,6 +369,23 @@ impl Client {
             status,
             body: Value::Bytes(bytes),
         })
+    }
+
+    /// Fail unless `stream` has nothing more than what was read.
+    fn expect_end(&self, stream: &InputStream, deadline: u64) -> Result<()> {
+        loop {
+            match stream.read(1) {
+                Ok(more) if more.is_empty() => self.wait(&stream.subscribe(), deadline)?,
+                Ok(_) => {
+                    return Err(Error::Io(format!(
+                        "s3 at {}: a response body longer than its content-length",
+                        self.origin
+                    )));
+                }
+                Err(StreamError::Closed) => return Ok(()),
+                Err(e) => return Err(self.stream_error("reading a response body", e)),
+            }
+        }
     }
 
     /// Block until `pollable` is ready or the deadline passes.

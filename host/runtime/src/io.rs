@@ -60,6 +60,9 @@ impl InstanceIo {
     pub(crate) fn new() -> std::io::Result<InstanceIo> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
+            // Its blocking pool runs the guest's name lookups: a few at
+            // most per instance, not tokio's default of 512.
+            .max_blocking_threads(2)
             .thread_name("kvwasm-lookup")
             .build()?;
         Ok(InstanceIo {

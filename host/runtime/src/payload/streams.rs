@@ -57,6 +57,9 @@ impl payload_streams::Host for HostState {
             }
             Some(Err(e)) => return Err(e.into()),
         };
+        // Abandoned at the call's deadline, this future leaves the slot and
+        // the reservation behind; the lost call discards the whole store,
+        // and the instance's limits with it (`sandbox::Outcome::Lost`).
         let read = match MallocBuffer::alloc(size) {
             Some(mut buf) => {
                 buf.write_at(0, &head);
