@@ -32,7 +32,9 @@
 //!   keys (default 32); each later one for as many as the cache has room
 //!   for at the average size fetched so far (at most [`MAX_WAVE`]), so
 //!   small chunks cost few round trips and a wave's replies are about the
-//!   most it holds beyond the cache.
+//!   most it holds beyond the cache. Long values a [`Remote`] read into
+//!   host payloads ([`Value::Payload`]) stay there, counted against the
+//!   host's payload limit (`max_payload_mib`) rather than linear memory.
 //!
 //! Keys: `<prefix>/<namespace>/chunks/<hex hash>` and
 //! `<prefix>/<namespace>/manifests/<name>`. Manifest names cannot contain
