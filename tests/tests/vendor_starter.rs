@@ -18,8 +18,8 @@ fn the_vendor_starter_serves_the_full_contract() {
 /// `@0.1.1` by semver.
 #[test]
 fn a_component_built_against_0_1_0_still_runs() {
-    let old = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/vendor-starter-0.1.0.wasm");
+    let old =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/vendor-starter-0.1.0.wasm");
     let bytes = std::fs::read(&old).unwrap();
     let marker = b"kvwasm:kv-store/store@0.1.0";
     assert!(
