@@ -197,10 +197,14 @@ fn the_redis_guest_passes_everything_against_a_real_redis_server() {
 #[test]
 fn the_s3_guest_passes_everything_against_a_real_s3_server() {
     let server = kvwasm_tests::servers::S3Server::start();
+    // Generous timeouts, as over https below: `s3s-fs` shares two cores
+    // with the rest of the suite, and one of its answers once took over
+    // the 5 s default in CI. The checks are about the contract, not speed.
     let entry = format!(
         "[backends.s3]\ncomponent = \"builtin:s3\"\nhttp = [\"{0}\"]\n\
          env = [\"AWS_ACCESS_KEY_ID\", \"AWS_SECRET_ACCESS_KEY\"]\n\
-         settings = {{ endpoint = \"{0}\", bucket = \"{1}\" }}\n",
+         call_timeout_ms = 60000\n\
+         settings = {{ endpoint = \"{0}\", bucket = \"{1}\", timeout_ms = 30000 }}\n",
         server.endpoint, server.bucket
     );
     let credentials = [
