@@ -33,16 +33,23 @@ fn peer(chunks: Vec<Vec<u8>>, linger: Duration) -> String {
     addr
 }
 
-/// `readexact` from `addr` through the hostile guest; the probe's output
-/// line and its stderr. `extra` is added to the backend's config.
-fn read_exact(addr: &str, len: usize, ms: u64, head: &str, extra: &str) -> (String, String) {
+/// Run `ops` on the hostile guest granted `addr`, with `extra` added to
+/// its config; the probe's output lines after `open ok`, and its stderr.
+fn run(addr: &str, extra: &str, ops: &[&str]) -> (Vec<String>, String) {
     let dir = tempfile::tempdir().unwrap();
     let config = hostile_config(dir.path(), &format!("net = [\"{addr}\"]\n{extra}"));
-    let (out, stderr) = Probe::new(PROBE, "wasm://hostile/t")
+    let (mut out, stderr) = Probe::new(PROBE, "wasm://hostile/t")
         .config(&config)
-        .run(&[&format!("get-manifest:readexact:{addr},{len},{ms},{head}")]);
-    assert_eq!(out[0], "open ok", "{stderr}");
-    (out[1].clone(), stderr)
+        .run(ops);
+    assert_eq!(out.remove(0), "open ok", "{stderr}");
+    (out, stderr)
+}
+
+/// `readexact` from `addr`; the probe's output line and its stderr.
+fn read_exact(addr: &str, len: usize, ms: u64, head: &str, extra: &str) -> (String, String) {
+    let op = format!("get-manifest:readexact:{addr},{len},{ms},{head}");
+    let (out, stderr) = run(addr, extra, &[&op]);
+    (out[0].clone(), stderr)
 }
 
 fn letters(n: usize) -> Vec<u8> {
@@ -95,15 +102,11 @@ fn a_stream_that_ends_early_is_closed_and_a_silent_one_times_out() {
 #[test]
 fn the_call_deadline_ends_a_read_exact_that_waits_longer() {
     let addr = peer(vec![letters(10)], Duration::from_secs(3));
-    let dir = tempfile::tempdir().unwrap();
-    let config = hostile_config(dir.path(), &format!("net = [\"{addr}\"]\n"));
     let started = Instant::now();
-    let (out, stderr) = Probe::new(PROBE, "wasm://hostile/t").config(&config).run(&[
-        &format!("get-manifest:readexact:{addr},5000,60000,"),
-        "get-manifest:ping",
-    ]);
-    assert!(out[1].ends_with("-> -8"), "{out:?} {stderr}");
-    assert_eq!(out[2], "get-manifest ping -> 0 pong", "{stderr}");
+    let op = format!("get-manifest:readexact:{addr},5000,60000,");
+    let (out, stderr) = run(&addr, "", &[&op, "get-manifest:ping"]);
+    assert!(out[0].ends_with("-> -8"), "{out:?} {stderr}");
+    assert_eq!(out[1], "get-manifest ping -> 0 pong", "{stderr}");
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "{:?}",

@@ -1,10 +1,8 @@
 //! One TCP connection to Redis, speaking RESP2 through `redis-protocol`,
 //! with every wait bounded by the configured deadline.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::ErrorKind;
 use std::time::{Duration, Instant};
-
-use std::cell::RefCell;
 
 use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_streams::{ReadError, read_exact};
 use kvwasm_guest_support::net::Stream;
@@ -371,11 +369,10 @@ impl Connection {
 
     fn next_reply(&mut self, deadline: Instant) -> Result<Reply<Payload>, ConnError> {
         let mut replies = std::mem::take(&mut self.replies);
-        let stream = RefCell::new(&mut self.stream);
-        let peer = &self.peer;
+        let (stream, peer) = (&self.stream, &self.peer);
         let reply = replies.read_reply(
-            |buf| peer.receive(&mut stream.borrow_mut(), buf, deadline),
-            |head, len| peer.receive_payload(&stream.borrow(), head, len, deadline),
+            |buf| peer.receive(stream, buf, deadline),
+            |head, len| peer.receive_payload(stream, head, len, deadline),
             |e| peer.failure(e, false),
         );
         self.replies = replies;
@@ -387,7 +384,7 @@ impl Peer {
     /// Read at least one byte from `stream` into `buf`.
     fn receive(
         &self,
-        stream: &mut Stream,
+        stream: &Stream,
         buf: &mut [u8],
         deadline: Instant,
     ) -> Result<usize, ConnError> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_streams::ReadError;
 use kvwasm_guest_support::remote::Value;
-use kvwasm_guest_support::{Error, Result, Settings, read_exact_by_handle};
+use kvwasm_guest_support::{Error, Payload, Result, Settings, read_exact_by_handle};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use wasip2::clocks::monotonic_clock;
 use wasip2::http::outgoing_handler::{self, FutureIncomingResponse};
@@ -324,37 +324,17 @@ impl Client {
         let stream = body
             .stream()
             .map_err(|()| Error::Other("response body stream".into()))?;
-        match content_length(length) {
-            // (A `HEAD` response announces the length of a body it has not.)
-            Some(len) if matches!(method, Method::Get) && status == 200 && len >= PAYLOAD_BODY => {
-                let left = deadline.saturating_sub(monotonic_clock::now());
-                match read_exact_by_handle(stream.handle(), &[], len as u64, left) {
-                    Ok(payload) => {
-                        // `content-length` is a claim (hyper keeps the header
-                        // of a chunked body): the body must end here.
-                        self.expect_end(&stream, deadline)?;
-                        return Ok(Response {
-                            status,
-                            body: Value::Payload(payload),
-                        });
-                    }
-                    // Refused before reading: read it here.
-                    Err(ReadError::Limit(_)) => {}
-                    Err(ReadError::TimedOut) => return Err(self.timed_out()),
-                    Err(ReadError::Closed) => {
-                        return Err(
-                            self.stream_error("reading a response body", StreamError::Closed)
-                        );
-                    }
-                    Err(ReadError::Failed(why)) => {
-                        return Err(Error::Unavailable(format!(
-                            "s3 at {}: reading a response body: {why}",
-                            self.origin
-                        )));
-                    }
-                }
-            }
-            _ => {}
+        // (A `HEAD` response announces the length of a body it has not.)
+        if let Some(len) = content_length(length)
+            && matches!(method, Method::Get)
+            && status == 200
+            && len >= PAYLOAD_BODY
+            && let Some(payload) = self.read_payload(&stream, len, deadline)?
+        {
+            return Ok(Response {
+                status,
+                body: Value::Payload(payload),
+            });
         }
         let mut bytes = Vec::with_capacity(body_capacity(length));
         loop {
@@ -369,6 +349,35 @@ impl Client {
             status,
             body: Value::Bytes(bytes),
         })
+    }
+
+    /// A body of `len` bytes read by the host straight into a payload;
+    /// `None` if the host declined before reading (a payload limit).
+    fn read_payload(
+        &self,
+        stream: &InputStream,
+        len: usize,
+        deadline: u64,
+    ) -> Result<Option<Payload>> {
+        let left = deadline.saturating_sub(monotonic_clock::now());
+        let payload = match read_exact_by_handle(stream.handle(), &[], len as u64, left) {
+            Ok(payload) => payload,
+            Err(ReadError::Limit(_)) => return Ok(None),
+            Err(ReadError::TimedOut) => return Err(self.timed_out()),
+            Err(ReadError::Closed) => {
+                return Err(self.stream_error("reading a response body", StreamError::Closed));
+            }
+            Err(ReadError::Failed(why)) => {
+                return Err(Error::Unavailable(format!(
+                    "s3 at {}: reading a response body: {why}",
+                    self.origin
+                )));
+            }
+        };
+        // `content-length` is a claim (hyper keeps the header of a chunked
+        // body): the body must end here.
+        self.expect_end(stream, deadline)?;
+        Ok(Some(payload))
     }
 
     /// Fail unless `stream` has nothing more than what was read.

@@ -2,7 +2,7 @@
 //! guest that needs a socket (the Redis backend, the `tcp` fabric), with
 //! TLS done by the host when the backend asks for it ([`connect_stream`]).
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Instant;
 
@@ -43,9 +43,9 @@ pub fn connect(address: &str, deadline: Instant) -> Result<TcpStream, String> {
 
 /// A connection to a granted peer over raw `wasi:sockets` streams: plain
 /// TCP, or a TLS session on it whose handshake and certificate checks the
-/// host performed (`wasi:tls`, with the operator's roots). Used like a
-/// [`TcpStream`]; unlike one, it hands out its input stream, so a long
-/// value can be read straight into a payload
+/// host performed (`wasi:tls`, with the operator's roots). Read, written
+/// and timed out like a [`TcpStream`]; unlike one, it hands out its input
+/// stream, so a long value can be read straight into a payload
 /// ([`crate::bindings::kvwasm::kv_store::payload_streams`]).
 pub use raw::Stream;
 
@@ -66,23 +66,6 @@ pub fn connect_stream(address: &str, tls: bool, deadline: Instant) -> Result<Str
             .trim_matches(['[', ']'])
     });
     Stream::connect(peer, server_name, deadline)
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.read_some(buf)
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.write_some(buf)
-    }
-
-    /// Writes already start sending: callers wait for the reply.
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 mod raw {
@@ -258,7 +241,9 @@ mod raw {
             Ok(())
         }
 
-        pub(super) fn read_some(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        /// As [`std::io::Read::read`], through a shared reference (the
+        /// input stream can be handed to `read-exact` meanwhile).
+        pub fn read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
             loop {
                 match self.input.read(buf.len() as u64) {
                     Ok(bytes) if !bytes.is_empty() => {
@@ -274,7 +259,7 @@ mod raw {
 
         /// Writes as much of `buf` as the session takes now, and starts
         /// sending it (callers then wait for the reply, not for a flush).
-        pub(super) fn write_some(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        pub fn write(&self, buf: &[u8]) -> std::io::Result<usize> {
             loop {
                 let room = self.output.check_write().map_err(stream_error)?;
                 if room == 0 {

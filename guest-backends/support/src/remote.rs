@@ -74,20 +74,15 @@ pub enum Value {
 
 impl Value {
     /// Length in bytes.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         match self {
             Value::Bytes(b) => b.len(),
             Value::Payload(p) => usize::try_from(p.len()).unwrap_or(usize::MAX),
         }
     }
 
-    /// Whether it holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The value as a payload for the consumer (a copy only of bytes).
-    pub fn into_payload(self) -> Payload {
+    fn into_payload(self) -> Payload {
         match self {
             Value::Bytes(b) => Payload::new(&b),
             Value::Payload(p) => p,

@@ -59,14 +59,7 @@ pub(crate) fn new_store(
         table,
         limits: limits.instance_limits(),
         stderr,
-        io: backend
-            .grants
-            .net
-            .has_peers()
-            .then(InstanceIo::new)
-            .transpose()
-            .map_err(|e| KvError::host("cannot start the instance's event loop", e))?
-            .map(Arc::new),
+        io: instance_io(backend)?,
     };
     crate::engine::ensure_ticking()?;
     let mut store = Store::new(backend.component.engine, state);
@@ -78,6 +71,17 @@ pub(crate) fn new_store(
         Metering::Off => None,
     };
     Ok((store, fuel))
+}
+
+/// An event loop of the instance's own if the backend may open sockets
+/// (see [`crate::io`]).
+fn instance_io(backend: &Backend) -> Result<Option<Arc<InstanceIo>>, KvError> {
+    if !backend.grants.net.has_peers() {
+        return Ok(None);
+    }
+    let io = InstanceIo::new()
+        .map_err(|e| KvError::host("cannot start the instance's event loop", e))?;
+    Ok(Some(Arc::new(io)))
 }
 
 /// Run `call` (instantiation, or one guest method) within `deadline`, and

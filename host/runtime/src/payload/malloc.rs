@@ -24,9 +24,8 @@ impl MallocBuffer {
 
     /// A malloc'd copy of `bytes`.
     pub fn copy_from(bytes: &[u8]) -> Option<MallocBuffer> {
-        let buf = MallocBuffer::alloc(bytes.len())?;
-        // SAFETY: `buf` has room for `bytes.len()` bytes; no overlap.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.ptr.as_ptr(), bytes.len()) };
+        let mut buf = MallocBuffer::alloc(bytes.len())?;
+        buf.write_at(0, bytes);
         Some(buf)
     }
 

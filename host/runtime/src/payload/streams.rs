@@ -60,31 +60,23 @@ impl payload_streams::Host for HostState {
         // Abandoned at the call's deadline, this future leaves the slot and
         // the reservation behind; the lost call discards the whole store,
         // and the instance's limits with it (`sandbox::Outcome::Lost`).
-        let read = match MallocBuffer::alloc(size) {
-            Some(mut buf) => {
-                buf.write_at(0, &head);
-                let stream = self.table.get_mut(&src)?;
-                let wait = Duration::from_nanos(timeout_ns);
-                match tokio::time::timeout(wait, fill(stream, &mut buf, head.len())).await {
-                    Ok(Ok(Ok(()))) => Ok(buf),
-                    Ok(Ok(Err(e))) => Err(e),
-                    Ok(Err(trap)) => {
-                        self.discard(slot, len)?;
-                        return Err(trap);
-                    }
-                    Err(_) => Err(ReadError::TimedOut),
-                }
-            }
-            None => Err(ReadError::Limit(format!("out of memory for {len} bytes"))),
+        let wait = Duration::from_nanos(timeout_ns);
+        let read = match tokio::time::timeout(wait, self.read_value(&src, &head, size)).await {
+            Ok(read) => read,
+            Err(_elapsed) => Ok(Err(ReadError::TimedOut)),
         };
         match read {
-            Ok(buf) => {
+            Ok(Ok(buf)) => {
                 *self.table.get_mut(&slot)? = Payload::Owned(buf);
                 Ok(Ok(slot))
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 self.discard(slot, len)?;
                 Ok(Err(e))
+            }
+            Err(trap) => {
+                self.discard(slot, len)?;
+                Err(trap)
             }
         }
     }
@@ -96,6 +88,24 @@ impl HostState {
         self.table.delete(slot)?;
         self.limits.release_payload(len);
         Ok(())
+    }
+
+    /// A buffer of `size` bytes: `head`, then what `src` brings. The outer
+    /// `Err` is a trap.
+    async fn read_value(
+        &mut self,
+        src: &Resource<DynInputStream>,
+        head: &[u8],
+        size: usize,
+    ) -> wasmtime::Result<Result<MallocBuffer, ReadError>> {
+        let Some(mut buf) = MallocBuffer::alloc(size) else {
+            return Ok(Err(ReadError::Limit(format!(
+                "out of memory for {size} bytes"
+            ))));
+        };
+        buf.write_at(0, head);
+        let stream = self.table.get_mut(src)?;
+        Ok(fill(stream, &mut buf, head.len()).await?.map(|()| buf))
     }
 }
 
