@@ -1,12 +1,15 @@
-//! `payload-streams.read-exact`: a guest names one of its `wasi:io` input
-//! streams and a length, and the host reads the value straight into a
-//! payload. Driven through the hostile guest (`readexact:`), against a
-//! loopback peer run by the test, through the shim as an engine loads it.
-//! The builtin Redis and S3 guests use it for long values (their own
-//! tests, tests/redis.rs, tests/s3.rs and tests/tls.rs, read 200 kB and
-//! 1 MiB values back through it).
+//! `payload-streams`: a guest names one of its `wasi:io` streams and a
+//! payload, and the host moves the bytes between them, never through
+//! linear memory: `read-exact` reads a value straight into a payload,
+//! `copy` keeps a lent payload past its call, and `write-all` sends a
+//! payload. Driven through the hostile guest (`readexact:`, `writeall:`),
+//! against a loopback peer run by the test, through the shim as an engine
+//! loads it. The builtin Redis and S3 guests read long values back through
+//! `read-exact` (tests/redis.rs, tests/s3.rs and tests/tls.rs read 200 kB
+//! and 1 MiB values), and the S3 guest stages long values with `copy` and
+//! sends them with `write-all` (tests/s3.rs).
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -142,4 +145,138 @@ fn a_tls_only_socket_yields_no_plain_text_through_read_exact() {
     assert!(line.contains("-> 0 ReadError::Failed("), "{line} {stderr}");
     assert!(!line.contains("abcdef"), "{line}");
     assert!(stderr.contains("plain text refused"), "{stderr}");
+}
+
+/// A peer on loopback that reads everything sent on one connection until
+/// the sender closes it, then hands the bytes over.
+fn sink() -> (String, std::sync::mpsc::Receiver<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        let _ = conn.read_to_end(&mut got);
+        let _ = tx.send(got);
+    });
+    (addr, rx)
+}
+
+/// `writeall` of `data` to `addr` (see the hostile guest); the probe's
+/// output lines and its stderr.
+fn write_all(
+    addr: &str,
+    ms: u64,
+    mode: &str,
+    times: usize,
+    data: &str,
+    extra: &str,
+    then: &[&str],
+) -> (Vec<String>, String) {
+    let op = format!("put-manifest:writeall:{addr},{ms},{mode},{times}={data}");
+    let ops: Vec<&str> = std::iter::once(op.as_str())
+        .chain(then.iter().copied())
+        .collect();
+    run(addr, extra, &ops)
+}
+
+#[test]
+fn a_lent_payload_and_a_kept_copy_reach_the_peer_byte_for_byte() {
+    // Longer than one permitted write of a socket stream, so both the
+    // copying path (lent) and the slicing path (a copy) take turns.
+    let data = String::from_utf8(letters(120_000)).unwrap();
+    for mode in ["lent", "copy"] {
+        let (addr, received) = sink();
+        let (out, stderr) = write_all(&addr, 2000, mode, 3, &data, "", &[]);
+        assert!(
+            out[0].ends_with("-> 0"),
+            "{mode}: {} {stderr}",
+            &out[0][..100]
+        );
+        let got = received.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(got.len(), 3 * data.len(), "{mode}");
+        assert!(
+            got.chunks(data.len()).all(|c| c == data.as_bytes()),
+            "{mode}: the bytes differ"
+        );
+    }
+}
+
+/// A peer that stops reading fills the socket's buffers; `write-all` then
+/// answers `timed-out` at the guest's own timeout, inside the call's
+/// deadline, and the next call is served.
+#[test]
+fn a_peer_that_stops_reading_times_the_write_out() {
+    let data = String::from_utf8(letters(100_000)).unwrap();
+    let addr = peer(vec![], Duration::from_secs(3));
+    let started = Instant::now();
+    let (out, stderr) = write_all(&addr, 100, "copy", 500, &data, "", &["get-manifest:ping"]);
+    assert!(!out[0].ends_with("-> 0"), "{stderr}");
+    assert!(stderr.contains("WriteError::TimedOut"), "{stderr}");
+    assert!(!stderr.contains("abcdefghij"), "the bytes are not logged");
+    assert_eq!(out[1], "get-manifest ping -> 0 pong", "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Waiting longer than the call may is cut at the call's deadline: one
+/// failed call, a fresh instance for the next.
+#[test]
+fn the_call_deadline_ends_a_write_all_that_waits_longer() {
+    let data = String::from_utf8(letters(100_000)).unwrap();
+    let addr = peer(vec![], Duration::from_secs(3));
+    let (out, stderr) = write_all(
+        &addr,
+        60_000,
+        "lent",
+        500,
+        &data,
+        "",
+        &["get-manifest:ping"],
+    );
+    assert!(out[0].ends_with("-> -8"), "{} {stderr}", &out[0][..80]);
+    assert_eq!(out[1], "get-manifest ping -> 0 pong", "{stderr}");
+}
+
+/// Copies are payloads like any other: charged to the instance while it
+/// keeps them (`max_payload_mib`), released when it drops them.
+#[test]
+fn kept_copies_count_against_the_payload_limit_until_dropped() {
+    let data = String::from_utf8(letters(100_000)).unwrap();
+    let limit = "max_payload_mib = 1\n";
+    let addr = "127.0.0.1:9";
+    // 1 MiB holds ten copies of 100 kB, not eleven.
+    let (out, stderr) = write_all(
+        addr,
+        0,
+        "hoard",
+        11,
+        &data,
+        limit,
+        &[&format!("put-manifest:writeall:{addr},0,hoard,10={data}")],
+    );
+    assert!(!out[0].ends_with("-> 0"), "{stderr}");
+    assert!(
+        stderr.contains("copy 10: ") && stderr.contains("would exceed"),
+        "{stderr}"
+    );
+    // The ten copies of the call before were released with it.
+    assert!(out[1].ends_with("-> 0"), "{stderr}");
+}
+
+/// A backend with a `tls` entry must hand its socket's streams to
+/// `wasi:tls`; writing plain text through `write-all` is refused like any
+/// other plain-text write.
+#[test]
+fn a_tls_only_socket_takes_no_plain_text_through_write_all() {
+    let (addr, received) = sink();
+    let (out, stderr) = write_all(&addr, 1000, "copy", 1, "secret-bytes", "tls = true\n", &[]);
+    assert!(!out[0].ends_with("-> 0"), "{stderr}");
+    assert!(stderr.contains("WriteError::Failed("), "{stderr}");
+    assert!(stderr.contains("plain text refused"), "{stderr}");
+    let got = received.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(got.is_empty(), "{got:?}");
 }

@@ -75,10 +75,12 @@ fn saves_restores_and_deduplicates_in_the_bucket() {
         ],
         "{stderr}"
     );
-    // Round trips: two put-time HEADs, then a HEAD wave, a PUT wave and
-    // the manifest PUT.
+    // Round trips: each new chunk a put-time HEAD and its PUT, written
+    // behind (answered when `get-chunk 0b` needs it stored), then the GET
+    // and the manifest PUT.
     assert!(
-        stderr.contains("2 staged chunks (0 already stored), 5 round trips"),
+        stderr
+            .contains("2 chunks written behind, 0 staged chunks (0 already stored), 6 round trips"),
         "{stderr}"
     );
 
@@ -180,4 +182,62 @@ fn a_stopped_server_fails_calls_within_the_deadline() {
     assert_eq!(out, ["get-manifest m -> -6"], "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(3), "no hang");
     assert!(stderr.contains("ConnectionRefused"), "{stderr}");
+}
+
+/// A chunk written behind whose `PUT` fails fails the next `put-manifest`,
+/// naming it, and publishes nothing; the handle forgets the chunk, so
+/// putting it again stores it (its bytes were lent to `put-chunk` only).
+#[test]
+fn a_write_behind_that_fails_fails_the_manifest_and_is_forgotten() {
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, true);
+    // s3s-fs writes an object to `<root>/.tmp.<n>.internal.part`, `n`
+    // counting its `PUT`s from 0, then renames it into place. A directory
+    // there fails the first `PUT`, whoever runs the test (root included).
+    let blocker = server
+        .bucket_dir()
+        .parent()
+        .unwrap()
+        .join(".tmp.0.internal.part");
+    std::fs::create_dir_all(blocker.join("in-the-way")).unwrap();
+    let mut probe = probe(&config, "ns", &server.access_key, &server.secret_key).spawn(&[
+        "put-chunk:0a=alpha",
+        "put-manifest:m=0a",
+        "get-manifest:m",
+        "pause",
+        "put-chunk:0a=alpha",
+        "put-manifest:m=0a",
+        "get-manifest:m",
+        "get-chunk:0a",
+    ]);
+    let before = probe.until_pause();
+    std::fs::remove_dir_all(&blocker).unwrap();
+    probe.resume();
+    let (after, stderr) = probe.finish();
+    assert_eq!(before[0], "open ok", "{stderr}");
+    assert_eq!(before[1], "put-chunk 0a=alpha -> 0", "{stderr}");
+    assert!(
+        before[2].starts_with("put-manifest m=0a -> -"),
+        "{before:?} {stderr}"
+    );
+    assert_eq!(
+        before[3], "get-manifest m -> -2",
+        "nothing published: {stderr}"
+    );
+    assert!(
+        stderr.contains("1 chunks could not be stored, e.g. 0a"),
+        "{stderr}"
+    );
+    // Forgotten: stored again, not answered as a duplicate.
+    assert_eq!(
+        after,
+        [
+            "put-chunk 0a=alpha -> 0",
+            "put-manifest m=0a -> 0",
+            "get-manifest m -> 0 0a",
+            "get-chunk 0a -> 0 alpha",
+        ],
+        "{stderr}"
+    );
 }

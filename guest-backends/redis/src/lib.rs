@@ -115,10 +115,14 @@ impl Remote for Redis {
             .collect()
     }
 
-    fn put(&mut self, items: &[(String, &[u8])]) -> Result<()> {
+    fn put(&mut self, items: &[(String, &Value)]) -> Result<()> {
+        // Values are staged in guest memory (`SENDS_PAYLOADS` is false), so
+        // `bytes` borrows them.
+        let values: Vec<_> = items.iter().map(|(_, value)| value.bytes()).collect();
         let commands: Vec<Vec<&[u8]>> = items
             .iter()
-            .map(|(key, value)| vec![b"SET".as_slice(), key.as_bytes(), value])
+            .zip(&values)
+            .map(|((key, _), value)| vec![b"SET".as_slice(), key.as_bytes(), value])
             .collect();
         for reply in self.pipeline(&commands)? {
             match reply {

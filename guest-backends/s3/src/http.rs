@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
-use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_streams::ReadError;
-use kvwasm_guest_support::remote::Value;
-use kvwasm_guest_support::{Error, Payload, Result, Settings, read_exact_by_handle};
+use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_streams::{ReadError, WriteError};
+use kvwasm_guest_support::remote::{LONG_VALUE, Value};
+use kvwasm_guest_support::{
+    Error, Payload, Result, Settings, read_exact_by_handle, write_all_by_handle,
+};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use wasip2::clocks::monotonic_clock;
 use wasip2::http::outgoing_handler::{self, FutureIncomingResponse};
@@ -54,7 +56,35 @@ pub(crate) struct Request<'a> {
     pub(crate) method: Method,
     pub(crate) path: String,
     pub(crate) query: String,
-    pub(crate) body: &'a [u8],
+    pub(crate) body: Body<'a>,
+}
+
+/// A request body: bytes in guest memory, or a payload the host hands to
+/// the connection without copying it through linear memory.
+#[derive(Clone, Copy)]
+pub(crate) enum Body<'a> {
+    Bytes(&'a [u8]),
+    Payload(&'a Payload),
+}
+
+impl Body<'_> {
+    pub(crate) const EMPTY: Body<'static> = Body::Bytes(&[]);
+
+    fn len(self) -> u64 {
+        match self {
+            Body::Bytes(b) => b.len() as u64,
+            Body::Payload(p) => p.len(),
+        }
+    }
+}
+
+impl<'a> From<&'a Value> for Body<'a> {
+    fn from(value: &'a Value) -> Body<'a> {
+        match value {
+            Value::Bytes(b) => Body::Bytes(b),
+            Value::Payload(p) => Body::Payload(p),
+        }
+    }
 }
 
 /// A response with its whole body: a long `200` body read by the host
@@ -63,9 +93,6 @@ pub(crate) struct Response {
     pub(crate) status: u16,
     pub(crate) body: Value,
 }
-
-/// `GET` bodies (`200`) at least this long are read into a payload.
-const PAYLOAD_BODY: usize = 64 << 10;
 
 /// Longest explanation quoted from a response, in characters: a service
 /// (or anything answering at its address) cannot flood the host's log.
@@ -207,7 +234,7 @@ impl Client {
     pub(crate) fn send_all(&self, requests: Vec<Request<'_>>) -> Result<Vec<Response>> {
         let mut responses = Vec::with_capacity(requests.len());
         let mut requests = requests.into_iter();
-        let deadline = monotonic_clock::now() + nanos(self.timeout);
+        let deadline = self.deadline();
         let mut in_flight = std::collections::VecDeque::with_capacity(self.max_concurrency);
         loop {
             while in_flight.len() < self.max_concurrency {
@@ -224,8 +251,23 @@ impl Client {
         }
     }
 
-    /// Sign and send one request, writing its body.
-    fn start(&self, request: Request<'_>, deadline: u64) -> Result<FutureIncomingResponse> {
+    /// The deadline of an operation starting now.
+    pub(crate) fn deadline(&self) -> u64 {
+        monotonic_clock::now() + nanos(self.timeout)
+    }
+
+    /// Requests one operation keeps in flight at most.
+    pub(crate) fn max_concurrency(&self) -> usize {
+        self.max_concurrency
+    }
+
+    /// Sign and send one request, writing its body: when this returns, the
+    /// host holds every byte of it.
+    pub(crate) fn start(
+        &self,
+        request: Request<'_>,
+        deadline: u64,
+    ) -> Result<FutureIncomingResponse> {
         let method = request.method.as_str();
         let path_and_query = if request.query.is_empty() {
             request.path
@@ -273,9 +315,32 @@ impl Client {
         let _ = options.set_between_bytes_timeout(per_wait);
         let future = outgoing_handler::handle(outgoing, Some(options))
             .map_err(|e| transport_error(method, &self.origin, &e))?;
-        self.write_body(&body, request.body, deadline)?;
+        match request.body {
+            Body::Payload(payload) => self.write_payload(&body, payload, deadline)?,
+            Body::Bytes(bytes) => self.write_body(&body, bytes, deadline)?,
+        }
         OutgoingBody::finish(body, None).map_err(|e| transport_error(method, &self.origin, &e))?;
         Ok(future)
+    }
+
+    /// Hand a payload to the request body: the host passes it to the
+    /// connection without copying it through linear memory.
+    fn write_payload(&self, body: &OutgoingBody, data: &Payload, deadline: u64) -> Result<()> {
+        let stream = body
+            .write()
+            .map_err(|()| Error::Other("request body stream".into()))?;
+        let left = deadline.saturating_sub(monotonic_clock::now());
+        match write_all_by_handle(stream.handle(), data, left) {
+            Ok(()) => Ok(()),
+            Err(WriteError::TimedOut) => Err(self.timed_out()),
+            Err(WriteError::Closed) => {
+                Err(self.stream_error("sending a request body", StreamError::Closed))
+            }
+            Err(WriteError::Failed(why)) => Err(Error::Unavailable(format!(
+                "s3 at {}: sending a request body: {why}",
+                self.origin
+            ))),
+        }
     }
 
     fn write_body(&self, body: &OutgoingBody, mut data: &[u8], deadline: u64) -> Result<()> {
@@ -301,7 +366,7 @@ impl Client {
     }
 
     /// Wait for a response and read its whole body.
-    fn finish(
+    pub(crate) fn finish(
         &self,
         method: Method,
         future: FutureIncomingResponse,
@@ -328,7 +393,7 @@ impl Client {
         if let Some(len) = content_length(length)
             && matches!(method, Method::Get)
             && status == 200
-            && len >= PAYLOAD_BODY
+            && len >= LONG_VALUE
             && let Some(payload) = self.read_payload(&stream, len, deadline)?
         {
             return Ok(Response {

@@ -24,7 +24,12 @@ mod sign;
 use kvwasm_guest_support::remote::{Remote, RemoteStore, Value};
 use kvwasm_guest_support::{BackendInfo, Error, Guest, Result, Settings, export_backend};
 
-use http::{Client, Method, Request, Response};
+use std::collections::VecDeque;
+
+use kvwasm_guest_support::Payload;
+use wasip2::http::outgoing_handler::FutureIncomingResponse;
+
+use http::{Body, Client, Method, Request, Response};
 
 struct S3Backend;
 
@@ -45,10 +50,14 @@ impl Guest for S3Backend {
 struct S3 {
     client: Client,
     bucket: String,
+    /// `PUT`s written behind, oldest first, with their keys.
+    behind: VecDeque<(String, FutureIncomingResponse)>,
+    /// Writes behind that failed, not yet reported by `settle`.
+    failed: Vec<(String, Error)>,
 }
 
 impl S3 {
-    fn request<'a>(&self, method: Method, key: &str, body: &'a [u8]) -> Request<'a> {
+    fn request<'a>(&self, method: Method, key: &str, body: Body<'a>) -> Request<'a> {
         Request {
             method,
             path: format!("/{}/{}", self.bucket, http::encode_key(key)),
@@ -59,7 +68,10 @@ impl S3 {
 
     /// One request per key, all in flight together.
     fn per_key(&self, method: Method, keys: &[String]) -> Result<Vec<Response>> {
-        let requests = keys.iter().map(|k| self.request(method, k, &[])).collect();
+        let requests = keys
+            .iter()
+            .map(|k| self.request(method, k, Body::EMPTY))
+            .collect();
         self.client.send_all(requests)
     }
 }
@@ -68,14 +80,19 @@ impl Remote for S3 {
     fn connect(settings: &Settings) -> Result<Self> {
         let client = Client::from_settings(settings)?;
         let bucket = settings.required("bucket")?.to_owned();
-        let s3 = S3 { client, bucket };
+        let s3 = S3 {
+            client,
+            bucket,
+            behind: VecDeque::new(),
+            failed: Vec::new(),
+        };
         // One signed request now, so a wrong key, secret or bucket fails
         // the open with the service's reason instead of the first save.
         let probe = Request {
             method: Method::Get,
             path: format!("/{}", s3.bucket),
             query: "list-type=2&max-keys=1".into(),
-            body: &[],
+            body: Body::EMPTY,
         };
         let response = s3.client.send_all(vec![probe])?.remove(0);
         match response.status {
@@ -95,10 +112,13 @@ impl Remote for S3 {
             .collect()
     }
 
-    fn put(&mut self, items: &[(String, &[u8])]) -> Result<()> {
+    /// Request bodies go from host payloads to the connection.
+    const SENDS_PAYLOADS: bool = true;
+
+    fn put(&mut self, items: &[(String, &Value)]) -> Result<()> {
         let requests = items
             .iter()
-            .map(|(key, value)| self.request(Method::Put, key, value))
+            .map(|(key, value)| self.request(Method::Put, key, (*value).into()))
             .collect();
         for r in self.client.send_all(requests)? {
             if r.status != 200 {
@@ -106,6 +126,29 @@ impl Remote for S3 {
             }
         }
         Ok(())
+    }
+
+    /// `PUT`s in flight between calls, as many as `max_concurrency`: the
+    /// oldest is answered before another starts. Every wait of one call is
+    /// bounded by one `timeout_ms`, however long the writes have been in
+    /// flight.
+    fn put_behind(&mut self, key: &str, value: &Payload) -> Result<bool> {
+        let deadline = self.client.deadline();
+        while self.behind.len() >= self.client.max_concurrency() {
+            self.land_oldest(deadline);
+        }
+        let request = self.request(Method::Put, key, Body::Payload(value));
+        let response = self.client.start(request, deadline)?;
+        self.behind.push_back((key.to_owned(), response));
+        Ok(true)
+    }
+
+    fn settle(&mut self) -> Vec<(String, Error)> {
+        let deadline = self.client.deadline();
+        while !self.behind.is_empty() {
+            self.land_oldest(deadline);
+        }
+        std::mem::take(&mut self.failed)
     }
 
     fn get(&mut self, keys: &[String]) -> Result<Vec<Option<Value>>> {
@@ -124,6 +167,21 @@ impl Remote for S3 {
         match r.status {
             200 | 204 | 404 => Ok(()),
             _ => Err(r.error("DELETE")),
+        }
+    }
+}
+
+impl S3 {
+    /// Wait for the oldest write behind until `deadline`; keep its failure
+    /// for `settle`.
+    fn land_oldest(&mut self, deadline: u64) {
+        let Some((key, response)) = self.behind.pop_front() else {
+            return;
+        };
+        match self.client.finish(Method::Put, response, deadline) {
+            Ok(r) if r.status == 200 => {}
+            Ok(r) => self.failed.push((key, r.error("PUT"))),
+            Err(e) => self.failed.push((key, e)),
         }
     }
 }

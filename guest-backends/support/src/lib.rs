@@ -30,7 +30,7 @@ pub mod fabric_bindings {
         path: ["../../wit", "../../wit/fabric"],
         world: "kvwasm:fabric/configured-fabric",
         with: {
-            "kvwasm:kv-store/types@0.1.1": crate::bindings::kvwasm::kv_store::types,
+            "kvwasm:kv-store/types@0.1.2": crate::bindings::kvwasm::kv_store::types,
             "wasi:config/store@0.2.0-rc.1": crate::bindings::wasi::config::store,
         },
         pub_export_macro: true,
@@ -81,7 +81,7 @@ pub use bindings::exports::kvwasm::kv_store::store::{
 };
 pub use bindings::kvwasm::kv_store::types::{Error, Payload};
 pub use errors::FsErrorExt;
-pub use payload::{PayloadExt, read_exact_by_handle};
+pub use payload::{PayloadExt, read_exact_by_handle, write_all_by_handle};
 pub use settings::Settings;
 
 pub use fabric_bindings::exports::kvwasm::fabric::transport::Guest as Fabric;

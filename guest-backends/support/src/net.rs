@@ -229,6 +229,11 @@ mod raw {
             &self.input
         }
 
+        /// Where bytes for the peer go (encrypted, on a TLS session).
+        pub fn output(&self) -> &OutputStream {
+            &self.output
+        }
+
         /// As [`std::net::TcpStream::set_read_timeout`].
         pub fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
             self.read_timeout.set(timeout);

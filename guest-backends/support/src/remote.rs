@@ -5,15 +5,28 @@
 //! requests). [`RemoteStore`] turns them into a kv-store handle the way
 //! MinIO's MemKV client does:
 //!
-//! * `put-chunk` stages the bytes in guest memory. It answers
-//!   `already-present` from what this handle has staged or seen, else asks
-//!   the server (one existence check per unknown hash, so the return code is
-//!   exact) unless the operator chose `dedup_check = "flush"`.
-//! * `flush` (and `put-manifest`, which flushes first) sends one batched
-//!   existence check for the staged hashes, then one batched write of only
-//!   the missing ones. Only then is the manifest written, so a reader never
-//!   sees a manifest before its chunks. Staged chunks survive a failed
-//!   flush: after a server restart the next `put-manifest` retries them.
+//! * `put-chunk` answers `already-present` from what this handle has
+//!   staged or seen, else asks the server (one existence check per unknown
+//!   hash, so the return code is exact) unless the operator chose
+//!   `dedup_check = "flush"`.
+//! * A chunk the server was just found not to hold is *written behind* if
+//!   the [`Remote`] can ([`Remote::put_behind`], S3): its write starts
+//!   during `put-chunk` and is answered later, with at most a window of
+//!   writes in flight, as a native client streams a save. Nothing is held
+//!   for it but the write. Otherwise (Redis, or `dedup_check = "flush"`)
+//!   the chunk is staged until the flush: a value of [`LONG_VALUE`] or
+//!   more as a host copy (`payload-streams.copy`) if the [`Remote`] sends
+//!   payloads ([`Remote::SENDS_PAYLOADS`]), so it never enters linear
+//!   memory; anything else in guest memory.
+//! * `flush` (and `put-manifest`, which flushes first) waits for every
+//!   write behind, then sends one batched existence check for the staged
+//!   hashes and one batched write of only the missing ones. Only then is
+//!   the manifest written, so a reader never sees a manifest before its
+//!   chunks. Staged chunks survive a failed flush: after a server restart
+//!   the next `put-manifest` retries them. A write behind that failed
+//!   fails the flush naming the chunk, and the handle forgets it, so
+//!   putting it again stores it (its bytes were lent for its `put-chunk`
+//!   only).
 //! * Chunks the server may have dropped since this handle saw them (Redis
 //!   eviction or a TTL, an S3 lifecycle rule): every hash `put-chunk`
 //!   answered `already-present` for without staging it is *vouched for*,
@@ -44,6 +57,7 @@ use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 
+use crate::bindings::kvwasm::kv_store::payload_streams::copy;
 use crate::{
     Error, GuestStore, Payload, PayloadExt, PutOutcome, Result, Settings, Store, validate,
 };
@@ -56,29 +70,70 @@ pub trait Remote: Sized + 'static {
     fn connect(settings: &Settings) -> Result<Self>;
     /// Which of `keys` exist.
     fn exists(&mut self, keys: &[String]) -> Result<Vec<bool>>;
+    /// Start writing `(key, value)` and return without waiting for the
+    /// answer, which [`Remote::settle`] collects; `value`'s bytes are taken
+    /// before it returns (a `put-chunk` payload is lent for the call
+    /// only). `Ok(false)`: this remote does not write behind, so the value
+    /// is staged. An `Err` means nothing was started for `key`.
+    fn put_behind(&mut self, key: &str, value: &Payload) -> Result<bool> {
+        let _ = (key, value);
+        Ok(false)
+    }
+    /// Wait for every write [`Remote::put_behind`] started; the keys whose
+    /// write failed, each with why.
+    fn settle(&mut self) -> Vec<(String, Error)> {
+        Vec::new()
+    }
+    /// Whether [`Remote::put`] sends a [`Value::Payload`] from host memory
+    /// (`payload-streams.write-all`). If not, values are staged in guest
+    /// memory, where `put` reads them without a copy.
+    const SENDS_PAYLOADS: bool = false;
     /// Store every `(key, value)`; `Ok` only if all were stored.
-    fn put(&mut self, items: &[(String, &[u8])]) -> Result<()>;
+    fn put(&mut self, items: &[(String, &Value)]) -> Result<()>;
     /// The value of each key, `None` where it is missing.
     fn get(&mut self, keys: &[String]) -> Result<Vec<Option<Value>>>;
     /// Remove `key`; a missing key is success.
     fn delete(&mut self, key: &str) -> Result<()>;
 }
 
-/// A value as a [`Remote`] received it: in guest memory, or (a long one)
-/// read by the host straight into a payload, which then goes back to the
-/// consumer without a copy (`payload-streams`).
+/// Values at least this long move between the network and the consumer
+/// through host payloads (`payload-streams`), never through linear memory.
+pub const LONG_VALUE: usize = 64 << 10;
+
+/// A value as a [`Remote`] received it, or as a handle staged it: in guest
+/// memory, or (a long one) in a host payload, which goes to the consumer
+/// or to the network without a copy (`payload-streams`).
 pub enum Value {
     Bytes(Vec<u8>),
     Payload(Payload),
 }
 
 impl Value {
+    /// A value staged from a `put-*` payload, which the host lends for the
+    /// call only: a host copy if `in_host` and it is long (in guest memory
+    /// if the host refuses the copy), else a copy in guest memory.
+    fn stage(data: &Payload, in_host: bool) -> Value {
+        let len = usize::try_from(data.len()).unwrap_or(usize::MAX);
+        if in_host
+            && len >= LONG_VALUE
+            && let Ok(copy) = copy(data)
+        {
+            return Value::Payload(copy);
+        }
+        Value::Bytes(data.to_vec())
+    }
+
     /// Length in bytes.
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         match self {
             Value::Bytes(b) => b.len(),
             Value::Payload(p) => usize::try_from(p.len()).unwrap_or(usize::MAX),
         }
+    }
+
+    /// True for an empty value.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The value as a payload for the consumer (a copy only of bytes).
@@ -89,8 +144,17 @@ impl Value {
         }
     }
 
+    /// A payload for the consumer that leaves the value in place (a staged
+    /// chunk read back before its flush): a host copy of a payload.
+    fn to_payload(&self) -> Payload {
+        match self {
+            Value::Bytes(b) => Payload::new(b),
+            Value::Payload(p) => copy(p).unwrap_or_else(|_| Payload::new(&p.to_vec())),
+        }
+    }
+
     /// The bytes, in guest memory (a copy only of a payload).
-    fn bytes(&self) -> Cow<'_, [u8]> {
+    pub fn bytes(&self) -> Cow<'_, [u8]> {
         match self {
             Value::Bytes(b) => Cow::Borrowed(b),
             Value::Payload(p) => Cow::Owned(p.to_vec()),
@@ -193,11 +257,13 @@ const MAX_KNOWN: usize = 1 << 20;
 #[derive(Default)]
 struct Staging {
     /// Chunks accepted but not yet written, in put order.
-    pending: Vec<(Vec<u8>, Vec<u8>)>,
+    pending: Vec<(Vec<u8>, Value)>,
     /// Hash → its position in `pending`.
     pending_index: HashMap<Vec<u8>, usize>,
     pending_bytes: usize,
     known: HashSet<Vec<u8>>,
+    /// Chunks written behind and not yet settled.
+    behind: HashSet<Vec<u8>>,
     /// Hashes answered `already-present` without being staged since the
     /// last flush: a manifest may name them, so the flush re-checks them.
     vouched: HashSet<Vec<u8>>,
@@ -213,7 +279,7 @@ impl Staging {
         self.known.insert(hash);
     }
 
-    fn staged(&self, hash: &[u8]) -> Option<&[u8]> {
+    fn staged(&self, hash: &[u8]) -> Option<&Value> {
         let at = *self.pending_index.get(hash)?;
         Some(&self.pending[at].1)
     }
@@ -227,6 +293,8 @@ pub struct RemoteStore<R> {
     staging: RefCell<Staging>,
     /// Round trips since the last manifest, for the log line.
     round_trips: Cell<u32>,
+    /// Chunks written behind since the last manifest, for the log line.
+    written_behind: Cell<u32>,
 }
 
 impl<R: Remote> RemoteStore<R> {
@@ -235,10 +303,50 @@ impl<R: Remote> RemoteStore<R> {
         self.remote.borrow_mut()
     }
 
-    /// Write the staged chunks and re-check the vouched ones: one existence
-    /// check for both, one write of the missing ones. Fails with `io` if a
-    /// vouched chunk is gone and its bytes are not at hand.
+    /// Wait for the writes behind. Fails naming the chunks whose write
+    /// failed, which the handle then forgets.
+    fn settle(&self) -> Result<()> {
+        let behind = std::mem::take(&mut self.staging.borrow_mut().behind);
+        if behind.is_empty() {
+            return Ok(());
+        }
+        let failed = self.remote.borrow_mut().settle();
+        let mut staging = self.staging.borrow_mut();
+        let mut failed_hashes = Vec::new();
+        for hash in behind {
+            let key = self.keys.chunk(&hash);
+            if failed.iter().any(|(k, _)| *k == key) {
+                staging.known.remove(&hash);
+                failed_hashes.push(hash);
+            } else {
+                staging.remember(hash);
+            }
+        }
+        let Some((_, first)) = failed.into_iter().next() else {
+            return Ok(());
+        };
+        let names: Vec<String> = failed_hashes
+            .iter()
+            .take(8)
+            .map(|h| validate::hash_hex(h))
+            .collect();
+        let text = format!(
+            "{} chunks could not be stored, e.g. {} ({first}); put them again",
+            failed_hashes.len(),
+            names.join(", ")
+        );
+        Err(match first {
+            Error::Unavailable(_) => Error::Unavailable(text),
+            _ => Error::Io(text),
+        })
+    }
+
+    /// Settle the writes behind, write the staged chunks and re-check the
+    /// vouched ones: one existence check for both, one write of the missing
+    /// ones. Fails with `io` if a vouched chunk is gone and its bytes are
+    /// not at hand.
     fn write_pending(&self) -> Result<Flushed> {
+        self.settle()?;
         let mut staging = self.staging.borrow_mut();
         if staging.pending.is_empty() && staging.vouched.is_empty() {
             return Ok(Flushed::default());
@@ -248,15 +356,16 @@ impl<R: Remote> RemoteStore<R> {
         let candidates: Vec<Candidate<'_>> = staging
             .pending
             .iter()
-            .map(|(h, data)| (h.as_slice(), Some(Cow::Borrowed(data.as_slice()))))
-            .chain(vouched.iter().map(|h| {
-                let cached = staging.prefetched.get(h).map(Value::bytes);
-                (h.as_slice(), cached)
-            }))
+            .map(|(h, value)| (h.as_slice(), Some(value)))
+            .chain(
+                vouched
+                    .iter()
+                    .map(|h| (h.as_slice(), staging.prefetched.get(h))),
+            )
             .collect();
         let keys: Vec<String> = candidates.iter().map(|(h, _)| self.keys.chunk(h)).collect();
         let present = self.remote().exists(&keys)?;
-        let mut missing: Vec<(String, &[u8])> = Vec::new();
+        let mut missing: Vec<(String, &Value)> = Vec::new();
         let mut missing_staged = 0;
         let mut gone: Vec<Vec<u8>> = Vec::new();
         for (at, ((key, (hash, bytes)), there)) in
@@ -264,9 +373,9 @@ impl<R: Remote> RemoteStore<R> {
         {
             match (there, bytes) {
                 (true, _) => {}
-                (false, Some(bytes)) => {
+                (false, Some(value)) => {
                     missing_staged += usize::from(at < staged);
-                    missing.push((key, bytes.as_ref()));
+                    missing.push((key, value));
                 }
                 (false, None) => gone.push(hash.to_vec()),
             }
@@ -303,9 +412,9 @@ impl<R: Remote> RemoteStore<R> {
     }
 }
 
-/// A hash to check at a flush, with its bytes if the handle still holds
-/// them.
-type Candidate<'a> = (&'a [u8], Option<Cow<'a, [u8]>>);
+/// A hash to check at a flush, with its value if the handle still holds
+/// it.
+type Candidate<'a> = (&'a [u8], Option<&'a Value>);
 
 /// What a flush did, for the manifest's log line.
 #[derive(Default)]
@@ -347,6 +456,7 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             options,
             staging: RefCell::default(),
             round_trips: Cell::new(0),
+            written_behind: Cell::new(0),
         }))
     }
 
@@ -354,7 +464,7 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
         validate::hash(&hash)?;
         let known = {
             let staging = self.staging.borrow();
-            if staging.pending_index.contains_key(&hash) {
+            if staging.pending_index.contains_key(&hash) || staging.behind.contains(&hash) {
                 return Ok(PutOutcome::AlreadyPresent);
             }
             staging.known.contains(&hash)
@@ -374,28 +484,45 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             }
             return Ok(PutOutcome::AlreadyPresent);
         }
+        // Just found missing: write it now if the remote can.
+        if self.options.dedup == DedupCheck::Put
+            && self
+                .remote
+                .borrow_mut()
+                .put_behind(&self.keys.chunk(&hash), data)?
+        {
+            self.round_trips.set(self.round_trips.get() + 1);
+            let mut staging = self.staging.borrow_mut();
+            staging.vouched.remove(&hash);
+            staging.behind.insert(hash);
+            self.written_behind.set(self.written_behind.get() + 1);
+            return Ok(PutOutcome::Stored);
+        }
         let len = usize::try_from(data.len()).unwrap_or(usize::MAX);
         if self.staging.borrow().pending_bytes.saturating_add(len) > self.options.max_pending_bytes
         {
             self.write_pending()?;
         }
-        let bytes = data.to_vec();
+        let value = Value::stage(data, R::SENDS_PAYLOADS);
         let mut staging = self.staging.borrow_mut();
         // Staged, it is checked as such at the flush.
         staging.vouched.remove(&hash);
-        staging.pending_bytes += bytes.len();
+        staging.pending_bytes += value.len();
         let at = staging.pending.len();
         staging.pending_index.insert(hash.clone(), at);
-        staging.pending.push((hash, bytes));
+        staging.pending.push((hash, value));
         Ok(PutOutcome::Stored)
     }
 
     fn get_chunk(&self, hash: Vec<u8>) -> Result<Payload> {
         validate::hash(&hash)?;
+        if self.staging.borrow().behind.contains(&hash) {
+            self.settle()?;
+        }
         {
             let mut staging = self.staging.borrow_mut();
-            if let Some(bytes) = staging.staged(&hash) {
-                return Ok(Payload::new(bytes));
+            if let Some(value) = staging.staged(&hash) {
+                return Ok(value.to_payload());
             }
             if let Some(value) = staging.prefetched.remove(&hash) {
                 staging.prefetched_bytes -= value.len();
@@ -419,11 +546,13 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             skipped,
             rechecked,
         } = self.write_pending()?;
-        let bytes = data.to_vec();
-        self.remote().put(&[(self.keys.manifest(&name), &bytes)])?;
+        let manifest = Value::Bytes(data.to_vec());
+        self.remote()
+            .put(&[(self.keys.manifest(&name), &manifest)])?;
         eprintln!(
-            "put-manifest {name:?}: {staged} staged chunks ({skipped} already stored), {} round trips, \
-             {rechecked} dedup hits re-checked",
+            "put-manifest {name:?}: {} chunks written behind, {staged} staged chunks ({skipped} \
+             already stored), {} round trips, {rechecked} dedup hits re-checked",
+            self.written_behind.replace(0),
             self.round_trips.replace(0)
         );
         Ok(())
@@ -446,6 +575,13 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
 
     fn prefetch_chunks(&self, hashes: Vec<Vec<u8>>) -> Result<()> {
         hashes.iter().try_for_each(|h| validate::hash(h))?;
+        // A chunk still being written would read as missing.
+        if hashes
+            .iter()
+            .any(|h| self.staging.borrow().behind.contains(h))
+        {
+            self.settle()?;
+        }
         let wanted: Vec<Vec<u8>> = {
             let staging = self.staging.borrow();
             let mut seen = HashSet::new();

@@ -17,10 +17,11 @@ wasmtime::component::bindgen!({
         "kvwasm:kv-store/types.payload": crate::payload::Payload,
     },
     // kvwasm's own imports never wait, so they stay synchronous, but for
-    // `read-exact`, which waits for the stream like a WASI pollable; calls
-    // into the guest are futures (see `crate::deadline`).
+    // `read-exact` and `write-all`, which wait for the stream like a WASI
+    // pollable; calls into the guest are futures (see `crate::deadline`).
     imports: {
         "kvwasm:kv-store/payload-streams.read-exact": async | trappable,
+        "kvwasm:kv-store/payload-streams.write-all": async | trappable,
         default: trappable,
     },
     exports: { default: async },

@@ -8,6 +8,9 @@
 //! * On `get-*`, payloads are [`MallocBuffer`]s: `payload-io.read-at`
 //!   `pread`s straight into one, and the shim hands it to the consumer as the
 //!   `malloc`'d output buffer.
+//! * A guest that stages values for a later flush keeps host copies
+//!   (`payload-streams.copy`): [`Payload::Shared`], which `write-all` hands
+//!   to a socket or an HTTP body without copying it again.
 //!
 //! Payload memory is host memory, outside the guest's linear-memory cap, so
 //! every byte a payload holds is charged to its instance when it is
@@ -31,6 +34,9 @@ pub enum Payload {
     Lent(LentBytes),
     /// A buffer from `malloc`, handed to the consumer on `get-*`.
     Owned(MallocBuffer),
+    /// A guest's own copy of a payload, which output streams may hold
+    /// (reference-counted) while they send it.
+    Shared(bytes::Bytes),
 }
 
 /// A pointer/length pair lent by the caller of a store method.
@@ -50,6 +56,7 @@ impl Payload {
             // SAFETY: `lend` guarantees the borrow outlives the table entry.
             Payload::Lent(l) => unsafe { std::slice::from_raw_parts(l.ptr, l.len) },
             Payload::Owned(b) => b.as_slice(),
+            Payload::Shared(b) => b,
         }
     }
 }
@@ -86,6 +93,13 @@ pub(crate) fn take(
         Payload::Owned(buf) => {
             state.data_mut().limits.release_payload(buf.len() as u64);
             Ok(buf)
+        }
+        // A staged value read back before its flush: the consumer needs a
+        // block of its own to `free`.
+        Payload::Shared(bytes) => {
+            state.data_mut().limits.release_payload(bytes.len() as u64);
+            MallocBuffer::copy_from(&bytes)
+                .ok_or_else(|| wasmtime::format_err!("out of memory for a payload"))
         }
         // Guests only ever hold borrows of lent payloads and cannot return
         // them; reaching this means a host bug, not a guest one.
@@ -131,8 +145,10 @@ impl types::HostPayload for HostState {
     }
 
     fn drop(&mut self, payload: Resource<Payload>) -> wasmtime::Result<()> {
-        if let Payload::Owned(buf) = self.table.delete(payload)? {
-            self.limits.release_payload(buf.len() as u64);
+        match self.table.delete(payload)? {
+            Payload::Owned(buf) => self.limits.release_payload(buf.len() as u64),
+            Payload::Shared(bytes) => self.limits.release_payload(bytes.len() as u64),
+            Payload::Lent(_) => {}
         }
         Ok(())
     }

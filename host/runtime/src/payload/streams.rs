@@ -1,22 +1,29 @@
-//! `payload-streams`: a value arriving on a guest's socket, TLS session or
-//! HTTP response body, read straight into a host payload. The guest names
-//! the stream and the length; the host reads, waits for the stream when it
-//! runs dry, and copies each read into the payload's `malloc`'d block. No
-//! byte lands in linear memory, and the payload can go back to the
-//! consumer from `get-chunk` as it is.
+//! `payload-streams`: values moved between a guest's sockets, TLS sessions
+//! or HTTP bodies and host payloads, never through linear memory.
 //!
-//! The stream is the guest's own `wasi:io` resource, read through the same
-//! `InputStream` the guest's reads go through, so every rule on it still
-//! applies (a TLS-only socket refuses plain text, see
-//! [`crate::capabilities::tls`]).
+//! * `read-exact`: the guest names an input stream and a length; the host
+//!   reads, waits for the stream when it runs dry, and copies each read
+//!   into the payload's `malloc`'d block, which can go back to the consumer
+//!   from `get-chunk` as it is.
+//! * `copy`: a guest keeps the bytes of a lent payload (a `put-chunk`'s)
+//!   past the call, as a host buffer ([`Payload::Shared`]).
+//! * `write-all`: the host hands a payload to an output stream, waiting
+//!   when it is full; a shared payload goes in reference-counted slices,
+//!   without a copy.
+//!
+//! The streams are the guest's own `wasi:io` resources, used through the
+//! same `InputStream`/`OutputStream` the guest's reads and writes go
+//! through, so every rule on them still applies (a TLS-only socket refuses
+//! plain text, see [`crate::capabilities::tls`]).
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use wasmtime::component::{Resource, ResourceTableError};
-use wasmtime_wasi::p2::{DynInputStream, StreamError};
+use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, StreamError};
 
 use super::{MallocBuffer, Payload};
-use crate::bindings::kvwasm::kv_store::payload_streams::{self, ReadError};
+use crate::bindings::kvwasm::kv_store::payload_streams::{self, ReadError, WriteError};
 use crate::state::HostState;
 
 impl payload_streams::Host for HostState {
@@ -29,33 +36,15 @@ impl payload_streams::Host for HostState {
     ) -> wasmtime::Result<Result<Resource<Payload>, ReadError>> {
         // Everything that can refuse does so before a byte is read, so the
         // guest can still read the value itself.
-        let max = self.limits.max_payload_bytes;
-        let Some(size) = usize::try_from(len).ok().filter(|_| len <= max) else {
-            return Ok(Err(ReadError::Limit(format!(
-                "{len} bytes is over the payload limit of {max} bytes"
-            ))));
-        };
-        if head.len() > size {
+        if head.len() as u64 > len {
             return Ok(Err(ReadError::Limit(format!(
                 "a head of {} bytes is longer than the {len}-byte value",
                 head.len()
             ))));
         }
-        if !self.limits.reserve_payload(len) {
-            return Ok(Err(ReadError::Limit(format!(
-                "{len} more bytes would exceed the {max} bytes of payloads an instance may hold"
-            ))));
-        }
-        let slot = match MallocBuffer::alloc(0).map(|empty| self.table.push(Payload::Owned(empty)))
-        {
-            Some(Ok(slot)) => slot,
-            Some(Err(ResourceTableError::Full)) | None => {
-                self.limits.release_payload(len);
-                return Ok(Err(ReadError::Limit(
-                    "the instance holds its maximum of resources (`max_resources`)".into(),
-                )));
-            }
-            Some(Err(e)) => return Err(e.into()),
+        let (slot, size) = match self.admit(len, || MallocBuffer::alloc(0).map(Payload::Owned))? {
+            Ok(admitted) => admitted,
+            Err(refusal) => return Ok(Err(ReadError::Limit(refusal))),
         };
         // Abandoned at the call's deadline, this future leaves the slot and
         // the reservation behind; the lost call discards the whole store,
@@ -80,10 +69,72 @@ impl payload_streams::Host for HostState {
             }
         }
     }
+
+    fn copy(
+        &mut self,
+        data: Resource<Payload>,
+    ) -> wasmtime::Result<Result<Resource<Payload>, String>> {
+        let len = self.table.get(&data)?.as_slice().len() as u64;
+        let (slot, _) = match self.admit(len, || Some(Payload::Shared(Bytes::new())))? {
+            Ok(admitted) => admitted,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let Some(copy) = MallocBuffer::copy_from(self.table.get(&data)?.as_slice()) else {
+            self.discard(slot, len)?;
+            return Ok(Err(format!("out of memory for {len} bytes")));
+        };
+        *self.table.get_mut(&slot)? = Payload::Shared(Bytes::from_owner(copy));
+        Ok(Ok(slot))
+    }
+
+    async fn write_all(
+        &mut self,
+        dst: Resource<DynOutputStream>,
+        data: Resource<Payload>,
+        timeout_ns: u64,
+    ) -> wasmtime::Result<Result<(), WriteError>> {
+        let wait = Duration::from_nanos(timeout_ns);
+        match tokio::time::timeout(wait, self.send_payload(&dst, &data)).await {
+            Ok(sent) => sent,
+            Err(_elapsed) => Ok(Err(WriteError::TimedOut)),
+        }
+    }
 }
 
 impl HostState {
-    /// Give back the table slot and the bytes `read-exact` reserved.
+    /// Admit a new payload of `len` bytes: within the size and total
+    /// limits, charged to the instance, with a table slot holding
+    /// `placeholder` until it is filled. Returns the slot and the size, or
+    /// why it was refused (nothing charged then). The outer `Err` is a trap.
+    fn admit(
+        &mut self,
+        len: u64,
+        placeholder: impl FnOnce() -> Option<Payload>,
+    ) -> wasmtime::Result<Result<(Resource<Payload>, usize), String>> {
+        let max = self.limits.max_payload_bytes;
+        let Some(size) = usize::try_from(len).ok().filter(|_| len <= max) else {
+            return Ok(Err(format!(
+                "{len} bytes is over the payload limit of {max} bytes"
+            )));
+        };
+        if !self.limits.reserve_payload(len) {
+            return Ok(Err(format!(
+                "{len} more bytes would exceed the {max} bytes of payloads an instance may hold"
+            )));
+        }
+        match placeholder().map(|p| self.table.push(p)) {
+            Some(Ok(slot)) => Ok(Ok((slot, size))),
+            Some(Err(ResourceTableError::Full)) | None => {
+                self.limits.release_payload(len);
+                Ok(Err(
+                    "the instance holds its maximum of resources (`max_resources`)".into(),
+                ))
+            }
+            Some(Err(e)) => Err(e.into()),
+        }
+    }
+
+    /// Give back the table slot and the bytes `admit` reserved.
     fn discard(&mut self, slot: Resource<Payload>, len: u64) -> wasmtime::Result<()> {
         self.table.delete(slot)?;
         self.limits.release_payload(len);
@@ -106,6 +157,56 @@ impl HostState {
         buf.write_at(0, head);
         let stream = self.table.get_mut(src)?;
         Ok(fill(stream, &mut buf, head.len()).await?.map(|()| buf))
+    }
+}
+
+impl HostState {
+    /// Write all of `data` to `dst` as fast as the stream takes it. A shared
+    /// payload goes in slices of itself; another is copied a permitted
+    /// write at a time. The outer `Err` is a trap.
+    async fn send_payload(
+        &mut self,
+        dst: &Resource<DynOutputStream>,
+        data: &Resource<Payload>,
+    ) -> wasmtime::Result<Result<(), WriteError>> {
+        let (shared, len) = match self.table.get(data)? {
+            Payload::Shared(bytes) => (Some(bytes.clone()), bytes.len()),
+            other => (None, other.as_slice().len()),
+        };
+        let mut sent = 0;
+        while sent < len {
+            let stream = self.table.get_mut(dst)?;
+            let permitted = match stream.check_write() {
+                Ok(0) => {
+                    stream.ready().await;
+                    continue;
+                }
+                Ok(n) => n.min(len - sent),
+                Err(e) => return stream_failure(e).map(Err),
+            };
+            let piece = match &shared {
+                Some(bytes) => bytes.slice(sent..sent + permitted),
+                None => Bytes::copy_from_slice(
+                    &self.table.get(data)?.as_slice()[sent..sent + permitted],
+                ),
+            };
+            if let Err(e) = self.table.get_mut(dst)?.write(piece) {
+                return stream_failure(e).map(Err);
+            }
+            sent += permitted;
+        }
+        Ok(Ok(()))
+    }
+}
+
+/// A stream's failure as the guest sees it; a trap stays a trap.
+fn stream_failure(e: StreamError) -> wasmtime::Result<WriteError> {
+    match e {
+        StreamError::Closed => Ok(WriteError::Closed),
+        StreamError::LastOperationFailed(e) => Ok(WriteError::Failed(crate::log_limit::bounded(
+            format!("{e:#}"),
+        ))),
+        StreamError::Trap(e) => Err(e),
     }
 }
 

@@ -33,7 +33,12 @@
 //! | anything else          | reads `/data/<name>` without validating the name   |
 //!
 //! `put_manifest(name, data)` writes `/data/<name>`, so state outlives a
-//! trapped instance.
+//! trapped instance; but for `writeall:<ip:port>,<ms>,<mode>,<times>`,
+//! which connects over raw `wasi:sockets` and sends `data` `times` times
+//! with `payload-streams.write-all` (each waiting at most `ms`): `mode`
+//! `lent` sends the lent payload itself, `copy` a `payload-streams.copy`
+//! of it, and `hoard` only makes `times` copies, kept until the call
+//! returns. It fails with the first error, as text.
 
 use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_io;
 use kvwasm_guest_support::bindings::wasi::filesystem::preopens;
@@ -101,6 +106,47 @@ fn read_exact_from(args: &str, name: &str) -> Result<Payload> {
     }
 }
 
+/// `writeall:<ip:port>,<ms>,<mode>,<times>` (see the module doc).
+fn write_all_to(args: &str, name: &str, data: &Payload) -> Result<()> {
+    use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_streams::{copy, write_all};
+    let [addr, ms, mode, times] = args.splitn(4, ',').collect::<Vec<_>>()[..] else {
+        return Err(Error::InvalidArgument(name.to_owned()));
+    };
+    let times: usize = number(times, name)?;
+    let copy = |i: usize| copy(data).map_err(|e| Error::Other(format!("copy {i}: {e}")));
+    if mode == "hoard" {
+        let kept = (0..times).map(copy).collect::<Result<Vec<_>>>()?;
+        std::hint::black_box(kept);
+        return Ok(());
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let stream = kvwasm_guest_support::net::connect_stream(addr, false, deadline)
+        .map_err(Error::Unavailable)?;
+    let timeout_ns = number::<u64>(ms, name)?.saturating_mul(1_000_000);
+    let copied;
+    let source = match mode {
+        "lent" => data,
+        "copy" => {
+            copied = copy(0)?;
+            &copied
+        }
+        _ => return Err(Error::InvalidArgument(name.to_owned())),
+    };
+    for i in 0..times {
+        if let Err(e) = write_all(stream.output(), source, timeout_ns) {
+            // Dropping a socket stream waits for its pending write
+            // (wasmtime's rule), which a peer that stopped reading never
+            // lets end: leave it to the instance, answer now.
+            std::mem::forget(stream);
+            return Err(Error::Other(format!("write {i}: {e:?}")));
+        }
+    }
+    stream
+        .output()
+        .blocking_flush()
+        .map_err(|e| Error::Other(format!("flush: {e:?}")))
+}
+
 fn io_error(e: std::io::Error) -> Error {
     Error::Io(e.to_string())
 }
@@ -125,6 +171,9 @@ impl GuestStore for HostileStore {
     }
 
     fn put_manifest(&self, name: String, data: &Payload) -> Result<()> {
+        if let Some(args) = name.strip_prefix("writeall:") {
+            return write_all_to(args, &name, data);
+        }
         std::fs::write(format!("/data/{name}"), data.to_vec()).map_err(io_error)
     }
 
