@@ -280,3 +280,22 @@ fn a_tls_only_socket_takes_no_plain_text_through_write_all() {
     let got = received.recv_timeout(Duration::from_secs(5)).unwrap();
     assert!(got.is_empty(), "{got:?}");
 }
+
+/// A copy handed to a stream stays charged to the instance while the
+/// stream holds any of it, even after the guest dropped the payload: here
+/// the bodies of HTTP requests never sent keep slices of 40 MiB copies.
+/// Each call holds its 40 MiB source payload and its copy at once, so a
+/// 120 MiB `max_payload_mib` lets two calls through and refuses the third
+/// copy (80 MiB still held by the bodies); uncharged, every call would fit.
+#[test]
+fn bytes_a_stream_still_holds_stay_charged_after_the_payload_is_dropped() {
+    let pin = "put-manifest:pinhttp:40,1";
+    let (out, stderr) = run("127.0.0.1:9", "max_payload_mib = 120\n", &[pin, pin, pin]);
+    assert_eq!(out[0], "put-manifest pinhttp:40,1 -> 0", "{stderr}");
+    assert_eq!(out[1], "put-manifest pinhttp:40,1 -> 0", "{stderr}");
+    assert!(!out[2].ends_with("-> 0"), "{out:?} {stderr}");
+    assert!(
+        stderr.contains("copy 0: ") && stderr.contains("would exceed"),
+        "{stderr}"
+    );
+}

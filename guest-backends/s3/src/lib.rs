@@ -26,7 +26,6 @@ use kvwasm_guest_support::{BackendInfo, Error, Guest, Result, Settings, export_b
 
 use std::collections::VecDeque;
 
-use kvwasm_guest_support::Payload;
 use wasip2::http::outgoing_handler::FutureIncomingResponse;
 
 use http::{Body, Client, Method, Request, Response};
@@ -50,10 +49,13 @@ impl Guest for S3Backend {
 struct S3 {
     client: Client,
     bucket: String,
-    /// `PUT`s written behind, oldest first, with their keys.
-    behind: VecDeque<(String, FutureIncomingResponse)>,
-    /// Writes behind that failed, not yet reported by `settle`.
-    failed: Vec<(String, Error)>,
+    /// `PUT`s written behind, oldest first, with their keys and values
+    /// (kept until the service has them).
+    behind: VecDeque<(String, FutureIncomingResponse, Value)>,
+    /// Writes behind that failed, not yet given back by `settle`.
+    failed: Vec<(String, Value, Error)>,
+    /// `GET`s read behind, oldest first, with their keys.
+    reading: VecDeque<(String, FutureIncomingResponse)>,
 }
 
 impl S3 {
@@ -85,6 +87,7 @@ impl Remote for S3 {
             bucket,
             behind: VecDeque::new(),
             failed: Vec::new(),
+            reading: VecDeque::new(),
         };
         // One signed request now, so a wrong key, secret or bucket fails
         // the open with the service's reason instead of the first save.
@@ -132,18 +135,22 @@ impl Remote for S3 {
     /// oldest is answered before another starts. Every wait of one call is
     /// bounded by one `timeout_ms`, however long the writes have been in
     /// flight.
-    fn put_behind(&mut self, key: &str, value: &Payload) -> Result<bool> {
+    fn put_behind(&mut self, key: String, value: Value) -> Result<(), (String, Value)> {
         let deadline = self.client.deadline();
         while self.behind.len() >= self.client.max_concurrency() {
             self.land_oldest(deadline);
         }
-        let request = self.request(Method::Put, key, Body::Payload(value));
-        let response = self.client.start(request, deadline)?;
-        self.behind.push_back((key.to_owned(), response));
-        Ok(true)
+        let started = self
+            .client
+            .start(self.request(Method::Put, &key, (&value).into()), deadline);
+        match started {
+            Ok(response) => self.behind.push_back((key, response, value)),
+            Err(e) => self.failed.push((key, value, e)),
+        }
+        Ok(())
     }
 
-    fn settle(&mut self) -> Vec<(String, Error)> {
+    fn settle(&mut self) -> Vec<(String, Value, Error)> {
         let deadline = self.client.deadline();
         while !self.behind.is_empty() {
             self.land_oldest(deadline);
@@ -154,12 +161,35 @@ impl Remote for S3 {
     fn get(&mut self, keys: &[String]) -> Result<Vec<Option<Value>>> {
         self.per_key(Method::Get, keys)?
             .into_iter()
-            .map(|r| match r.status {
-                200 => Ok(Some(r.body)),
-                404 => Ok(None),
-                _ => Err(r.error("GET")),
-            })
+            .map(Response::value)
             .collect()
+    }
+
+    /// As many `GET`s in flight between calls as `max_concurrency`.
+    fn read_window(&self) -> usize {
+        self.client.max_concurrency()
+    }
+
+    fn get_behind(&mut self, key: &str) -> Result<()> {
+        let request = self.request(Method::Get, key, Body::EMPTY);
+        let response = self.client.start(request, self.client.deadline())?;
+        self.reading.push_back((key.to_owned(), response));
+        Ok(())
+    }
+
+    /// Waits at most one `timeout_ms`, however long the read has been in
+    /// flight.
+    fn land_read(&mut self) -> Option<(String, Result<Option<Value>>)> {
+        let (key, response) = self.reading.pop_front()?;
+        let value = self
+            .client
+            .finish(Method::Get, response, self.client.deadline())
+            .and_then(Response::value);
+        Some((key, value))
+    }
+
+    fn cancel_reads(&mut self) {
+        self.reading.clear();
     }
 
     fn delete(&mut self, key: &str) -> Result<()> {
@@ -175,19 +205,28 @@ impl S3 {
     /// Wait for the oldest write behind until `deadline`; keep its failure
     /// for `settle`.
     fn land_oldest(&mut self, deadline: u64) {
-        let Some((key, response)) = self.behind.pop_front() else {
+        let Some((key, response, value)) = self.behind.pop_front() else {
             return;
         };
         match self.client.finish(Method::Put, response, deadline) {
             Ok(r) if r.status == 200 => {}
-            Ok(r) => self.failed.push((key, r.error("PUT"))),
-            Err(e) => self.failed.push((key, e)),
+            Ok(r) => self.failed.push((key, value, r.error("PUT"))),
+            Err(e) => self.failed.push((key, value, e)),
         }
     }
 }
 
 /// Errors for a refused or failed request: the service's own words.
 impl Response {
+    /// A `GET`'s value: the body, `None` if missing.
+    fn value(self) -> Result<Option<Value>> {
+        match self.status {
+            200 => Ok(Some(self.body)),
+            404 => Ok(None),
+            _ => Err(self.error("GET")),
+        }
+    }
+
     fn error(&self, what: &str) -> Error {
         let reason = self.reason();
         let text = format!("s3 {what}: HTTP {} {reason}", self.status);

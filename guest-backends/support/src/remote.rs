@@ -9,24 +9,24 @@
 //!   staged or seen, else asks the server (one existence check per unknown
 //!   hash, so the return code is exact) unless the operator chose
 //!   `dedup_check = "flush"`.
+//! * The chunk's bytes are kept past the call (the host lends them for it
+//!   only): a value of [`LONG_VALUE`] or more as a host copy
+//!   (`payload-streams.copy`) if the [`Remote`] sends payloads
+//!   ([`Remote::SENDS_PAYLOADS`]), so it never enters linear memory;
+//!   anything else in guest memory.
 //! * A chunk the server was just found not to hold is *written behind* if
 //!   the [`Remote`] can ([`Remote::put_behind`], S3): its write starts
 //!   during `put-chunk` and is answered later, with at most a window of
-//!   writes in flight, as a native client streams a save. Nothing is held
-//!   for it but the write. Otherwise (Redis, or `dedup_check = "flush"`)
-//!   the chunk is staged until the flush: a value of [`LONG_VALUE`] or
-//!   more as a host copy (`payload-streams.copy`) if the [`Remote`] sends
-//!   payloads ([`Remote::SENDS_PAYLOADS`]), so it never enters linear
-//!   memory; anything else in guest memory.
+//!   writes in flight, as a native client streams a save; its bytes are
+//!   dropped once the server has them. A write that fails is staged, as
+//!   below, and retried by the flush. Otherwise (Redis, or `dedup_check =
+//!   "flush"`) the chunk is staged until the flush.
 //! * `flush` (and `put-manifest`, which flushes first) waits for every
 //!   write behind, then sends one batched existence check for the staged
 //!   hashes and one batched write of only the missing ones. Only then is
 //!   the manifest written, so a reader never sees a manifest before its
 //!   chunks. Staged chunks survive a failed flush: after a server restart
-//!   the next `put-manifest` retries them. A write behind that failed
-//!   fails the flush naming the chunk, and the handle forgets it, so
-//!   putting it again stores it (its bytes were lent for its `put-chunk`
-//!   only).
+//!   the next `put-manifest` retries them.
 //! * Chunks the server may have dropped since this handle saw them (Redis
 //!   eviction or a TTL, an S3 lifecycle rule): every hash `put-chunk`
 //!   answered `already-present` for without staging it is *vouched for*,
@@ -39,7 +39,15 @@
 //!   that was gone at that check; a store that evicts chunks *after* a
 //!   manifest names them still breaks that manifest, so keep Redis on
 //!   `maxmemory-policy noeviction` and S3 `chunks/` without expiry.
-//! * `prefetch-chunks` fetches in waves into a cache of at most
+//! * `prefetch-chunks` *reads behind* if the [`Remote`] can
+//!   ([`Remote::read_window`], S3): it reads a window of chunks into the
+//!   cache below, starts reading the next window, and returns; each
+//!   `get-chunk` takes its chunk (waiting for its answer if need be) and
+//!   starts the next read. So a restore holds two windows, not the whole
+//!   cache, and streams as a native client does. Answers taken out of
+//!   order wait in the cache. A read that fails drops the reads in flight;
+//!   the gets then fetch their chunks themselves.
+//! * Otherwise `prefetch-chunks` fetches in waves into a cache of at most
 //!   `prefetch_cache_mib` that the following `get-chunk` calls drain, and
 //!   stops once the cache is full. The first wave asks for `prefetch_wave`
 //!   keys (default 32); each later one for as many as the cache has room
@@ -71,19 +79,37 @@ pub trait Remote: Sized + 'static {
     /// Which of `keys` exist.
     fn exists(&mut self, keys: &[String]) -> Result<Vec<bool>>;
     /// Start writing `(key, value)` and return without waiting for the
-    /// answer, which [`Remote::settle`] collects; `value`'s bytes are taken
-    /// before it returns (a `put-chunk` payload is lent for the call
-    /// only). `Ok(false)`: this remote does not write behind, so the value
-    /// is staged. An `Err` means nothing was started for `key`.
-    fn put_behind(&mut self, key: &str, value: &Payload) -> Result<bool> {
-        let _ = (key, value);
-        Ok(false)
+    /// answer, which [`Remote::settle`] collects; the remote keeps `value`
+    /// until then. `Err` gives the item back unwritten: this remote does
+    /// not write behind (the default), so it is staged.
+    fn put_behind(&mut self, key: String, value: Value) -> Result<(), (String, Value)> {
+        Err((key, value))
     }
-    /// Wait for every write [`Remote::put_behind`] started; the keys whose
-    /// write failed, each with why.
-    fn settle(&mut self) -> Vec<(String, Error)> {
+    /// Wait for every write [`Remote::put_behind`] started, and give back
+    /// those that failed (or could not start), each with its value and why.
+    fn settle(&mut self) -> Vec<(String, Value, Error)> {
         Vec::new()
     }
+    /// Reads [`Remote::get_behind`] keeps in flight at most; 0 (the
+    /// default): this remote does not read behind, and prefetch fetches
+    /// in waves of [`Remote::get`].
+    fn read_window(&self) -> usize {
+        0
+    }
+    /// Start reading `key` and return without waiting for the answer,
+    /// which [`Remote::land_read`] collects.
+    fn get_behind(&mut self, key: &str) -> Result<()> {
+        Err(Error::Other(format!(
+            "cannot read {key} behind: this remote has no read window"
+        )))
+    }
+    /// Wait for the oldest read [`Remote::get_behind`] started: its key and
+    /// value (`None` where it is missing); `None` if no read is in flight.
+    fn land_read(&mut self) -> Option<(String, Result<Option<Value>>)> {
+        None
+    }
+    /// Drop every read in flight.
+    fn cancel_reads(&mut self) {}
     /// Whether [`Remote::put`] sends a [`Value::Payload`] from host memory
     /// (`payload-streams.write-all`). If not, values are staged in guest
     /// memory, where `put` reads them without a copy.
@@ -262,16 +288,41 @@ struct Staging {
     pending_index: HashMap<Vec<u8>, usize>,
     pending_bytes: usize,
     known: HashSet<Vec<u8>>,
-    /// Chunks written behind and not yet settled.
-    behind: HashSet<Vec<u8>>,
+    /// Chunks written behind and not yet settled: key → hash.
+    behind: HashMap<String, Vec<u8>>,
     /// Hashes answered `already-present` without being staged since the
     /// last flush: a manifest may name them, so the flush re-checks them.
     vouched: HashSet<Vec<u8>>,
     prefetched: HashMap<Vec<u8>, Value>,
     prefetched_bytes: usize,
+    /// Reads behind in flight: key → hash.
+    reading: HashMap<String, Vec<u8>>,
+    /// Hashes prefetch asked for that wait for a read slot, in order, and
+    /// the same as a set (a hash fetched meanwhile leaves the set only).
+    read_queue: std::collections::VecDeque<Vec<u8>>,
+    queued: HashSet<Vec<u8>>,
 }
 
 impl Staging {
+    /// Hold a chunk for the next flush.
+    fn stage(&mut self, hash: Vec<u8>, value: Value) {
+        self.pending_bytes += value.len();
+        self.pending_index.insert(hash.clone(), self.pending.len());
+        self.pending.push((hash, value));
+    }
+
+    /// Keep a value fetched before its get, if the cache has room.
+    fn cache(&mut self, hash: Vec<u8>, value: Value, budget: usize) -> bool {
+        let len = value.len();
+        if self.prefetched_bytes + len > budget {
+            return false;
+        }
+        self.prefetched_bytes += len;
+        self.remember(hash.clone());
+        self.prefetched.insert(hash, value);
+        true
+    }
+
     fn remember(&mut self, hash: Vec<u8>) {
         if self.known.len() >= MAX_KNOWN {
             self.known.clear();
@@ -303,42 +354,106 @@ impl<R: Remote> RemoteStore<R> {
         self.remote.borrow_mut()
     }
 
-    /// Wait for the writes behind. Fails naming the chunks whose write
-    /// failed, which the handle then forgets.
-    fn settle(&self) -> Result<()> {
-        let behind = std::mem::take(&mut self.staging.borrow_mut().behind);
-        if behind.is_empty() {
-            return Ok(());
-        }
-        let failed = self.remote.borrow_mut().settle();
-        let mut staging = self.staging.borrow_mut();
-        let mut failed_hashes = Vec::new();
-        for hash in behind {
+    /// Start reads behind for queued hashes until the window is full.
+    fn start_reads(&self) -> Result<()> {
+        let window = self.remote.borrow().read_window();
+        loop {
+            let hash = {
+                let mut staging = self.staging.borrow_mut();
+                if staging.reading.len() >= window {
+                    return Ok(());
+                }
+                let Some(hash) = staging.read_queue.pop_front() else {
+                    return Ok(());
+                };
+                if !staging.queued.remove(&hash) || staging.prefetched.contains_key(&hash) {
+                    continue;
+                }
+                hash
+            };
             let key = self.keys.chunk(&hash);
-            if failed.iter().any(|(k, _)| *k == key) {
-                staging.known.remove(&hash);
-                failed_hashes.push(hash);
-            } else {
-                staging.remember(hash);
+            self.remote().get_behind(&key)?;
+            self.staging.borrow_mut().reading.insert(key, hash);
+        }
+    }
+
+    /// Keep the read window full after a get took its chunk. A failure to
+    /// start a read is not this get's: the rest of the queue is dropped and
+    /// later gets fetch their chunks themselves.
+    fn read_ahead(&self) {
+        if let Err(e) = self.start_reads() {
+            eprintln!("prefetch stopped: {e}");
+            let mut staging = self.staging.borrow_mut();
+            staging.read_queue.clear();
+            staging.queued.clear();
+        }
+    }
+
+    /// Take the answers of the reads behind in order until `key`'s, and
+    /// return it (all of them for `None`); the others wait in the cache
+    /// (or are dropped past its budget). A failed read drops every read in
+    /// flight.
+    fn land_until(&self, key: Option<&str>) -> Result<Option<Value>> {
+        let budget = self.options.prefetch_budget_bytes;
+        loop {
+            let landed = self.remote.borrow_mut().land_read();
+            let mut staging = self.staging.borrow_mut();
+            let Some((landed_key, result)) = landed else {
+                staging.reading.clear();
+                return match key {
+                    None => Ok(None),
+                    Some(key) => Err(Error::Other(format!("the read of {key} was lost"))),
+                };
+            };
+            let Some(hash) = staging.reading.remove(&landed_key) else {
+                continue;
+            };
+            match result {
+                Ok(value) if key == Some(landed_key.as_str()) => return Ok(value),
+                Ok(Some(value)) => {
+                    staging.cache(hash, value, budget);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    staging.reading.clear();
+                    drop(staging);
+                    self.remote.borrow_mut().cancel_reads();
+                    return Err(e);
+                }
             }
         }
-        let Some((_, first)) = failed.into_iter().next() else {
-            return Ok(());
-        };
-        let names: Vec<String> = failed_hashes
-            .iter()
-            .take(8)
-            .map(|h| validate::hash_hex(h))
+    }
+
+    /// Wait for the writes behind: the stored ones are known from now on,
+    /// the failed ones staged with their bytes, for the flush to retry.
+    fn settle(&self) {
+        let behind = std::mem::take(&mut self.staging.borrow_mut().behind);
+        if behind.is_empty() {
+            return;
+        }
+        let mut failed: HashMap<String, (Value, Error)> = self
+            .remote
+            .borrow_mut()
+            .settle()
+            .into_iter()
+            .map(|(key, value, e)| (key, (value, e)))
             .collect();
-        let text = format!(
-            "{} chunks could not be stored, e.g. {} ({first}); put them again",
-            failed_hashes.len(),
-            names.join(", ")
-        );
-        Err(match first {
-            Error::Unavailable(_) => Error::Unavailable(text),
-            _ => Error::Io(text),
-        })
+        let mut staging = self.staging.borrow_mut();
+        let mut first = None;
+        let mut count = 0;
+        for (key, hash) in behind {
+            match failed.remove(&key) {
+                Some((value, e)) => {
+                    count += 1;
+                    first.get_or_insert_with(|| format!("{}: {e}", validate::hash_hex(&hash)));
+                    staging.stage(hash, value);
+                }
+                None => staging.remember(hash),
+            }
+        }
+        if let Some(first) = first {
+            eprintln!("{count} chunks written behind failed (e.g. {first}); staged for the flush");
+        }
     }
 
     /// Settle the writes behind, write the staged chunks and re-check the
@@ -346,7 +461,7 @@ impl<R: Remote> RemoteStore<R> {
     /// ones. Fails with `io` if a vouched chunk is gone and its bytes are
     /// not at hand.
     fn write_pending(&self) -> Result<Flushed> {
-        self.settle()?;
+        self.settle();
         let mut staging = self.staging.borrow_mut();
         if staging.pending.is_empty() && staging.vouched.is_empty() {
             return Ok(Flushed::default());
@@ -464,7 +579,9 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
         validate::hash(&hash)?;
         let known = {
             let staging = self.staging.borrow();
-            if staging.pending_index.contains_key(&hash) || staging.behind.contains(&hash) {
+            if staging.pending_index.contains_key(&hash)
+                || staging.behind.contains_key(&self.keys.chunk(&hash))
+            {
                 return Ok(PutOutcome::AlreadyPresent);
             }
             staging.known.contains(&hash)
@@ -484,40 +601,44 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             }
             return Ok(PutOutcome::AlreadyPresent);
         }
+        self.staging.borrow_mut().vouched.remove(&hash);
+        let mut value = Value::stage(data, R::SENDS_PAYLOADS);
         // Just found missing: write it now if the remote can.
-        if self.options.dedup == DedupCheck::Put
-            && self
-                .remote
-                .borrow_mut()
-                .put_behind(&self.keys.chunk(&hash), data)?
-        {
-            self.round_trips.set(self.round_trips.get() + 1);
-            let mut staging = self.staging.borrow_mut();
-            staging.vouched.remove(&hash);
-            staging.behind.insert(hash);
-            self.written_behind.set(self.written_behind.get() + 1);
-            return Ok(PutOutcome::Stored);
+        if self.options.dedup == DedupCheck::Put {
+            let key = self.keys.chunk(&hash);
+            match self.remote.borrow_mut().put_behind(key.clone(), value) {
+                Ok(()) => {
+                    self.round_trips.set(self.round_trips.get() + 1);
+                    self.written_behind.set(self.written_behind.get() + 1);
+                    self.staging.borrow_mut().behind.insert(key, hash);
+                    return Ok(PutOutcome::Stored);
+                }
+                Err((_, unwritten)) => value = unwritten,
+            }
         }
-        let len = usize::try_from(data.len()).unwrap_or(usize::MAX);
-        if self.staging.borrow().pending_bytes.saturating_add(len) > self.options.max_pending_bytes
-        {
+        let over = self
+            .staging
+            .borrow()
+            .pending_bytes
+            .saturating_add(value.len())
+            > self.options.max_pending_bytes;
+        if over {
             self.write_pending()?;
         }
-        let value = Value::stage(data, R::SENDS_PAYLOADS);
-        let mut staging = self.staging.borrow_mut();
         // Staged, it is checked as such at the flush.
-        staging.vouched.remove(&hash);
-        staging.pending_bytes += value.len();
-        let at = staging.pending.len();
-        staging.pending_index.insert(hash.clone(), at);
-        staging.pending.push((hash, value));
+        self.staging.borrow_mut().stage(hash, value);
         Ok(PutOutcome::Stored)
     }
 
     fn get_chunk(&self, hash: Vec<u8>) -> Result<Payload> {
         validate::hash(&hash)?;
-        if self.staging.borrow().behind.contains(&hash) {
-            self.settle()?;
+        if self
+            .staging
+            .borrow()
+            .behind
+            .contains_key(&self.keys.chunk(&hash))
+        {
+            self.settle();
         }
         {
             let mut staging = self.staging.borrow_mut();
@@ -526,14 +647,20 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             }
             if let Some(value) = staging.prefetched.remove(&hash) {
                 staging.prefetched_bytes -= value.len();
+                drop(staging);
+                self.read_ahead();
                 return Ok(value.into_payload());
             }
         }
-        let value = self
-            .remote()
-            .get(&[self.keys.chunk(&hash)])?
-            .pop()
-            .flatten();
+        let key = self.keys.chunk(&hash);
+        let value = if self.staging.borrow().reading.contains_key(&key) {
+            let value = self.land_until(Some(&key))?;
+            self.read_ahead();
+            value
+        } else {
+            self.staging.borrow_mut().queued.remove(&hash);
+            self.remote().get(&[key])?.pop().flatten()
+        };
         let value = value.ok_or(Error::NotFound)?;
         self.staging.borrow_mut().remember(hash);
         Ok(value.into_payload())
@@ -576,11 +703,13 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
     fn prefetch_chunks(&self, hashes: Vec<Vec<u8>>) -> Result<()> {
         hashes.iter().try_for_each(|h| validate::hash(h))?;
         // A chunk still being written would read as missing.
-        if hashes
-            .iter()
-            .any(|h| self.staging.borrow().behind.contains(h))
-        {
-            self.settle()?;
+        if hashes.iter().any(|h| {
+            self.staging
+                .borrow()
+                .behind
+                .contains_key(&self.keys.chunk(h))
+        }) {
+            self.settle();
         }
         let wanted: Vec<Vec<u8>> = {
             let staging = self.staging.borrow();
@@ -590,10 +719,21 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
                 .filter(|h| {
                     !staging.pending_index.contains_key(h)
                         && !staging.prefetched.contains_key(h)
+                        && !staging.queued.contains(h)
+                        && !staging.reading.contains_key(&self.keys.chunk(h))
                         && seen.insert(h.clone())
                 })
                 .collect()
         };
+        if self.remote.borrow().read_window() > 0 {
+            let mut staging = self.staging.borrow_mut();
+            staging.queued.extend(wanted.iter().cloned());
+            staging.read_queue.extend(wanted);
+            drop(staging);
+            self.start_reads()?;
+            self.land_until(None)?;
+            return self.start_reads();
+        }
         let budget = self.options.prefetch_budget_bytes;
         let (mut fetched, mut fetched_bytes) = (0, 0);
         let mut rest = wanted.as_slice();
@@ -613,13 +753,10 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
                 let len = value.len();
                 fetched += 1;
                 fetched_bytes += len;
-                if staging.prefetched_bytes + len > budget {
+                if !staging.cache(hash.clone(), value, budget) {
                     // Full: later gets fetch the rest themselves.
                     return Ok(());
                 }
-                staging.prefetched_bytes += len;
-                staging.remember(hash.clone());
-                staging.prefetched.insert(hash.clone(), value);
             }
         }
         Ok(())

@@ -11,6 +11,8 @@
 //! cap of their own; resources (files, sockets, payloads) are counted by the
 //! instance's resource table (`max_resources`).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -60,7 +62,7 @@ impl Limits {
             memory_bytes: usize::try_from(self.memory_limit_mib.saturating_mul(1 << 20))
                 .unwrap_or(usize::MAX),
             max_payload_bytes: self.max_payload_bytes(),
-            payload_bytes_held: 0,
+            payload_bytes_held: Arc::default(),
             memory_held: 0,
             memory_denied: false,
         }
@@ -136,8 +138,9 @@ pub(crate) struct InstanceLimits {
     pub(crate) max_payload_bytes: u64,
     /// Bytes of host-owned payloads this instance holds now. Payload memory
     /// is host memory, outside the guest's cap, so it has a cap of its own:
-    /// at most `max_payload_bytes` at once.
-    payload_bytes_held: u64,
+    /// at most `max_payload_bytes` at once. Shared with the charges of
+    /// payload bytes that streams may still hold ([`PayloadCharge`]).
+    payload_bytes_held: Arc<AtomicU64>,
     /// Set when the guest asked for memory past its cap during the current
     /// call. A trap that follows is reported as out-of-memory rather than a
     /// bare abort; each call starts with it clear.
@@ -148,18 +151,26 @@ impl InstanceLimits {
     /// Account for a new payload of `len` bytes; `false` if it would exceed
     /// the cap on payload bytes held at once.
     pub(crate) fn reserve_payload(&mut self, len: u64) -> bool {
-        match self.payload_bytes_held.checked_add(len) {
-            Some(held) if held <= self.max_payload_bytes => {
-                self.payload_bytes_held = held;
-                true
-            }
-            _ => false,
-        }
+        let max = self.max_payload_bytes;
+        self.payload_bytes_held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(len).filter(|&after| after <= max)
+            })
+            .is_ok()
     }
 
     /// A payload of `len` bytes left the instance (dropped, or returned).
     pub(crate) fn release_payload(&mut self, len: u64) {
-        self.payload_bytes_held = self.payload_bytes_held.saturating_sub(len);
+        release(&self.payload_bytes_held, len);
+    }
+
+    /// Hand the charge of `len` reserved payload bytes to whatever holds
+    /// those bytes: it is given back when the charge is dropped.
+    pub(crate) fn charge(&self, len: u64) -> PayloadCharge {
+        PayloadCharge {
+            held: self.payload_bytes_held.clone(),
+            len,
+        }
     }
 
     /// Grow the instance's total from `current` to `desired` bytes of one
@@ -175,6 +186,28 @@ impl InstanceLimits {
         }
         self.memory_held = after;
         true
+    }
+}
+
+fn release(held: &AtomicU64, len: u64) {
+    // Never below zero, whatever the order of releases.
+    let _ = held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+        Some(h.saturating_sub(len))
+    });
+}
+
+/// Payload bytes charged to an instance for as long as anything holds them:
+/// the owner of a shared payload's buffer, whose slices a socket or an HTTP
+/// body may keep after the guest dropped the payload. So a guest cannot
+/// hand bytes to streams and free its cap while they are still held.
+pub(crate) struct PayloadCharge {
+    held: Arc<AtomicU64>,
+    len: u64,
+}
+
+impl Drop for PayloadCharge {
+    fn drop(&mut self) {
+        release(&self.held, self.len);
     }
 }
 

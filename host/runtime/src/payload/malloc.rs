@@ -128,13 +128,6 @@ impl MallocBuffer {
     }
 }
 
-/// For `bytes::Bytes::from_owner`: a block shared with output streams.
-impl AsRef<[u8]> for MallocBuffer {
-    fn as_ref(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
 impl std::fmt::Debug for MallocBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "MallocBuffer({} bytes)", self.len)

@@ -35,8 +35,21 @@ pub enum Payload {
     /// A buffer from `malloc`, handed to the consumer on `get-*`.
     Owned(MallocBuffer),
     /// A guest's own copy of a payload, which output streams may hold
-    /// (reference-counted) while they send it.
+    /// (reference-counted) while they send it: a [`SharedBuffer`], charged
+    /// to the instance until the last reference is gone.
     Shared(bytes::Bytes),
+}
+
+/// The buffer behind a [`Payload::Shared`], with its charge.
+pub(crate) struct SharedBuffer {
+    pub(crate) buf: MallocBuffer,
+    pub(crate) _charge: crate::limits::PayloadCharge,
+}
+
+impl AsRef<[u8]> for SharedBuffer {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
 }
 
 /// A pointer/length pair lent by the caller of a store method.
@@ -95,12 +108,10 @@ pub(crate) fn take(
             Ok(buf)
         }
         // A staged value read back before its flush: the consumer needs a
-        // block of its own to `free`.
-        Payload::Shared(bytes) => {
-            state.data_mut().limits.release_payload(bytes.len() as u64);
-            MallocBuffer::copy_from(&bytes)
-                .ok_or_else(|| wasmtime::format_err!("out of memory for a payload"))
-        }
+        // block of its own to `free`. (The shared one's charge goes with its
+        // last reference.)
+        Payload::Shared(bytes) => MallocBuffer::copy_from(&bytes)
+            .ok_or_else(|| wasmtime::format_err!("out of memory for a payload")),
         // Guests only ever hold borrows of lent payloads and cannot return
         // them; reaching this means a host bug, not a guest one.
         Payload::Lent(_) => wasmtime::bail!("a lent payload was returned"),
@@ -147,8 +158,8 @@ impl types::HostPayload for HostState {
     fn drop(&mut self, payload: Resource<Payload>) -> wasmtime::Result<()> {
         match self.table.delete(payload)? {
             Payload::Owned(buf) => self.limits.release_payload(buf.len() as u64),
-            Payload::Shared(bytes) => self.limits.release_payload(bytes.len() as u64),
-            Payload::Lent(_) => {}
+            // Released by its buffer, when no stream holds a slice of it.
+            Payload::Shared(_) | Payload::Lent(_) => {}
         }
         Ok(())
     }

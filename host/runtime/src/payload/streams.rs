@@ -22,7 +22,7 @@ use bytes::Bytes;
 use wasmtime::component::{Resource, ResourceTableError};
 use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, StreamError};
 
-use super::{MallocBuffer, Payload};
+use super::{MallocBuffer, Payload, SharedBuffer};
 use crate::bindings::kvwasm::kv_store::payload_streams::{self, ReadError, WriteError};
 use crate::state::HostState;
 
@@ -79,11 +79,15 @@ impl payload_streams::Host for HostState {
             Ok(admitted) => admitted,
             Err(refusal) => return Ok(Err(refusal)),
         };
-        let Some(copy) = MallocBuffer::copy_from(self.table.get(&data)?.as_slice()) else {
+        let Some(buf) = MallocBuffer::copy_from(self.table.get(&data)?.as_slice()) else {
             self.discard(slot, len)?;
             return Ok(Err(format!("out of memory for {len} bytes")));
         };
-        *self.table.get_mut(&slot)? = Payload::Shared(Bytes::from_owner(copy));
+        let shared = SharedBuffer {
+            buf,
+            _charge: self.limits.charge(len),
+        };
+        *self.table.get_mut(&slot)? = Payload::Shared(Bytes::from_owner(shared));
         Ok(Ok(slot))
     }
 
@@ -163,7 +167,9 @@ impl HostState {
 impl HostState {
     /// Write all of `data` to `dst` as fast as the stream takes it. A shared
     /// payload goes in slices of itself; another is copied a permitted
-    /// write at a time. The outer `Err` is a trap.
+    /// write at a time. Writes are at most [`WRITE_STEP`] bytes, with a
+    /// yield between them, so the call's deadline can cut a long write into
+    /// a stream that takes everything at once. The outer `Err` is a trap.
     async fn send_payload(
         &mut self,
         dst: &Resource<DynOutputStream>,
@@ -181,7 +187,7 @@ impl HostState {
                     stream.ready().await;
                     continue;
                 }
-                Ok(n) => n.min(len - sent),
+                Ok(n) => n.min(len - sent).min(WRITE_STEP),
                 Err(e) => return stream_failure(e).map(Err),
             };
             let piece = match &shared {
@@ -194,10 +200,16 @@ impl HostState {
                 return stream_failure(e).map(Err);
             }
             sent += permitted;
+            if sent < len {
+                tokio::task::yield_now().await;
+            }
         }
         Ok(Ok(()))
     }
 }
+
+/// The most `write-all` hands a stream in one write.
+const WRITE_STEP: usize = 1 << 20;
 
 /// A stream's failure as the guest sees it; a trap stays a trap.
 fn stream_failure(e: StreamError) -> wasmtime::Result<WriteError> {

@@ -38,7 +38,11 @@
 //! with `payload-streams.write-all` (each waiting at most `ms`): `mode`
 //! `lent` sends the lent payload itself, `copy` a `payload-streams.copy`
 //! of it, and `hoard` only makes `times` copies, kept until the call
-//! returns. It fails with the first error, as text.
+//! returns. It fails with the first error, as text. And for
+//! `pinhttp:<mib>,<times>`: `times` times, a copy of a new `<mib>` MiB
+//! payload is written into the body of an HTTP request never sent (the
+//! body takes two writes, then `write-all` times out), the request kept
+//! and the copy dropped: the body still holds slices of it.
 
 use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_io;
 use kvwasm_guest_support::bindings::wasi::filesystem::preopens;
@@ -147,6 +151,29 @@ fn write_all_to(args: &str, name: &str, data: &Payload) -> Result<()> {
         .map_err(|e| Error::Other(format!("flush: {e:?}")))
 }
 
+/// `pinhttp:<mib>,<times>` (see the module doc).
+fn pin_in_http_bodies(args: &str, name: &str) -> Result<()> {
+    use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_streams::{WriteError, copy};
+    use wasip2::http::types::{Fields, OutgoingRequest};
+    let [mib, times] = args.splitn(2, ',').collect::<Vec<_>>()[..] else {
+        return Err(Error::InvalidArgument(name.to_owned()));
+    };
+    let (mib, times): (usize, usize) = (number(mib, name)?, number(times, name)?);
+    for i in 0..times {
+        let copied = copy(&Payload::new(&vec![b'x'; mib << 20]))
+            .map_err(|e| Error::Other(format!("copy {i}: {e}")))?;
+        let request = OutgoingRequest::new(Fields::new());
+        let body = request.body().map_err(|()| Error::Other("body".into()))?;
+        let stream = body.write().map_err(|()| Error::Other("stream".into()))?;
+        let wrote = kvwasm_guest_support::write_all_by_handle(stream.handle(), &copied, 50_000_000);
+        if !matches!(wrote, Err(WriteError::TimedOut)) {
+            return Err(Error::Other(format!("write {i}: {wrote:?}")));
+        }
+        std::mem::forget((stream, body, request));
+    }
+    Ok(())
+}
+
 fn io_error(e: std::io::Error) -> Error {
     Error::Io(e.to_string())
 }
@@ -173,6 +200,9 @@ impl GuestStore for HostileStore {
     fn put_manifest(&self, name: String, data: &Payload) -> Result<()> {
         if let Some(args) = name.strip_prefix("writeall:") {
             return write_all_to(args, &name, data);
+        }
+        if let Some(args) = name.strip_prefix("pinhttp:") {
+            return pin_in_http_bodies(args, &name);
         }
         std::fs::write(format!("/data/{name}"), data.to_vec()).map_err(io_error)
     }
