@@ -244,9 +244,8 @@ fn a_write_behind_that_fails_is_retried_by_the_flush() {
     assert_eq!(std::fs::read(object).unwrap(), b"alpha");
 }
 
-/// A restore reads behind: `prefetch` starts at most `max_concurrency`
-/// reads and returns, each get takes its chunk's answer and starts the
-/// next. Gets in any order, a missing chunk and long values (read into
+/// A restore through the prefetch cache, with more chunks than requests in
+/// flight: gets in any order, a missing chunk and long values (read into
 /// host payloads) all come back exact.
 #[test]
 fn prefetched_chunks_come_back_exact_in_any_order() {
@@ -274,8 +273,7 @@ fn prefetched_chunks_come_back_exact_in_any_order() {
     let (out, stderr) = run(&save);
     assert!(out.iter().skip(1).all(|l| l.ends_with("-> 0")), "{stderr}");
 
-    // The second half first (queued behind the window), then the first
-    // (in flight, or landed out of order into the cache).
+    // Out of the prefetch order: the second half first.
     let order: Vec<usize> = (20..40).chain(0..20).collect();
     let mut restore = vec![format!("prefetch:{}", hashes.join(","))];
     restore.extend(order.iter().map(|&i| format!("get-chunk:{}", hashes[i])));

@@ -54,8 +54,6 @@ struct S3 {
     behind: VecDeque<(String, FutureIncomingResponse, Value)>,
     /// Writes behind that failed, not yet given back by `settle`.
     failed: Vec<(String, Value, Error)>,
-    /// `GET`s read behind, oldest first, with their keys.
-    reading: VecDeque<(String, FutureIncomingResponse)>,
 }
 
 impl S3 {
@@ -87,7 +85,6 @@ impl Remote for S3 {
             bucket,
             behind: VecDeque::new(),
             failed: Vec::new(),
-            reading: VecDeque::new(),
         };
         // One signed request now, so a wrong key, secret or bucket fails
         // the open with the service's reason instead of the first save.
@@ -163,33 +160,6 @@ impl Remote for S3 {
             .into_iter()
             .map(Response::value)
             .collect()
-    }
-
-    /// As many `GET`s in flight between calls as `max_concurrency`.
-    fn read_window(&self) -> usize {
-        self.client.max_concurrency()
-    }
-
-    fn get_behind(&mut self, key: &str) -> Result<()> {
-        let request = self.request(Method::Get, key, Body::EMPTY);
-        let response = self.client.start(request, self.client.deadline())?;
-        self.reading.push_back((key.to_owned(), response));
-        Ok(())
-    }
-
-    /// Waits at most one `timeout_ms`, however long the read has been in
-    /// flight.
-    fn land_read(&mut self) -> Option<(String, Result<Option<Value>>)> {
-        let (key, response) = self.reading.pop_front()?;
-        let value = self
-            .client
-            .finish(Method::Get, response, self.client.deadline())
-            .and_then(Response::value);
-        Some((key, value))
-    }
-
-    fn cancel_reads(&mut self) {
-        self.reading.clear();
     }
 
     fn delete(&mut self, key: &str) -> Result<()> {

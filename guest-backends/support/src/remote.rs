@@ -39,15 +39,7 @@
 //!   that was gone at that check; a store that evicts chunks *after* a
 //!   manifest names them still breaks that manifest, so keep Redis on
 //!   `maxmemory-policy noeviction` and S3 `chunks/` without expiry.
-//! * `prefetch-chunks` *reads behind* if the [`Remote`] can
-//!   ([`Remote::read_window`], S3): it reads a window of chunks into the
-//!   cache below, starts reading the next window, and returns; each
-//!   `get-chunk` takes its chunk (waiting for its answer if need be) and
-//!   starts the next read. So a restore holds two windows, not the whole
-//!   cache, and streams as a native client does. Answers taken out of
-//!   order wait in the cache. A read that fails drops the reads in flight;
-//!   the gets then fetch their chunks themselves.
-//! * Otherwise `prefetch-chunks` fetches in waves into a cache of at most
+//! * `prefetch-chunks` fetches in waves into a cache of at most
 //!   `prefetch_cache_mib` that the following `get-chunk` calls drain, and
 //!   stops once the cache is full. The first wave asks for `prefetch_wave`
 //!   keys (default 32); each later one for as many as the cache has room
@@ -90,26 +82,6 @@ pub trait Remote: Sized + 'static {
     fn settle(&mut self) -> Vec<(String, Value, Error)> {
         Vec::new()
     }
-    /// Reads [`Remote::get_behind`] keeps in flight at most; 0 (the
-    /// default): this remote does not read behind, and prefetch fetches
-    /// in waves of [`Remote::get`].
-    fn read_window(&self) -> usize {
-        0
-    }
-    /// Start reading `key` and return without waiting for the answer,
-    /// which [`Remote::land_read`] collects.
-    fn get_behind(&mut self, key: &str) -> Result<()> {
-        Err(Error::Other(format!(
-            "cannot read {key} behind: this remote has no read window"
-        )))
-    }
-    /// Wait for the oldest read [`Remote::get_behind`] started: its key and
-    /// value (`None` where it is missing); `None` if no read is in flight.
-    fn land_read(&mut self) -> Option<(String, Result<Option<Value>>)> {
-        None
-    }
-    /// Drop every read in flight.
-    fn cancel_reads(&mut self) {}
     /// Whether [`Remote::put`] sends a [`Value::Payload`] from host memory
     /// (`payload-streams.write-all`). If not, values are staged in guest
     /// memory, where `put` reads them without a copy.
@@ -295,12 +267,6 @@ struct Staging {
     vouched: HashSet<Vec<u8>>,
     prefetched: HashMap<Vec<u8>, Value>,
     prefetched_bytes: usize,
-    /// Reads behind in flight: key → hash.
-    reading: HashMap<String, Vec<u8>>,
-    /// Hashes prefetch asked for that wait for a read slot, in order, and
-    /// the same as a set (a hash fetched meanwhile leaves the set only).
-    read_queue: std::collections::VecDeque<Vec<u8>>,
-    queued: HashSet<Vec<u8>>,
 }
 
 impl Staging {
@@ -352,76 +318,6 @@ impl<R: Remote> RemoteStore<R> {
     fn remote(&self) -> std::cell::RefMut<'_, R> {
         self.round_trips.set(self.round_trips.get() + 1);
         self.remote.borrow_mut()
-    }
-
-    /// Start reads behind for queued hashes until the window is full.
-    fn start_reads(&self) -> Result<()> {
-        let window = self.remote.borrow().read_window();
-        loop {
-            let hash = {
-                let mut staging = self.staging.borrow_mut();
-                if staging.reading.len() >= window {
-                    return Ok(());
-                }
-                let Some(hash) = staging.read_queue.pop_front() else {
-                    return Ok(());
-                };
-                if !staging.queued.remove(&hash) || staging.prefetched.contains_key(&hash) {
-                    continue;
-                }
-                hash
-            };
-            let key = self.keys.chunk(&hash);
-            self.remote().get_behind(&key)?;
-            self.staging.borrow_mut().reading.insert(key, hash);
-        }
-    }
-
-    /// Keep the read window full after a get took its chunk. A failure to
-    /// start a read is not this get's: the rest of the queue is dropped and
-    /// later gets fetch their chunks themselves.
-    fn read_ahead(&self) {
-        if let Err(e) = self.start_reads() {
-            eprintln!("prefetch stopped: {e}");
-            let mut staging = self.staging.borrow_mut();
-            staging.read_queue.clear();
-            staging.queued.clear();
-        }
-    }
-
-    /// Take the answers of the reads behind in order until `key`'s, and
-    /// return it (all of them for `None`); the others wait in the cache
-    /// (or are dropped past its budget). A failed read drops every read in
-    /// flight.
-    fn land_until(&self, key: Option<&str>) -> Result<Option<Value>> {
-        let budget = self.options.prefetch_budget_bytes;
-        loop {
-            let landed = self.remote.borrow_mut().land_read();
-            let mut staging = self.staging.borrow_mut();
-            let Some((landed_key, result)) = landed else {
-                staging.reading.clear();
-                return match key {
-                    None => Ok(None),
-                    Some(key) => Err(Error::Other(format!("the read of {key} was lost"))),
-                };
-            };
-            let Some(hash) = staging.reading.remove(&landed_key) else {
-                continue;
-            };
-            match result {
-                Ok(value) if key == Some(landed_key.as_str()) => return Ok(value),
-                Ok(Some(value)) => {
-                    staging.cache(hash, value, budget);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    staging.reading.clear();
-                    drop(staging);
-                    self.remote.borrow_mut().cancel_reads();
-                    return Err(e);
-                }
-            }
-        }
     }
 
     /// Wait for the writes behind: the stored ones are known from now on,
@@ -647,20 +543,14 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             }
             if let Some(value) = staging.prefetched.remove(&hash) {
                 staging.prefetched_bytes -= value.len();
-                drop(staging);
-                self.read_ahead();
                 return Ok(value.into_payload());
             }
         }
-        let key = self.keys.chunk(&hash);
-        let value = if self.staging.borrow().reading.contains_key(&key) {
-            let value = self.land_until(Some(&key))?;
-            self.read_ahead();
-            value
-        } else {
-            self.staging.borrow_mut().queued.remove(&hash);
-            self.remote().get(&[key])?.pop().flatten()
-        };
+        let value = self
+            .remote()
+            .get(&[self.keys.chunk(&hash)])?
+            .pop()
+            .flatten();
         let value = value.ok_or(Error::NotFound)?;
         self.staging.borrow_mut().remember(hash);
         Ok(value.into_payload())
@@ -719,21 +609,10 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
                 .filter(|h| {
                     !staging.pending_index.contains_key(h)
                         && !staging.prefetched.contains_key(h)
-                        && !staging.queued.contains(h)
-                        && !staging.reading.contains_key(&self.keys.chunk(h))
                         && seen.insert(h.clone())
                 })
                 .collect()
         };
-        if self.remote.borrow().read_window() > 0 {
-            let mut staging = self.staging.borrow_mut();
-            staging.queued.extend(wanted.iter().cloned());
-            staging.read_queue.extend(wanted);
-            drop(staging);
-            self.start_reads()?;
-            self.land_until(None)?;
-            return self.start_reads();
-        }
         let budget = self.options.prefetch_budget_bytes;
         let (mut fetched, mut fetched_bytes) = (0, 0);
         let mut rest = wanted.as_slice();
