@@ -4,7 +4,11 @@
 //!
 //! The store logic (staging, batched flush, prefetch cache) is the shared
 //! [`RemoteStore`]; this crate supplies [`Remote`] as waves of concurrent
-//! requests: `HEAD` for existence, `PUT`, `GET`, `DELETE`.
+//! requests: `HEAD` for existence, `PUT`, `GET`, `DELETE`; and writes
+//! behind: a new chunk's `PUT` starts during `put-chunk`, at most
+//! `max_concurrency` in flight between calls, its bytes kept (a host copy
+//! for long ones, sent by `payload-streams.write-all`) until the service
+//! answered.
 //!
 //! Settings (`[backends.<name>.settings]`):
 //!
