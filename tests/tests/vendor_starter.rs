@@ -15,7 +15,7 @@ fn the_vendor_starter_serves_the_full_contract() {
 
 /// A vendor's component is not rebuilt when the host gains a compatible
 /// addition: wasmtime matches `@0.1.0` imports and exports to the host's
-/// `@0.1.1` by semver.
+/// `@0.1.2` by semver.
 #[test]
 fn a_component_built_against_0_1_0_still_runs() {
     let old =
