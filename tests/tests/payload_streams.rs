@@ -55,6 +55,12 @@ fn read_exact(addr: &str, len: usize, ms: u64, head: &str, extra: &str) -> (Stri
     (out[0].clone(), stderr)
 }
 
+/// The test's calls came back before `limit` had passed since `started`.
+fn assert_within(started: Instant, limit: Duration) {
+    let took = started.elapsed();
+    assert!(took < limit, "{took:?}");
+}
+
 fn letters(n: usize) -> Vec<u8> {
     (0..n).map(|i| b'a' + (i % 26) as u8).collect()
 }
@@ -92,11 +98,7 @@ fn a_stream_that_ends_early_is_closed_and_a_silent_one_times_out() {
         line.ends_with("-> 0 ReadError::TimedOut"),
         "{line} {stderr}"
     );
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
-    );
+    assert_within(started, Duration::from_secs(2));
 }
 
 /// A guest that asks to wait longer than its call may is cut at the
@@ -110,11 +112,7 @@ fn the_call_deadline_ends_a_read_exact_that_waits_longer() {
     let (out, stderr) = run(&addr, "", &[&op, "get-manifest:ping"]);
     assert!(out[0].ends_with("-> -8"), "{out:?} {stderr}");
     assert_eq!(out[1], "get-manifest ping -> 0 pong", "{stderr}");
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "{:?}",
-        started.elapsed()
-    );
+    assert_within(started, Duration::from_secs(3));
 }
 
 #[test]
@@ -215,11 +213,7 @@ fn a_peer_that_stops_reading_times_the_write_out() {
     assert!(stderr.contains("WriteError::TimedOut"), "{stderr}");
     assert!(!stderr.contains("abcdefghij"), "the bytes are not logged");
     assert_eq!(out[1], "get-manifest ping -> 0 pong", "{stderr}");
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "{:?}",
-        started.elapsed()
-    );
+    assert_within(started, Duration::from_secs(3));
 }
 
 /// Waiting longer than the call may is cut at the call's deadline: one

@@ -336,10 +336,7 @@ impl Client {
             Err(WriteError::Closed) => {
                 Err(self.stream_error("sending a request body", StreamError::Closed))
             }
-            Err(WriteError::Failed(why)) => Err(Error::Unavailable(format!(
-                "s3 at {}: sending a request body: {why}",
-                self.origin
-            ))),
+            Err(WriteError::Failed(why)) => Err(self.unavailable("sending a request body", &why)),
         }
     }
 
@@ -433,10 +430,7 @@ impl Client {
                 return Err(self.stream_error("reading a response body", StreamError::Closed));
             }
             Err(ReadError::Failed(why)) => {
-                return Err(Error::Unavailable(format!(
-                    "s3 at {}: reading a response body: {why}",
-                    self.origin
-                )));
+                return Err(self.unavailable("reading a response body", &why));
             }
         };
         // `content-length` is a claim (hyper keeps the header of a chunked
@@ -486,6 +480,10 @@ impl Client {
             StreamError::Closed => "connection closed".to_owned(),
             StreamError::LastOperationFailed(e) => e.to_debug_string(),
         };
+        self.unavailable(what, &detail)
+    }
+
+    fn unavailable(&self, what: &str, detail: &str) -> Error {
         Error::Unavailable(format!("s3 at {}: {what}: {detail}", self.origin))
     }
 }

@@ -78,6 +78,18 @@ impl S3 {
             .collect();
         self.client.send_all(requests)
     }
+    /// Wait for the oldest write behind until `deadline`; keep its failure
+    /// for `settle`.
+    fn land_oldest(&mut self, deadline: u64) {
+        let Some((key, response, value)) = self.behind.pop_front() else {
+            return;
+        };
+        match self.client.finish(Method::Put, response, deadline) {
+            Ok(r) if r.status == 200 => {}
+            Ok(r) => self.failed.push((key, value, r.error("PUT"))),
+            Err(e) => self.failed.push((key, value, e)),
+        }
+    }
 }
 
 impl Remote for S3 {
@@ -171,21 +183,6 @@ impl Remote for S3 {
         match r.status {
             200 | 204 | 404 => Ok(()),
             _ => Err(r.error("DELETE")),
-        }
-    }
-}
-
-impl S3 {
-    /// Wait for the oldest write behind until `deadline`; keep its failure
-    /// for `settle`.
-    fn land_oldest(&mut self, deadline: u64) {
-        let Some((key, response, value)) = self.behind.pop_front() else {
-            return;
-        };
-        match self.client.finish(Method::Put, response, deadline) {
-            Ok(r) if r.status == 200 => {}
-            Ok(r) => self.failed.push((key, value, r.error("PUT"))),
-            Err(e) => self.failed.push((key, value, e)),
         }
     }
 }

@@ -260,8 +260,8 @@ struct Staging {
     pending_index: HashMap<Vec<u8>, usize>,
     pending_bytes: usize,
     known: HashSet<Vec<u8>>,
-    /// Chunks written behind and not yet settled: key → hash.
-    behind: HashMap<String, Vec<u8>>,
+    /// Chunks written behind and not yet settled.
+    behind: HashSet<Vec<u8>>,
     /// Hashes answered `already-present` without being staged since the
     /// last flush: a manifest may name them, so the flush re-checks them.
     vouched: HashSet<Vec<u8>>,
@@ -337,8 +337,8 @@ impl<R: Remote> RemoteStore<R> {
         let mut staging = self.staging.borrow_mut();
         let mut first = None;
         let mut count = 0;
-        for (key, hash) in behind {
-            match failed.remove(&key) {
+        for hash in behind {
+            match failed.remove(&self.keys.chunk(&hash)) {
                 Some((value, e)) => {
                     count += 1;
                     first.get_or_insert_with(|| format!("{}: {e}", validate::hash_hex(&hash)));
@@ -475,9 +475,7 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
         validate::hash(&hash)?;
         let known = {
             let staging = self.staging.borrow();
-            if staging.pending_index.contains_key(&hash)
-                || staging.behind.contains_key(&self.keys.chunk(&hash))
-            {
+            if staging.pending_index.contains_key(&hash) || staging.behind.contains(&hash) {
                 return Ok(PutOutcome::AlreadyPresent);
             }
             staging.known.contains(&hash)
@@ -502,11 +500,11 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
         // Just found missing: write it now if the remote can.
         if self.options.dedup == DedupCheck::Put {
             let key = self.keys.chunk(&hash);
-            match self.remote.borrow_mut().put_behind(key.clone(), value) {
+            match self.remote.borrow_mut().put_behind(key, value) {
                 Ok(()) => {
                     self.round_trips.set(self.round_trips.get() + 1);
                     self.written_behind.set(self.written_behind.get() + 1);
-                    self.staging.borrow_mut().behind.insert(key, hash);
+                    self.staging.borrow_mut().behind.insert(hash);
                     return Ok(PutOutcome::Stored);
                 }
                 Err((_, unwritten)) => value = unwritten,
@@ -528,12 +526,7 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
 
     fn get_chunk(&self, hash: Vec<u8>) -> Result<Payload> {
         validate::hash(&hash)?;
-        if self
-            .staging
-            .borrow()
-            .behind
-            .contains_key(&self.keys.chunk(&hash))
-        {
+        if self.staging.borrow().behind.contains(&hash) {
             self.settle();
         }
         {
@@ -593,12 +586,10 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
     fn prefetch_chunks(&self, hashes: Vec<Vec<u8>>) -> Result<()> {
         hashes.iter().try_for_each(|h| validate::hash(h))?;
         // A chunk still being written would read as missing.
-        if hashes.iter().any(|h| {
-            self.staging
-                .borrow()
-                .behind
-                .contains_key(&self.keys.chunk(h))
-        }) {
+        if hashes
+            .iter()
+            .any(|h| self.staging.borrow().behind.contains(h))
+        {
             self.settle();
         }
         let wanted: Vec<Vec<u8>> = {

@@ -162,9 +162,7 @@ impl HostState {
         let stream = self.table.get_mut(src)?;
         Ok(fill(stream, &mut buf, head.len()).await?.map(|()| buf))
     }
-}
 
-impl HostState {
     /// Write all of `data` to `dst` as fast as the stream takes it. A shared
     /// payload goes in slices of itself; another is copied a permitted
     /// write at a time. Writes are at most [`WRITE_STEP`] bytes, with a

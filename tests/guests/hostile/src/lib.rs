@@ -88,6 +88,14 @@ fn number<T: std::str::FromStr>(text: &str, name: &str) -> Result<T> {
         .map_err(|_| Error::InvalidArgument(name.to_owned()))
 }
 
+/// A raw `wasi:sockets` connection to `addr`, and `ms` as nanoseconds.
+fn connect(addr: &str, ms: &str, name: &str) -> Result<(kvwasm_guest_support::net::Stream, u64)> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let stream = kvwasm_guest_support::net::connect_stream(addr, false, deadline)
+        .map_err(Error::Unavailable)?;
+    Ok((stream, number::<u64>(ms, name)?.saturating_mul(1_000_000)))
+}
+
 /// `readexact:<ip:port>,<len>,<ms>,<head>`: the value read into a
 /// payload by the host, or what `read-exact` answered, as text.
 fn read_exact_from(args: &str, name: &str) -> Result<Payload> {
@@ -95,10 +103,7 @@ fn read_exact_from(args: &str, name: &str) -> Result<Payload> {
     let [addr, len, ms, head] = args.splitn(4, ',').collect::<Vec<_>>()[..] else {
         return Err(Error::InvalidArgument(name.to_owned()));
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let stream = kvwasm_guest_support::net::connect_stream(addr, false, deadline)
-        .map_err(Error::Unavailable)?;
-    let timeout_ns = number::<u64>(ms, name)?.saturating_mul(1_000_000);
+    let (stream, timeout_ns) = connect(addr, ms, name)?;
     match read_exact(
         stream.input(),
         head.as_bytes(),
@@ -123,10 +128,7 @@ fn write_all_to(args: &str, name: &str, data: &Payload) -> Result<()> {
         std::hint::black_box(kept);
         return Ok(());
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let stream = kvwasm_guest_support::net::connect_stream(addr, false, deadline)
-        .map_err(Error::Unavailable)?;
-    let timeout_ns = number::<u64>(ms, name)?.saturating_mul(1_000_000);
+    let (stream, timeout_ns) = connect(addr, ms, name)?;
     let copied;
     let source = match mode {
         "lent" => data,
