@@ -69,6 +69,7 @@ tls-auth-clients no
 CONF
 redis-server "$work/redis.conf" >/dev/null 2>&1 &
 pids+=($!)
+redis_pid=$!
 wait_port "$redis_port" redis-server
 
 s3_port=$(free_port)
@@ -78,6 +79,7 @@ target/tools/bin/s3s-fs --host 127.0.0.1 --port "$s3_port" \
     --access-key "$AWS_ACCESS_KEY_ID" --secret-key "$AWS_SECRET_ACCESS_KEY" "$work/s3" \
     >/dev/null 2>"$work/s3s-fs.log" &
 pids+=($!)
+s3_pid=$!
 wait_port "$s3_port" s3s-fs
 
 # One save (96 MiB) is staged in one batch; a restore's prefetch fits.
@@ -115,7 +117,7 @@ export KVWASM_CONFIG="$work/kvwasm.toml"
 target/release/kvwasm check-config >/dev/null
 
 target/release/kvwasm bench --remote --redis "127.0.0.1:$redis_port" --s3 "http://127.0.0.1:$s3_port" \
-    --json target/bench-remote-native.json "$@"
+    --redis-pid "$redis_pid" --s3-pid "$s3_pid" --json target/bench-remote-native.json "$@"
 "$remote_only" && exit 0
 
 shim=target/release/libkv_store_wasm.so

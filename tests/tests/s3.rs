@@ -127,6 +127,28 @@ fn a_wrong_secret_key_fails_the_open_with_the_servers_reason() {
         "wrong-secret-key",
     );
 
+    // The open checks the bucket with a `HEAD`, which has no body: a
+    // missing bucket is asked again as a listing, for the service's reason.
+    let text = std::fs::read_to_string(&config).unwrap();
+    let missing = dir.path().join("missing-bucket.toml");
+    std::fs::write(
+        &missing,
+        text.replace(
+            &format!("bucket = \"{}\"", server.bucket),
+            "bucket = \"no-such-bucket\"",
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let run =
+        probe(&missing, "ns", &server.access_key, &server.secret_key).run(&["get-manifest:m"]);
+    assert_open_refused(
+        run,
+        started.elapsed(),
+        &["checking bucket \"no-such-bucket\"", "404 NoSuchBucket"],
+        &server.secret_key,
+    );
+
     // Credentials that are not granted do not reach the guest at all.
     let (out, stderr) = Probe::new(PROBE, "wasm://s3/ns")
         .config(&config)

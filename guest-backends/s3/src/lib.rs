@@ -103,14 +103,21 @@ impl Remote for S3 {
             failed: Vec::new(),
         };
         // One signed request now, so a wrong key, secret or bucket fails
-        // the open with the service's reason instead of the first save.
-        let probe = Request {
-            method: Method::Get,
+        // the open instead of the first save: `HEAD` of the bucket, cheap on
+        // every service (a listing, even of one key, walks the bucket on
+        // some). Its answer has no body, so a refusal is asked again as a
+        // listing, whose error document carries the service's reason.
+        let bucket = |method, query: &str| Request {
+            method,
             path: format!("/{}", s3.bucket),
-            query: "list-type=2&max-keys=1".into(),
+            query: query.into(),
             body: Body::EMPTY,
         };
-        let response = s3.client.send_all(vec![probe])?.remove(0);
+        if s3.client.send_all(vec![bucket(Method::Head, "")])?[0].status == 200 {
+            return Ok(s3);
+        }
+        let listing = bucket(Method::Get, "list-type=2&max-keys=1");
+        let response = s3.client.send_all(vec![listing])?.remove(0);
         match response.status {
             200 => Ok(s3),
             _ => Err(response.error(&format!("checking bucket {:?}", s3.bucket))),

@@ -391,6 +391,14 @@ mod tests {
             kvwasm_label: kvwasm.into(),
             kvwasm: Stat::new(vec![2.0, 4.0, 6.0]),
             target: 1.3,
+            native_cpu: crate::remote::Cpu {
+                client: Stat::new(vec![1.0]),
+                server: None,
+            },
+            kvwasm_cpu: crate::remote::Cpu {
+                client: Stat::new(vec![1.0]),
+                server: None,
+            },
         }
     }
 

@@ -5,7 +5,8 @@
 //! Every repetition runs each case on every side back to back (who goes
 //! first alternates), each side in a key space of its own, fresh per
 //! repetition, so every save is cold. A save is `put_chunk` per chunk and
-//! a `put_manifest`; a restore, on a new handle, is `get_manifest`,
+//! a `put_manifest`; a restore, on a new handle (or with `--same-handle`
+//! on the one that saved), is `get_manifest`,
 //! `prefetch_chunks` of everything, then `get_chunk` per chunk, each
 //! returned buffer released as a consumer releases it. kvwasm runs in this
 //! process (`kvwasm_host`, what the shim calls).
@@ -52,6 +53,14 @@ pub struct Servers {
     /// `kvwasm_guest_s3.wasm` to run instead of the built-in guests (to
     /// compare two builds of them).
     pub guests: Option<std::path::PathBuf>,
+    /// Process ids of the Redis server and the S3 service, if known: their
+    /// CPU time per operation is reported next to the client's.
+    pub redis_pid: Option<u32>,
+    pub s3_pid: Option<u32>,
+    /// Restore on the handle that saved (whose guest instance already ran,
+    /// as a consumer keeps one handle) instead of on a new handle (a new
+    /// instance, the default).
+    pub same_handle: bool,
 }
 
 /// One compared case: the native client's time and kvwasm's, in ms.
@@ -64,6 +73,85 @@ pub struct Pair {
     pub kvwasm: Stat,
     /// The most `kvwasm / native` time the issue allows.
     pub target: f64,
+    /// CPU time per operation, ms: of this process (the client, all its
+    /// threads) and of the server, if its pid was given.
+    pub native_cpu: Cpu,
+    pub kvwasm_cpu: Cpu,
+}
+
+/// CPU time one side's operations took, ms per operation.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Cpu {
+    pub client: Stat,
+    pub server: Option<Stat>,
+}
+
+/// Measures an operation: its wall time, the CPU time of this process and
+/// of the server process, if known.
+#[derive(Clone, Copy)]
+struct Meter {
+    server_pid: Option<u32>,
+}
+
+/// An operation being measured.
+struct Span {
+    started: Instant,
+    client_cpu_ms: f64,
+    server_cpu_ms: Option<f64>,
+    server_pid: Option<u32>,
+}
+
+/// What one operation took, ms.
+struct Measured {
+    ms: f64,
+    client_cpu_ms: f64,
+    server_cpu_ms: Option<f64>,
+}
+
+impl Meter {
+    fn start(self) -> Span {
+        Span {
+            client_cpu_ms: crate::cpu::process_ms(),
+            server_cpu_ms: self.server_pid.and_then(crate::cpu::of_pid),
+            server_pid: self.server_pid,
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Span {
+    fn stop(self) -> Measured {
+        let ms = 1e3 * self.started.elapsed().as_secs_f64();
+        let server = self.server_pid.and_then(crate::cpu::of_pid);
+        Measured {
+            ms,
+            client_cpu_ms: crate::cpu::process_ms() - self.client_cpu_ms,
+            server_cpu_ms: self.server_cpu_ms.zip(server).map(|(a, b)| b - a),
+        }
+    }
+}
+
+/// What one side's operations of one kind measured, in repetition order.
+#[derive(Debug, Clone, Default)]
+struct Samples {
+    ms: Vec<f64>,
+    client_cpu_ms: Vec<f64>,
+    server_cpu_ms: Vec<f64>,
+}
+
+impl Samples {
+    fn push(&mut self, m: Measured) {
+        self.ms.push(m.ms);
+        self.client_cpu_ms.push(m.client_cpu_ms);
+        self.server_cpu_ms.extend(m.server_cpu_ms);
+    }
+
+    fn cpu(&self) -> Cpu {
+        Cpu {
+            client: Stat::new(self.client_cpu_ms.clone()),
+            server: (!self.server_cpu_ms.is_empty()).then(|| Stat::new(self.server_cpu_ms.clone())),
+        }
+    }
 }
 
 impl Pair {
@@ -131,11 +219,11 @@ fn manifest_key(base: &str) -> String {
 }
 
 /// A client under test: a save into and a restore from the key space
-/// `ns`, each returning seconds spent in the client's calls only.
+/// `ns`, each measuring the client's calls only (not opening a handle).
 trait Side {
     fn label(&self) -> String;
-    fn save(&self, ns: &str, load: &Load) -> Result<f64, String>;
-    fn restore(&self, ns: &str, load: &Load) -> Result<f64, String>;
+    fn save(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String>;
+    fn restore(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String>;
     /// The key space's base key (for cleanup by the native client).
     fn base(&self, ns: &str) -> String;
 }
@@ -144,6 +232,9 @@ trait Side {
 struct Kvwasm {
     name: &'static str,
     backend: Arc<Backend>,
+    /// Restore on the handle the last save used, not a new one.
+    same_handle: bool,
+    saved_with: std::sync::Mutex<Option<Arc<StoreHandle>>>,
 }
 
 impl Side for Kvwasm {
@@ -151,20 +242,28 @@ impl Side for Kvwasm {
         format!("kvwasm ({})", self.name)
     }
 
-    fn save(&self, ns: &str, load: &Load) -> Result<f64, String> {
+    fn save(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
         let h = self.open(ns)?;
-        let started = Instant::now();
+        let span = meter.start();
         for hash in &load.hashes {
             h.put_chunk(hash, &load.data).map_err(|e| e.to_string())?;
         }
         h.put_manifest("bench", &load.manifest)
             .map_err(|e| e.to_string())?;
-        Ok(started.elapsed().as_secs_f64())
+        let measured = span.stop();
+        if self.same_handle {
+            *self.saved_with.lock().expect("not poisoned") = Some(h);
+        }
+        Ok(measured)
     }
 
-    fn restore(&self, ns: &str, load: &Load) -> Result<f64, String> {
-        let h = self.open(ns)?;
-        let started = Instant::now();
+    fn restore(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
+        let saved_with = self.saved_with.lock().expect("not poisoned").take();
+        let h = match saved_with {
+            Some(h) => h,
+            None => self.open(ns)?,
+        };
+        let span = meter.start();
         let manifest = h.get_manifest("bench").map_err(|e| e.to_string())?;
         let hashes = manifest_hashes(manifest.as_slice());
         h.prefetch_chunks(&hashes).map_err(|e| e.to_string())?;
@@ -172,7 +271,7 @@ impl Side for Kvwasm {
             let value = h.get_chunk(hash).map_err(|e| e.to_string())?;
             check_len(value.as_slice(), load)?;
         }
-        Ok(started.elapsed().as_secs_f64())
+        Ok(span.stop())
     }
 
     fn base(&self, ns: &str) -> String {
@@ -243,10 +342,10 @@ impl Side for NativeRedis {
         "redis crate, pipelined".into()
     }
 
-    fn save(&self, ns: &str, load: &Load) -> Result<f64, String> {
+    fn save(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
         let base = self.base(ns);
         let conn = &mut *self.conn.borrow_mut();
-        let started = Instant::now();
+        let span = meter.start();
         let mut pipe = redis::pipe();
         for hash in &load.hashes {
             pipe.set(chunk_key(&base, hash), load.data.as_slice())
@@ -256,13 +355,13 @@ impl Side for NativeRedis {
             .ignore();
         pipe.query::<()>(conn)
             .map_err(|e| format!("redis SET: {e}"))?;
-        Ok(started.elapsed().as_secs_f64())
+        Ok(span.stop())
     }
 
-    fn restore(&self, ns: &str, load: &Load) -> Result<f64, String> {
+    fn restore(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
         let base = self.base(ns);
         let conn = &mut *self.conn.borrow_mut();
-        let started = Instant::now();
+        let span = meter.start();
         let manifest: Vec<u8> = redis::cmd("GET")
             .arg(manifest_key(&base))
             .query(conn)
@@ -275,7 +374,7 @@ impl Side for NativeRedis {
         for value in &values {
             deliver(value, load)?;
         }
-        Ok(started.elapsed().as_secs_f64())
+        Ok(span.stop())
     }
 
     fn base(&self, ns: &str) -> String {
@@ -410,20 +509,20 @@ impl Side for NativeS3 {
         format!("reqwest + aws-sigv4, {S3_CONCURRENCY} in flight")
     }
 
-    fn save(&self, ns: &str, load: &Load) -> Result<f64, String> {
+    fn save(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
         let base = self.base(ns);
-        let started = Instant::now();
+        let span = meter.start();
         self.each(load.hashes.len(), |i| {
             let key = chunk_key(&base, &load.hashes[i]);
             self.send(reqwest::Method::PUT, &key, &load.data).map(drop)
         })?;
         self.send(reqwest::Method::PUT, &manifest_key(&base), &load.manifest)?;
-        Ok(started.elapsed().as_secs_f64())
+        Ok(span.stop())
     }
 
-    fn restore(&self, ns: &str, load: &Load) -> Result<f64, String> {
+    fn restore(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
         let base = self.base(ns);
-        let started = Instant::now();
+        let span = meter.start();
         let body = |r: reqwest::blocking::Response| r.bytes().map_err(|e| e.to_string());
         let manifest = body(self.send(reqwest::Method::GET, &manifest_key(&base), &[])?)?;
         let hashes = manifest_hashes(&manifest);
@@ -431,7 +530,7 @@ impl Side for NativeS3 {
             let key = chunk_key(&base, &hashes[i]);
             deliver(&body(self.send(reqwest::Method::GET, &key, &[])?)?, load)
         })?;
-        Ok(started.elapsed().as_secs_f64())
+        Ok(span.stop())
     }
 
     fn base(&self, ns: &str) -> String {
@@ -493,6 +592,8 @@ pub fn run(
         Ok(Box::new(Kvwasm {
             name,
             backend: Arc::new(config.backend(name)?),
+            same_handle: servers.same_handle,
+            saved_with: Default::default(),
         }))
     };
     let big = if quick { 8 } else { 96 };
@@ -502,37 +603,50 @@ pub fn run(
         let native = NativeRedis::connect(address)?;
         let loads = [Load::new(big, 1 << 20, 1.3), Load::new(small, 4 << 10, 1.5)];
         let sides = [kvwasm("redis")?, kvwasm("redis-batched")?];
-        pairs.extend(compare(&native, &sides, &loads, reps, |base, load| {
-            native.clean(base, load)
-        })?);
+        pairs.extend(compare(
+            &native,
+            &sides,
+            &loads,
+            reps,
+            servers.redis_pid,
+            |base, load| native.clean(base, load),
+        )?);
     }
     if let Some(endpoint) = &servers.s3 {
         let native = NativeS3::new(endpoint)?;
         let loads = [Load::new(big, 1 << 20, 1.3)];
         let sides = [kvwasm("s3")?, kvwasm("s3-batched")?];
-        pairs.extend(compare(&native, &sides, &loads, reps, |base, load| {
-            native.clean(base, load)
-        })?);
+        pairs.extend(compare(
+            &native,
+            &sides,
+            &loads,
+            reps,
+            servers.s3_pid,
+            |base, load| native.clean(base, load),
+        )?);
     }
     Ok(pairs)
 }
 
 /// Save and restore each load on the native side and every kvwasm side,
-/// alternating who goes first, then delete what they stored.
+/// alternating who goes first, then delete what they stored. The CPU time
+/// of the server `server_pid`, if given, is read around each operation.
 fn compare(
     native: &dyn Side,
     sides: &[Box<dyn Side>],
     loads: &[Load],
     reps: usize,
+    server_pid: Option<u32>,
     clean: impl Fn(&str, &Load) -> Result<(), String>,
 ) -> Result<Vec<Pair>, String> {
     let all: Vec<&dyn Side> = std::iter::once(native)
         .chain(sides.iter().map(|s| s.as_ref()))
         .collect();
+    let meter = Meter { server_pid };
     let mut pairs = Vec::new();
     for load in loads {
-        // [side][save, restore] → samples, in repetition order.
-        let mut samples = vec![[Vec::new(), Vec::new()]; all.len()];
+        // [side][save, restore], in repetition order.
+        let mut samples = vec![[Samples::default(), Samples::default()]; all.len()];
         // Repetition 0 warms up (connections, compiled guests) and is not kept.
         for rep in 0..=reps {
             let mut order: Vec<usize> = (0..all.len()).collect();
@@ -541,15 +655,15 @@ fn compare(
             }
             let ns = |side: usize| format!("bench-{}-{rep}-{side}", std::process::id());
             for &side in &order {
-                let ms = 1e3 * all[side].save(&ns(side), load)?;
+                let measured = all[side].save(&ns(side), load, meter)?;
                 if rep > 0 {
-                    samples[side][0].push(ms);
+                    samples[side][0].push(measured);
                 }
             }
             for &side in &order {
-                let ms = 1e3 * all[side].restore(&ns(side), load)?;
+                let measured = all[side].restore(&ns(side), load, meter)?;
                 if rep > 0 {
-                    samples[side][1].push(ms);
+                    samples[side][1].push(measured);
                 }
             }
             for (side, s) in all.iter().enumerate() {
@@ -557,15 +671,17 @@ fn compare(
             }
         }
         for (op, what) in ["save", "restore with prefetch"].iter().enumerate() {
-            let native_stat = Stat::new(samples[0][op].clone());
+            let native_stat = Stat::new(samples[0][op].ms.clone());
             for (side, s) in all.iter().enumerate().skip(1) {
                 pairs.push(Pair {
                     case: format!("{what} {}", load.label),
                     native_label: native.label(),
                     native: native_stat.clone(),
                     kvwasm_label: s.label(),
-                    kvwasm: Stat::new(samples[side][op].clone()),
+                    kvwasm: Stat::new(samples[side][op].ms.clone()),
                     target: load.target,
+                    native_cpu: samples[0][op].cpu(),
+                    kvwasm_cpu: samples[side][op].cpu(),
                 });
             }
         }
@@ -574,7 +690,7 @@ fn compare(
 }
 
 /// The pairs as a Markdown table: times (lower is better) and ratios.
-pub fn markdown(pairs: &[Pair], reps: usize) -> String {
+pub fn markdown(pairs: &[Pair], reps: usize, same_handle: bool) -> String {
     let mut out = String::from(
         "| case | native client | ms (median, min–max) | kvwasm | ms (median, min–max) | ratio | target |\n\
          |---|---|---|---|---|---|---|\n",
@@ -596,10 +712,42 @@ pub fn markdown(pairs: &[Pair], reps: usize) -> String {
             p.target,
         );
     }
+    let restores = if same_handle {
+        "on the handle that saved (`--same-handle`)"
+    } else {
+        "on a new handle (a new guest instance)"
+    };
     out += &format!(
         "\n{reps} repetitions; ratios (kvwasm time / native time) are medians of \
-         per-repetition ratios.\n"
+         per-repetition ratios. kvwasm restored {restores}.\n\n"
     );
+    out += &cpu_markdown(pairs);
+    out
+}
+
+/// CPU time per operation, client and server, as a Markdown table: a
+/// slower side that spends no more CPU is waiting, not working.
+fn cpu_markdown(pairs: &[Pair]) -> String {
+    let ms = |s: &Stat| format!("{:.1} ({:.1}–{:.1})", s.median, s.min, s.max);
+    let server = |s: &Option<Stat>| s.as_ref().map_or_else(|| "—".to_owned(), ms);
+    let mut out = String::from(
+        "CPU time per operation, ms (median, min–max): the client is this whole process \
+         (all its threads), the server its process (`--redis-pid`, `--s3-pid`; clock ticks, \
+         10 ms).\n\n\
+         | case | kvwasm | client CPU, native | client CPU, kvwasm | server CPU, native | server CPU, kvwasm |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    for p in pairs {
+        out += &format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            p.case,
+            p.kvwasm_label,
+            ms(&p.native_cpu.client),
+            ms(&p.kvwasm_cpu.client),
+            server(&p.native_cpu.server),
+            server(&p.kvwasm_cpu.server),
+        );
+    }
     out
 }
 
@@ -614,6 +762,9 @@ mod tests {
             redis: Some("127.0.0.1:6379".into()),
             s3: Some("http://127.0.0.1:9000".into()),
             guests: None,
+            redis_pid: None,
+            s3_pid: None,
+            same_handle: false,
         };
         let path = dir.path().join("c.toml");
         std::fs::write(&path, config(&servers)).unwrap();
@@ -641,8 +792,21 @@ mod tests {
             kvwasm_label: "k".into(),
             kvwasm: Stat::new(vec![12.0, 30.0]),
             target: 1.3,
+            native_cpu: Cpu {
+                client: Stat::new(vec![4.0, 6.0]),
+                server: None,
+            },
+            kvwasm_cpu: Cpu {
+                client: Stat::new(vec![5.0]),
+                server: Some(Stat::new(vec![20.0, 30.0])),
+            },
         };
         assert!((pair.ratio() - 1.35).abs() < 1e-9);
-        assert!(markdown(&[pair], 2).contains("| 1.35× | ≤ 1.3× missed |"));
+        let table = markdown(&[pair], 2, false);
+        assert!(table.contains("| 1.35× | ≤ 1.3× missed |"), "{table}");
+        assert!(
+            table.contains("| save | k | 5.0 (4.0–6.0) | 5.0 (5.0–5.0) | — | 25.0 (20.0–30.0) |"),
+            "{table}"
+        );
     }
 }

@@ -456,12 +456,12 @@ fn open_all<'l>(
     };
     let mut open = |i: usize, handles: &mut Vec<Handle<'l>>| -> Result<(), String> {
         let u = uri(i);
-        let (start, cpu) = (Instant::now(), thread_cpu_ms());
+        let (start, cpu) = (Instant::now(), crate::cpu::thread_ms());
         let h = lib
             .open_store(&u)
             .ok_or(format!("open({u:?}) returned NULL"))?;
         open_ms[0].push(start.elapsed().as_secs_f64() * 1e3);
-        open_ms[1].push(thread_cpu_ms() - cpu);
+        open_ms[1].push(crate::cpu::thread_ms() - cpu);
         handles.push(h);
         Ok(())
     };
@@ -497,10 +497,10 @@ fn open_all<'l>(
     let (released, pss_released) = (resident_kib(), pss_kib());
     let mut first_call_ms = [Vec::with_capacity(n), Vec::with_capacity(n)];
     for h in &handles[WARM_HANDLES..] {
-        let (start, cpu) = (Instant::now(), thread_cpu_ms());
+        let (start, cpu) = (Instant::now(), crate::cpu::thread_ms());
         missing_manifest(h)?;
         first_call_ms[0].push(start.elapsed().as_secs_f64() * 1e3);
-        first_call_ms[1].push(thread_cpu_ms() - cpu);
+        first_call_ms[1].push(crate::cpu::thread_ms() - cpu);
     }
     let per = (n - WARM_HANDLES) as f64;
     Ok(Opened {
@@ -543,17 +543,6 @@ fn trim_heap() {
     unsafe {
         libc::malloc_trim(0);
     }
-}
-
-/// CPU time this thread has used, ms.
-fn thread_cpu_ms() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer for the duration of the call.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
 }
 
 #[derive(Clone, Copy)]

@@ -90,6 +90,19 @@ pub struct BenchArgs {
     /// from this directory instead of the built-in guests (to compare builds).
     #[arg(long, value_name = "DIR", requires = "remote")]
     guests: Option<PathBuf>,
+    /// With --remote: the Redis server's process id, to report its CPU
+    /// time per operation next to the client's.
+    #[arg(long, value_name = "PID", requires = "redis")]
+    redis_pid: Option<u32>,
+    /// With --remote: the S3 service's process id, to report its CPU time
+    /// per operation next to the client's.
+    #[arg(long, value_name = "PID", requires = "s3")]
+    s3_pid: Option<u32>,
+    /// With --remote: restore on the handle that saved (its guest instance
+    /// has run before, as when a consumer keeps one handle) instead of on a
+    /// new handle, which starts a new instance.
+    #[arg(long, requires = "remote")]
+    same_handle: bool,
     /// Internal: time dlopen and the first open in this fresh process.
     #[arg(long, hide = true)]
     open_probe: bool,
@@ -304,6 +317,9 @@ fn bench_remote(args: &BenchArgs) -> anyhow::Result<()> {
         redis: args.redis.clone(),
         s3: args.s3.clone(),
         guests: args.guests.clone(),
+        redis_pid: args.redis_pid,
+        s3_pid: args.s3_pid,
+        same_handle: args.same_handle,
     };
     anyhow::ensure!(
         servers.redis.is_some() || servers.s3.is_some(),
@@ -313,7 +329,10 @@ fn bench_remote(args: &BenchArgs) -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let pairs = kvwasm_bench::remote::run(&servers, reps, args.quick, scratch.path())
         .map_err(anyhow::Error::msg)?;
-    print!("{}", kvwasm_bench::remote::markdown(&pairs, reps));
+    print!(
+        "{}",
+        kvwasm_bench::remote::markdown(&pairs, reps, servers.same_handle)
+    );
     if let Some(path) = &args.plot {
         kvwasm_bench::plot::write_remote_svg(&pairs, path).map_err(anyhow::Error::msg)?;
         eprintln!("plot written to {}", path.display());
