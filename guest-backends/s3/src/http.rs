@@ -398,7 +398,7 @@ impl Client {
                 body: Value::Payload(payload),
             });
         }
-        let mut bytes = Vec::with_capacity(body_capacity(length));
+        let mut bytes = Vec::with_capacity(body_capacity(method, length));
         loop {
             match stream.read(1 << 20) {
                 Ok(chunk) if chunk.is_empty() => self.wait(&stream.subscribe(), deadline)?,
@@ -491,8 +491,13 @@ impl Client {
 /// Bytes to reserve for a body of the announced `content-length`, so a
 /// 1 MiB body is read into one allocation instead of a doubling series;
 /// a claim past [`MAX_PREALLOC`] reserves that much (the body still grows
-/// to what really arrives, and a hostile length costs no more).
-fn body_capacity(content_length: Option<&[u8]>) -> usize {
+/// to what really arrives, and a hostile length costs no more). None for
+/// a `HEAD`, whose `content-length` is that of a body it does not carry:
+/// a flush's existence checks would otherwise hold a chunk's size each.
+fn body_capacity(method: Method, content_length: Option<&[u8]>) -> usize {
+    if matches!(method, Method::Head) {
+        return 0;
+    }
     self::content_length(content_length)
         .unwrap_or(0)
         .min(MAX_PREALLOC)
@@ -550,10 +555,15 @@ mod tests {
 
     #[test]
     fn bodies_reserve_their_announced_length_up_to_a_cap() {
-        assert_eq!(body_capacity(Some(b"1048576")), 1 << 20);
-        assert_eq!(body_capacity(Some(b"999999999999")), MAX_PREALLOC);
-        assert_eq!(body_capacity(Some(b"-1")), 0);
-        assert_eq!(body_capacity(None), 0);
+        assert_eq!(body_capacity(Method::Get, Some(b"1048576")), 1 << 20);
+        assert_eq!(
+            body_capacity(Method::Get, Some(b"999999999999")),
+            MAX_PREALLOC
+        );
+        assert_eq!(body_capacity(Method::Get, Some(b"-1")), 0);
+        assert_eq!(body_capacity(Method::Get, None), 0);
+        // A `HEAD` announces the length of a body it does not carry.
+        assert_eq!(body_capacity(Method::Head, Some(b"1048576")), 0);
     }
 
     #[test]

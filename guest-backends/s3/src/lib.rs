@@ -106,18 +106,23 @@ impl Remote for S3 {
         // the open instead of the first save: `HEAD` of the bucket, cheap on
         // every service (a listing, even of one key, walks the bucket on
         // some). Its answer has no body, so a refusal is asked again as a
-        // listing, whose error document carries the service's reason.
-        let bucket = |method, query: &str| Request {
-            method,
-            path: format!("/{}", s3.bucket),
-            query: query.into(),
-            body: Body::EMPTY,
+        // listing, whose error document carries the service's reason. Both
+        // within one `timeout_ms`.
+        let deadline = s3.client.deadline();
+        let ask = |method, query: &str| {
+            let request = Request {
+                method,
+                path: format!("/{}", s3.bucket),
+                query: query.into(),
+                body: Body::EMPTY,
+            };
+            let response = s3.client.start(request, deadline)?;
+            s3.client.finish(method, response, deadline)
         };
-        if s3.client.send_all(vec![bucket(Method::Head, "")])?[0].status == 200 {
+        if ask(Method::Head, "")?.status == 200 {
             return Ok(s3);
         }
-        let listing = bucket(Method::Get, "list-type=2&max-keys=1");
-        let response = s3.client.send_all(vec![listing])?.remove(0);
+        let response = ask(Method::Get, "list-type=2&max-keys=1")?;
         match response.status {
             200 => Ok(s3),
             _ => Err(response.error(&format!("checking bucket {:?}", s3.bucket))),

@@ -547,7 +547,14 @@ fn config(servers: &Servers) -> String {
         Some(dir) => format!("{:?}", dir.join(format!("kvwasm_guest_{guest}.wasm"))),
         None => format!("\"builtin:{guest}\""),
     };
-    let limits = "memory_limit_mib = 512\ncall_timeout_ms = 30000\n";
+    // A handle restored with `--same-handle` must keep its instance between
+    // its save and its restore, however long the other sides take.
+    let idle = if servers.same_handle {
+        "idle_release_ms = 0\n"
+    } else {
+        ""
+    };
+    let limits = format!("memory_limit_mib = 512\ncall_timeout_ms = 30000\n{idle}");
     let tuning = "max_pending_mib = 128, timeout_ms = 20000";
     let mut out = String::new();
     for (name, dedup) in [("redis", "put"), ("redis-batched", "flush")] {
@@ -769,6 +776,16 @@ mod tests {
         let path = dir.path().join("c.toml");
         std::fs::write(&path, config(&servers)).unwrap();
         kvwasm_host::config::Config::load(&path).unwrap();
+        assert!(!config(&servers).contains("idle_release_ms"));
+        // Restoring on the saving handle keeps its instance until then.
+        let same = config(&Servers {
+            same_handle: true,
+            ..servers.clone()
+        });
+        assert_eq!(same.matches("idle_release_ms = 0\n").count(), 4, "{same}");
+        std::fs::write(&path, same).unwrap();
+        let loaded = kvwasm_host::config::Config::load(&path).unwrap();
+        assert_eq!(loaded.backend("s3").unwrap().idle_release_ms, 0);
         let text = config(&Servers {
             guests: Some("/g".into()),
             ..servers
