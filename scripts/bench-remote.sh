@@ -9,14 +9,26 @@
 # `tls-port`, with a CA and certificate made here by openssl.
 # Then `kvwasm bench --remote`: the same guests against native clients
 # (the `redis` crate, pipelined; reqwest with aws-sigv4) on the same
-# servers, side by side, with ratios (issue 17). `--remote-only` skips the
-# first part. Other arguments go to `kvwasm bench` (e.g. --reps 3, --quick).
+# servers, side by side, with ratios and CPU per operation (issue 17).
+# `--remote-only` skips the first part. Other arguments go to `kvwasm bench`
+# (e.g. --reps 3, --quick; with --remote-only also --same-handle).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 remote_only=false
 if [[ "${1:-}" == --remote-only ]]; then
     remote_only=true
     shift
+fi
+# The options of `kvwasm bench --remote` alone cannot go to the second part.
+if ! "$remote_only"; then
+    for arg in "$@"; do
+        case "$arg" in
+        --same-handle | --guests* | --redis-pid* | --s3-pid*)
+            echo "$arg applies to the native-client comparison only: use --remote-only $arg" >&2
+            exit 2
+            ;;
+        esac
+    done
 fi
 bash scripts/setup.sh >/dev/null
 bash scripts/test-servers.sh
