@@ -586,10 +586,11 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
     fn prefetch_chunks(&self, hashes: Vec<Vec<u8>>) -> Result<()> {
         hashes.iter().try_for_each(|h| validate::hash(h))?;
         // A chunk still being written would read as missing.
-        if hashes
-            .iter()
-            .any(|h| self.staging.borrow().behind.contains(h))
-        {
+        let writing = {
+            let behind = &self.staging.borrow().behind;
+            !behind.is_empty() && hashes.iter().any(|h| behind.contains(h))
+        };
+        if writing {
             self.settle();
         }
         let wanted: Vec<Vec<u8>> = {

@@ -93,12 +93,12 @@ struct Meter {
     server_pid: Option<u32>,
 }
 
-/// An operation being measured.
+/// An operation being measured: when it started, and the CPU clocks then.
 struct Span {
+    meter: Meter,
     started: Instant,
     client_cpu_ms: f64,
     server_cpu_ms: Option<f64>,
-    server_pid: Option<u32>,
 }
 
 /// What one operation took, ms.
@@ -111,18 +111,22 @@ struct Measured {
 impl Meter {
     fn start(self) -> Span {
         Span {
+            meter: self,
             client_cpu_ms: crate::cpu::process_ms(),
-            server_cpu_ms: self.server_pid.and_then(crate::cpu::of_pid),
-            server_pid: self.server_pid,
+            server_cpu_ms: self.server_cpu_ms(),
             started: Instant::now(),
         }
+    }
+
+    fn server_cpu_ms(self) -> Option<f64> {
+        self.server_pid.and_then(crate::cpu::of_pid)
     }
 }
 
 impl Span {
     fn stop(self) -> Measured {
         let ms = 1e3 * self.started.elapsed().as_secs_f64();
-        let server = self.server_pid.and_then(crate::cpu::of_pid);
+        let server = self.meter.server_cpu_ms();
         Measured {
             ms,
             client_cpu_ms: crate::cpu::process_ms() - self.client_cpu_ms,
