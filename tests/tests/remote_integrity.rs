@@ -179,13 +179,11 @@ fn prefetch_is_bounded_in_requests_and_held_bytes() {
         server.set(&format!("kvwasm/ns/chunks/{hash}"), &value);
     }
     let prefetch = format!("prefetch:{}", hashes.join(","));
-    let gets: Vec<String> = hashes[..6]
-        .iter()
-        .map(|h| format!("get-chunk:{h}"))
-        .collect();
+    let gets: Vec<String> = hashes.iter().map(|h| format!("get-chunk:{h}")).collect();
     let mut ops = vec![prefetch.as_str(), "pause"];
     ops.extend(gets[..5].iter().map(String::as_str));
-    ops.extend(["pause", gets[5].as_str()]);
+    ops.push("pause");
+    ops.extend(gets[5..].iter().map(String::as_str));
     let mut run = Probe::new(PROBE, "wasm://redis/ns")
         .config(&config)
         .spawn(&ops);
@@ -198,8 +196,8 @@ fn prefetch_is_bounded_in_requests_and_held_bytes() {
     );
     assert_eq!(
         server.calls("get"),
-        6,
-        "three waves of two: the third filled the cache, the other six were not asked for"
+        5,
+        "waves of 2 and 3: a sixth value would not fit, the other seven were not asked for"
     );
     run.resume();
     let cached = run.until_pause();
@@ -207,9 +205,142 @@ fn prefetch_is_bounded_in_requests_and_held_bytes() {
         let expected = String::from_utf8(vec![b'a' + i as u8; 200_000]).unwrap();
         assert_eq!(line, &format!("get-chunk {:02x} -> 0 {expected}", i));
     }
-    assert_eq!(server.calls("get"), 6, "five gets served from the cache");
+    assert_eq!(server.calls("get"), 5, "five gets served from the cache");
     run.resume();
     let (out, stderr) = run.finish();
-    assert!(out[0].starts_with("get-chunk 05 -> 0 ffff"), "{stderr}");
-    assert_eq!(server.calls("get"), 7, "the sixth did not fit: fetched now");
+    assert_eq!(out.len(), 7, "{stderr}");
+    for (line, i) in out.iter().zip(5..12u8) {
+        let expected = String::from_utf8(vec![b'a' + i; 200_000]).unwrap();
+        assert_eq!(
+            line,
+            &format!("get-chunk {i:02x} -> 0 {expected}"),
+            "{stderr}"
+        );
+    }
+    assert_eq!(
+        server.calls("get"),
+        5 + 6 + 1,
+        "the get of the sixth fetched it and the five after it (what 1 MiB holds), the get \
+         of the twelfth the last one: each value asked for once"
+    );
+}
+
+/// Short values are held in linear memory, at most 4 MiB of them
+/// (`prefetch::IN_GUEST_BYTES`): a prefetch of 6 MiB of 4 KiB chunks
+/// fetches 4 MiB, and the get of the first chunk left out fetches the rest
+/// in one wave. Every value comes back exact, in whatever order it is got.
+#[test]
+fn a_prefetch_past_the_bound_on_linear_memory_continues_in_waves() {
+    let server = RedisServer::without_password();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, "");
+    let hashes: Vec<String> = (0..1536u32).map(|i| format!("{i:04x}")).collect();
+    let value = |hash: &str| hash.repeat(1024);
+    for hash in &hashes {
+        server.set(&format!("kvwasm/ns/chunks/{hash}"), value(hash).as_bytes());
+    }
+    let prefetch = format!("prefetch:{}", hashes.join(","));
+    let gets: Vec<String> = hashes.iter().map(|h| format!("get-chunk:{h}")).collect();
+    let mut ops = vec![prefetch.as_str(), "pause"];
+    ops.extend(gets[..1024].iter().map(String::as_str));
+    ops.extend(["pause", gets[1024].as_str(), "pause"]);
+    ops.extend(gets[1025..].iter().rev().map(String::as_str));
+    let mut run = Probe::new(PROBE, "wasm://redis/ns")
+        .config(&config)
+        .spawn(&ops);
+    assert_eq!(run.until_pause().len(), 2);
+    assert_eq!(
+        server.calls("get"),
+        32 + 992,
+        "a first wave of 32, then 4 MiB"
+    );
+    run.resume();
+    let served = run.until_pause();
+    assert_eq!(
+        server.calls("get"),
+        1024,
+        "1,024 gets served from the cache"
+    );
+    run.resume();
+    let first_left_out = run.until_pause();
+    assert_eq!(server.calls("get"), 1536, "one wave brought the other 511");
+    run.resume();
+    let (rest, stderr) = run.finish();
+    assert_eq!(server.calls("get"), 1536, "{stderr}");
+    let got_in_order = hashes[..1025].iter().chain(hashes[1025..].iter().rev());
+    let lines = served.iter().chain(&first_left_out).chain(&rest);
+    let mut count = 0;
+    for (line, hash) in lines.zip(got_in_order) {
+        assert_eq!(line, &format!("get-chunk {hash} -> 0 {}", value(hash)));
+        count += 1;
+    }
+    assert_eq!(count, 1536);
+}
+
+/// What a prefetch left queued is dropped when a wave fails (here a key of
+/// the wrong type makes the server answer one `GET` with an error) and
+/// when a new prefetch comes: the gets then ask the server alone, and
+/// every value still comes back exact.
+#[test]
+fn a_failed_wave_or_a_new_prefetch_leaves_the_gets_to_ask_alone() {
+    let server = RedisServer::without_password();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &server, "");
+    let hashes: Vec<String> = (0..1536u32).map(|i| format!("{i:04x}")).collect();
+    let value = |hash: &str| hash.repeat(1024);
+    for hash in &hashes {
+        server.set(&format!("kvwasm/ns/chunks/{hash}"), value(hash).as_bytes());
+    }
+    let wrong_type = "kvwasm/ns/chunks/04b0";
+    server.cli(&["DEL", wrong_type]);
+    server.cli(&["RPUSH", wrong_type, "not a string"]);
+    let get = |h: &str| format!("get-chunk:{h}");
+    let expect = |h: &str| format!("get-chunk {h} -> 0 {}", value(h));
+
+    // Cached: 0000..03ff, queued: 0400..05ff. Once the gets drained the
+    // cache, the get of 0400 heads a wave of the rest, which meets 04b0.
+    let prefetch = format!("prefetch:{}", hashes.join(","));
+    let drain: Vec<String> = hashes[..1024].iter().map(|h| get(h)).collect();
+    let mut ops: Vec<&str> = vec![&prefetch];
+    ops.extend(drain.iter().map(String::as_str));
+    let after = [get("0400"), get("0401"), get("04b0"), get("05ff")];
+    ops.extend(after.iter().map(String::as_str));
+    let (out, stderr) = Probe::new(PROBE, "wasm://redis/ns")
+        .config(&config)
+        .run(&ops);
+    for (line, hash) in out[2..].iter().zip(&hashes[..1024]) {
+        assert_eq!(line, &expect(hash));
+    }
+    let out = &out[2 + 1024..];
+    assert_eq!(out[0], expect("0400"), "{stderr}");
+    assert_eq!(out[1], expect("0401"));
+    assert!(out[2].starts_with("get-chunk 04b0 -> -"), "{}", out[2]);
+    assert_eq!(out[3], expect("05ff"));
+    assert!(stderr.contains("a prefetch wave failed"), "{stderr}");
+    // 1,024 prefetched, a wave of 512 that failed, then four alone.
+    assert_eq!(server.calls("get"), 1024 + 512 + 4);
+
+    // A second prefetch (one queued hash, one cached) replaces the first.
+    let second = format!("prefetch:{},0007", hashes[1500]);
+    let (out, stderr) = Probe::new(PROBE, "wasm://redis/ns").config(&config).run(&[
+        &prefetch,
+        &second,
+        &get("0514"),
+        &get("05dc"),
+        &get("0007"),
+        &get("0008"),
+    ]);
+    let before = 1024 + 512 + 4;
+    assert_eq!(
+        out[3..],
+        [
+            expect("0514"),
+            expect("05dc"),
+            expect("0007"),
+            expect("0008")
+        ],
+        "{stderr}"
+    );
+    // 1,024, then 05dc alone; 0514 was no longer queued, 0008 evicted.
+    assert_eq!(server.calls("get"), before + 1024 + 1 + 2);
 }

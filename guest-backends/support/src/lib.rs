@@ -72,6 +72,7 @@ mod errors;
 pub mod frames;
 pub mod net;
 mod payload;
+pub mod prefetch;
 pub mod remote;
 pub mod settings;
 pub mod validate;

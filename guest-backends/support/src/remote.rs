@@ -39,15 +39,17 @@
 //!   that was gone at that check; a store that evicts chunks *after* a
 //!   manifest names them still breaks that manifest, so keep Redis on
 //!   `maxmemory-policy noeviction` and S3 `chunks/` without expiry.
-//! * `prefetch-chunks` fetches in waves into a cache of at most
-//!   `prefetch_cache_mib` that the following `get-chunk` calls drain, and
-//!   stops once the cache is full. The first wave asks for `prefetch_wave`
-//!   keys (default 32); each later one for as many as the cache has room
-//!   for at the average size fetched so far (at most [`MAX_WAVE`]), so
-//!   small chunks cost few round trips and a wave's replies are about the
-//!   most it holds beyond the cache. Long values a [`Remote`] read into
-//!   host payloads ([`Value::Payload`]) stay there, counted against the
-//!   host's payload limit (`max_payload_mib`) rather than linear memory.
+//! * `prefetch-chunks` fetches in waves into a cache that the following
+//!   `get-chunk` calls drain ([`crate::prefetch`]): at most
+//!   `prefetch_cache_mib` in all, and at most
+//!   [`IN_GUEST_BYTES`](crate::prefetch::IN_GUEST_BYTES) of short values
+//!   in linear memory. The first wave asks for `prefetch_wave` keys
+//!   (default 32); each later one for as many as the cache has room for
+//!   at the average size fetched so far, so small chunks cost few round
+//!   trips. What does not fit waits in order, and a get of a waiting hash
+//!   fetches the next wave. Long values a [`Remote`] read into host
+//!   payloads ([`Value::Payload`]) stay there, counted against the host's
+//!   payload limit (`max_payload_mib`) rather than linear memory.
 //!
 //! Keys: `<prefix>/<namespace>/chunks/<hex hash>` and
 //! `<prefix>/<namespace>/manifests/<name>`. Manifest names cannot contain
@@ -58,6 +60,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 
 use crate::bindings::kvwasm::kv_store::payload_streams::copy;
+use crate::prefetch::{Cached, Prefetch};
 use crate::{
     Error, GuestStore, Payload, PayloadExt, PutOutcome, Result, Settings, Store, validate,
 };
@@ -157,6 +160,16 @@ impl Value {
             Value::Bytes(b) => Cow::Borrowed(b),
             Value::Payload(p) => Cow::Owned(p.to_vec()),
         }
+    }
+}
+
+impl Cached for Value {
+    fn bytes(&self) -> usize {
+        self.len()
+    }
+
+    fn in_guest(&self) -> bool {
+        matches!(self, Value::Bytes(_))
     }
 }
 
@@ -265,8 +278,8 @@ struct Staging {
     /// Hashes answered `already-present` without being staged since the
     /// last flush: a manifest may name them, so the flush re-checks them.
     vouched: HashSet<Vec<u8>>,
-    prefetched: HashMap<Vec<u8>, Value>,
-    prefetched_bytes: usize,
+    /// Values fetched ahead of their gets, and hashes still to fetch.
+    prefetch: Prefetch<Value>,
 }
 
 impl Staging {
@@ -275,18 +288,6 @@ impl Staging {
         self.pending_bytes += value.len();
         self.pending_index.insert(hash.clone(), self.pending.len());
         self.pending.push((hash, value));
-    }
-
-    /// Keep a value fetched before its get, if the cache has room.
-    fn cache(&mut self, hash: Vec<u8>, value: Value, budget: usize) -> bool {
-        let len = value.len();
-        if self.prefetched_bytes + len > budget {
-            return false;
-        }
-        self.prefetched_bytes += len;
-        self.remember(hash.clone());
-        self.prefetched.insert(hash, value);
-        true
     }
 
     fn remember(&mut self, hash: Vec<u8>) {
@@ -302,6 +303,15 @@ impl Staging {
     }
 }
 
+/// What [`RemoteStore::fetch_wave`] brought.
+#[derive(Default)]
+struct Wave {
+    /// The head's value, if the wave had one (`Some(None)`: not stored).
+    first: Option<Option<Value>>,
+    /// Whether another wave may fit: all of this one was cached.
+    more: bool,
+}
+
 /// One open handle on a [`Remote`]: export it as the backend's `Store`.
 pub struct RemoteStore<R> {
     remote: RefCell<R>,
@@ -315,6 +325,52 @@ pub struct RemoteStore<R> {
 }
 
 impl<R: Remote> RemoteStore<R> {
+    /// Fetch the next prefetch wave into the cache; with `first` (a get's
+    /// queued hash) at its head, whose value is handed back instead of
+    /// cached. A value that does not fit goes back to the queue with the
+    /// rest of its wave. A failed wave forgets the queue: prefetching is a
+    /// hint, and the gets then ask the server alone.
+    fn fetch_wave(&self, first: Option<&[u8]>) -> Result<Wave> {
+        let budget = self.options.prefetch_budget_bytes;
+        let wave =
+            self.staging
+                .borrow_mut()
+                .prefetch
+                .next_wave(first, self.options.prefetch_wave, budget);
+        if wave.is_empty() {
+            return Ok(Wave::default());
+        }
+        let keys: Vec<String> = wave.iter().map(|h| self.keys.chunk(h)).collect();
+        let values = self.remote().get(&keys).inspect_err(|_| {
+            self.staging.borrow_mut().prefetch.forget_queue();
+        })?;
+        let mut staging = self.staging.borrow_mut();
+        let mut out = Wave::default();
+        let mut uncached = Vec::new();
+        for (hash, value) in wave.into_iter().zip(values) {
+            if out.first.is_none() && first == Some(hash.as_slice()) {
+                if value.is_some() {
+                    staging.remember(hash);
+                }
+                out.first = Some(value);
+                continue;
+            }
+            // A missing chunk is not cached: its get asks the server.
+            let Some(value) = value else { continue };
+            if !uncached.is_empty() {
+                uncached.push(hash);
+                continue;
+            }
+            match staging.prefetch.insert(hash.clone(), value, budget) {
+                Ok(()) => staging.remember(hash),
+                Err((hash, _)) => uncached.push(hash),
+            }
+        }
+        out.more = uncached.is_empty();
+        staging.prefetch.requeue(uncached);
+        Ok(out)
+    }
+
     fn remote(&self) -> std::cell::RefMut<'_, R> {
         self.round_trips.set(self.round_trips.get() + 1);
         self.remote.borrow_mut()
@@ -371,7 +427,7 @@ impl<R: Remote> RemoteStore<R> {
             .chain(
                 vouched
                     .iter()
-                    .map(|h| (h.as_slice(), staging.prefetched.get(h))),
+                    .map(|h| (h.as_slice(), staging.prefetch.get(h))),
             )
             .collect();
         let keys: Vec<String> = candidates.iter().map(|(h, _)| self.keys.chunk(h)).collect();
@@ -436,20 +492,6 @@ struct Flushed {
     skipped: usize,
     /// Vouched chunks re-checked.
     rechecked: usize,
-}
-
-/// The most keys one prefetch wave asks for.
-pub const MAX_WAVE: usize = 4096;
-
-/// Keys for the next prefetch wave: as many as `room` bytes hold at the
-/// average size of the `fetched` values (`bytes` in all) so far, at least
-/// one; `first` before anything was fetched.
-fn wave_keys(first: usize, room: usize, fetched: usize, bytes: usize) -> usize {
-    if fetched == 0 {
-        return first.min(MAX_WAVE);
-    }
-    let average = (bytes / fetched).max(1);
-    (room / average).clamp(1, MAX_WAVE)
 }
 
 /// Vouched hashes a handle holds before it re-checks them early.
@@ -534,9 +576,18 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             if let Some(value) = staging.staged(&hash) {
                 return Ok(value.to_payload());
             }
-            if let Some(value) = staging.prefetched.remove(&hash) {
-                staging.prefetched_bytes -= value.len();
+            if let Some(value) = staging.prefetch.take(&hash) {
                 return Ok(value.into_payload());
+            }
+        }
+        // Prefetched but not fetched yet: the next wave, this chunk first.
+        if self.staging.borrow().prefetch.is_queued(&hash) {
+            match self.fetch_wave(Some(&hash)) {
+                Ok(Wave {
+                    first: Some(value), ..
+                }) => return value.map(Value::into_payload).ok_or(Error::NotFound),
+                Ok(_) => {}
+                Err(e) => eprintln!("a prefetch wave failed, gets now ask alone: {e}"),
             }
         }
         let value = self
@@ -593,43 +644,15 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
         if writing {
             self.settle();
         }
-        let wanted: Vec<Vec<u8>> = {
-            let staging = self.staging.borrow();
-            let mut seen = HashSet::new();
-            hashes
-                .into_iter()
-                .filter(|h| {
-                    !staging.pending_index.contains_key(h)
-                        && !staging.prefetched.contains_key(h)
-                        && seen.insert(h.clone())
-                })
-                .collect()
-        };
-        let budget = self.options.prefetch_budget_bytes;
-        let (mut fetched, mut fetched_bytes) = (0, 0);
-        let mut rest = wanted.as_slice();
-        while !rest.is_empty() {
-            let room = budget.saturating_sub(self.staging.borrow().prefetched_bytes);
-            if room == 0 {
-                break;
-            }
-            let n = wave_keys(self.options.prefetch_wave, room, fetched, fetched_bytes);
-            let (wave, later) = rest.split_at(n.min(rest.len()));
-            rest = later;
-            let keys: Vec<String> = wave.iter().map(|h| self.keys.chunk(h)).collect();
-            let values = self.remote().get(&keys)?;
+        {
             let mut staging = self.staging.borrow_mut();
-            for (hash, value) in wave.iter().zip(values) {
-                let Some(value) = value else { continue };
-                let len = value.len();
-                fetched += 1;
-                fetched_bytes += len;
-                if !staging.cache(hash.clone(), value, budget) {
-                    // Full: later gets fetch the rest themselves.
-                    return Ok(());
-                }
-            }
+            let wanted: Vec<Vec<u8>> = hashes
+                .into_iter()
+                .filter(|h| !staging.pending_index.contains_key(h))
+                .collect();
+            staging.prefetch.start(wanted);
         }
+        while self.fetch_wave(None)?.more {}
         Ok(())
     }
 
@@ -649,23 +672,6 @@ mod tests {
         assert_eq!(ks.manifest("slot0"), "kvwasm/team/model/manifests/slot0");
         assert_eq!(KeySpace::new("", "").manifest("m"), "manifests/m");
         assert_eq!(KeySpace::new("/p/", "").chunk(&[1]), "p/chunks/01");
-    }
-
-    #[test]
-    fn prefetch_waves_are_sized_by_the_bytes_they_bring() {
-        const MIB: usize = 1 << 20;
-        // The first wave: the configured key count.
-        assert_eq!(wave_keys(32, 128 * MIB, 0, 0), 32);
-        // 4 KiB chunks: one more wave takes the rest of a 4,096-chunk save.
-        assert_eq!(
-            wave_keys(32, 128 * MIB - 32 * 4096, 32, 32 * 4096),
-            MAX_WAVE
-        );
-        // 1 MiB chunks: as many as the cache has room for.
-        assert_eq!(wave_keys(32, 96 * MIB, 32, 32 * MIB), 96);
-        // Nearly full: one key at a time; empty values count as one byte.
-        assert_eq!(wave_keys(32, 10, 4, 4 * MIB), 1);
-        assert_eq!(wave_keys(32, 100, 3, 0), 100);
     }
 
     #[test]
