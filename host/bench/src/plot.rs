@@ -165,7 +165,7 @@ fn remote_panels(pairs: &[Pair]) -> Vec<BarPanel<'_>> {
                 panel.groups.push(BarGroup {
                     label: op.into(),
                     bars: vec![(pair.native_label.as_str(), &pair.native)],
-                    target: Some(pair.target * pair.native.median),
+                    target: pair.target.map(|t| t * pair.native.median),
                 });
                 panel.groups.last_mut().expect("just pushed")
             }
@@ -390,14 +390,16 @@ mod tests {
             native: Stat::new(vec![1.0, 2.0, 3.0]),
             kvwasm_label: kvwasm.into(),
             kvwasm: Stat::new(vec![2.0, 4.0, 6.0]),
-            target: 1.3,
+            target: Some(1.3),
             native_cpu: crate::remote::Cpu {
                 client: Stat::new(vec![1.0]),
                 server: None,
+                client_faults: Stat::new(vec![1.0]),
             },
             kvwasm_cpu: crate::remote::Cpu {
                 client: Stat::new(vec![1.0]),
                 server: None,
+                client_faults: Stat::new(vec![1.0]),
             },
         }
     }
