@@ -234,11 +234,8 @@ fn a_prefetch_past_the_bound_on_linear_memory_continues_in_waves() {
     let server = RedisServer::without_password();
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &server, "");
-    let hashes: Vec<String> = (0..1536u32).map(|i| format!("{i:04x}")).collect();
-    let value = |hash: &str| hash.repeat(1024);
-    for hash in &hashes {
-        server.set(&format!("kvwasm/ns/chunks/{hash}"), value(hash).as_bytes());
-    }
+    let hashes = store_short_chunks(&server);
+    let value = short_value;
     let prefetch = format!("prefetch:{}", hashes.join(","));
     let gets: Vec<String> = hashes.iter().map(|h| format!("get-chunk:{h}")).collect();
     let mut ops = vec![prefetch.as_str(), "pause"];
@@ -286,11 +283,8 @@ fn a_failed_wave_or_a_new_prefetch_leaves_the_gets_to_ask_alone() {
     let server = RedisServer::without_password();
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &server, "");
-    let hashes: Vec<String> = (0..1536u32).map(|i| format!("{i:04x}")).collect();
-    let value = |hash: &str| hash.repeat(1024);
-    for hash in &hashes {
-        server.set(&format!("kvwasm/ns/chunks/{hash}"), value(hash).as_bytes());
-    }
+    let hashes = store_short_chunks(&server);
+    let value = short_value;
     let wrong_type = "kvwasm/ns/chunks/04b0";
     server.cli(&["DEL", wrong_type]);
     server.cli(&["RPUSH", wrong_type, "not a string"]);
@@ -343,4 +337,22 @@ fn a_failed_wave_or_a_new_prefetch_leaves_the_gets_to_ask_alone() {
     );
     // 1,024, then 05dc alone; 0514 was no longer queued, 0008 evicted.
     assert_eq!(server.calls("get"), before + 1024 + 1 + 2);
+}
+
+/// 1,536 chunks of 4 KiB (6 MiB) stored in namespace `ns`, hashes `0000`
+/// to `05ff`: more than a prefetch keeps in linear memory at once.
+fn store_short_chunks(server: &RedisServer) -> Vec<String> {
+    let hashes: Vec<String> = (0..1536u32).map(|i| format!("{i:04x}")).collect();
+    for hash in &hashes {
+        server.set(
+            &format!("kvwasm/ns/chunks/{hash}"),
+            short_value(hash).as_bytes(),
+        );
+    }
+    hashes
+}
+
+/// The 4 KiB value [`store_short_chunks`] stores under `hash`.
+fn short_value(hash: &str) -> String {
+    hash.repeat(1024)
 }

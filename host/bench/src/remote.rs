@@ -593,6 +593,11 @@ impl Side for NativeS3 {
 /// default `dedup_check = "put"` (exact `put_chunk` return codes) and
 /// `"flush"` (existence checked in one batch at the flush), each staging a
 /// whole 96 MiB save.
+/// The kvwasm sides of each service: a backend name and its
+/// `dedup_check` (`put` answers every put exactly).
+const REDIS_SIDES: [(&str, &str); 2] = [("redis", "put"), ("redis-batched", "flush")];
+const S3_SIDES: [(&str, &str); 2] = [("s3", "put"), ("s3-batched", "flush")];
+
 fn config(servers: &Servers) -> String {
     let component = |guest: &str| match &servers.guests {
         Some(dir) => format!("{:?}", dir.join(format!("kvwasm_guest_{guest}.wasm"))),
@@ -608,7 +613,7 @@ fn config(servers: &Servers) -> String {
     let limits = format!("memory_limit_mib = 512\ncall_timeout_ms = 30000\n{idle}");
     let tuning = "max_pending_mib = 128, timeout_ms = 20000";
     let mut out = String::new();
-    for (name, dedup) in [("redis", "put"), ("redis-batched", "flush")] {
+    for (name, dedup) in REDIS_SIDES {
         let Some(address) = &servers.redis else { break };
         let (env, password) = match std::env::var_os(REDIS_PASSWORD_ENV) {
             Some(_) => (
@@ -623,7 +628,7 @@ fn config(servers: &Servers) -> String {
             component("redis")
         );
     }
-    for (name, dedup) in [("s3", "put"), ("s3-batched", "flush")] {
+    for (name, dedup) in S3_SIDES {
         let Some(endpoint) = &servers.s3 else { break };
         out += &format!(
             "[backends.{name}]\ncomponent = {}\nhttp = [\"{endpoint}\"]\n\
@@ -646,14 +651,19 @@ pub fn run(
     let config_path = scratch.join("remote-bench.toml");
     std::fs::write(&config_path, config(servers)).map_err(|e| e.to_string())?;
     let config = kvwasm_host::config::Config::load(&config_path)?;
-    let kvwasm = |name: &'static str, exact_puts: bool| -> Result<Box<dyn Side>, String> {
-        Ok(Box::new(Kvwasm {
-            name,
-            backend: Arc::new(config.backend(name)?),
-            exact_puts,
-            same_handle: servers.same_handle,
-            saved_with: Default::default(),
-        }))
+    let kvwasm = |sides: [(&'static str, &str); 2]| -> Result<Vec<Box<dyn Side>>, String> {
+        sides
+            .into_iter()
+            .map(|(name, dedup)| -> Result<Box<dyn Side>, String> {
+                Ok(Box::new(Kvwasm {
+                    name,
+                    backend: Arc::new(config.backend(name)?),
+                    exact_puts: dedup == "put",
+                    same_handle: servers.same_handle,
+                    saved_with: Default::default(),
+                }))
+            })
+            .collect()
     };
     let big = if quick { 8 } else { 96 };
     let small = if quick { 256 } else { 4096 };
@@ -662,7 +672,7 @@ pub fn run(
         let native = NativeRedis::connect(address, false)?;
         let exact = NativeRedis::connect(address, true)?;
         let loads = [Load::new(big, 1 << 20, 1.3), Load::new(small, 4 << 10, 1.5)];
-        let sides = [kvwasm("redis", true)?, kvwasm("redis-batched", false)?];
+        let sides = kvwasm(REDIS_SIDES)?;
         pairs.extend(compare(
             &[&native, &exact],
             &sides,
@@ -675,7 +685,7 @@ pub fn run(
     if let Some(endpoint) = &servers.s3 {
         let native = NativeS3::new(endpoint)?;
         let loads = [Load::new(big, 1 << 20, 1.3)];
-        let sides = [kvwasm("s3", true)?, kvwasm("s3-batched", false)?];
+        let sides = kvwasm(S3_SIDES)?;
         pairs.extend(compare(
             &[&native],
             &sides,
