@@ -197,10 +197,13 @@ fn a_descriptor_flood_is_capped_per_instance_and_leaves_the_consumer_room() {
     // A table as large as the process's limit: the process-wide headroom
     // stops it, and the consumer can still open files and sockets.
     let config = hostile_config(dir.path(), "max_resources = 1000000\n");
+    // Files the host creates past the headroom are refused and removed.
     let (out, stderr) = probe(&config).run(&[
         "get-manifest:fds:1000000",
         "consumer-fds:1000",
         "get-manifest:ping",
+        "get-manifest:publishfile:past-headroom.tmp,past-headroom",
+        "get-manifest:writefile:written-past-headroom",
     ]);
     let opened: u64 = out[1]
         .split("opened ")
@@ -212,6 +215,25 @@ fn a_descriptor_flood_is_capped_per_instance_and_leaves_the_consumer_room() {
     assert!(stderr.contains("descriptors or more"), "{stderr}");
     assert_eq!(out[2], "consumer-fds 1000 -> 0", "{out:?}");
     assert_eq!(out[3], "get-manifest ping -> 0 pong");
+    assert!(out[4].contains(" -> -"), "{out:?}");
+    assert!(out[5].contains(" -> -"), "{out:?}");
+    // (The log names the first refusal; later ones are rate-limited.)
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("publishfile") && l.contains("insufficient-memory")),
+        "{stderr}"
+    );
+    for left in [
+        "past-headroom.tmp",
+        "past-headroom",
+        "written-past-headroom",
+    ] {
+        assert!(
+            !dir.path().join("data").join(left).exists(),
+            "{left} left behind"
+        );
+    }
 }
 
 #[test]

@@ -96,6 +96,100 @@ fn a_guest_cannot_read_outside_its_directory() {
     assert!(!std::path::Path::new("/tmp/kvwasm-escaped").exists());
 }
 
+/// `payload-io.publish-file` resolves one directory beneath the grant and
+/// renames within it: no path, link or name steers the file elsewhere, a
+/// failed publish leaves no temp file, and a file it did not create is
+/// never removed.
+#[test]
+fn publish_file_stays_in_one_directory_beneath_the_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hostile_config(dir.path(), "");
+    let data = dir.path().join("data");
+    std::fs::create_dir(dir.path().join("outside")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("outside"), data.join("link-dir")).unwrap();
+    std::fs::create_dir(data.join("sub")).unwrap();
+    std::fs::create_dir(data.join("a-dir")).unwrap();
+    std::fs::write(data.join("kept"), b"not the guest's").unwrap();
+    std::fs::write(data.join("replaced"), b"old").unwrap();
+    std::fs::write(dir.path().join("outside-file"), b"outside").unwrap();
+    std::os::unix::fs::symlink(dir.path().join("outside-file"), data.join("link-file")).unwrap();
+    let refused = [
+        "../t1,../escaped",
+        "/tmp/t2,/tmp/kvwasm-escaped",
+        "t3,../escaped",
+        "t3,sub/escaped",
+        "sub/t3,escaped",
+        "link-dir/t4,link-dir/escaped",
+        "sub/../../t5,sub/../../escaped",
+        "t6,.",
+        "..,t6",
+        "t7,a-dir",
+        "kept,published-over-kept",
+        "t8,",
+    ];
+    let mut ops: Vec<String> = refused
+        .iter()
+        .map(|paths| format!("get-manifest:publishfile:{paths}"))
+        .collect();
+    ops.push("get-manifest:publishfile:t9,good".into());
+    ops.push("get-manifest:publishfile:sub/t10,sub/good".into());
+    ops.push("get-manifest:publishfile:t11,replaced".into());
+    ops.push("get-manifest:publishfile:t12,link-file".into());
+    let ops: Vec<&str> = ops.iter().map(String::as_str).collect();
+    let (out, err) = Probe::new(PROBE, "wasm://hostile/t")
+        .config(&config)
+        .run(&ops);
+    assert_eq!(out.len(), refused.len() + 5, "{out:?} {err}");
+    for (line, paths) in out[1..=refused.len()].iter().zip(refused) {
+        assert!(line.contains(" -> -"), "{paths}: published? {line}");
+    }
+    for line in &out[refused.len() + 1..] {
+        assert!(line.ends_with("-> 0 published"), "{line} {err}");
+    }
+    // What was published is whole where it was asked for, and only there.
+    assert_eq!(std::fs::read(data.join("good")).unwrap(), b"published");
+    assert_eq!(std::fs::read(data.join("sub/good")).unwrap(), b"published");
+    assert_eq!(std::fs::read(data.join("replaced")).unwrap(), b"published");
+    assert_eq!(
+        std::fs::read(data.join("kept")).unwrap(),
+        b"not the guest's"
+    );
+    // A link at the target is replaced, not written through.
+    assert!(data.join("link-file").symlink_metadata().unwrap().is_file());
+    assert_eq!(
+        std::fs::read(dir.path().join("outside-file")).unwrap(),
+        b"outside"
+    );
+    assert!(!dir.path().join("escaped").exists());
+    assert!(!std::path::Path::new("/tmp/kvwasm-escaped").exists());
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("outside"))
+            .unwrap()
+            .count(),
+        0
+    );
+    assert!(data.join("a-dir").is_dir());
+    let mut left: Vec<String> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "a-dir",
+            "good",
+            "kept",
+            "link-dir",
+            "link-file",
+            "replaced",
+            "sub"
+        ],
+        "no temp file is left"
+    );
+    assert_eq!(std::fs::read_dir(data.join("sub")).unwrap().count(), 1);
+}
+
 #[test]
 fn the_embedded_fs_guest_cannot_be_steered_outside_its_directory() {
     let dir = tempfile::tempdir().unwrap();
@@ -123,11 +217,17 @@ fn a_read_only_grant_refuses_writes_in_the_host() {
         "get-manifest:existing",
         "put-manifest:new=x",
         "put-manifest:existing=overwrite",
+        "get-manifest:publishfile:tmp,new",
+        "get-manifest:publishfile:tmp,existing",
     ]);
     assert_eq!(out[1], "get-manifest existing -> 0 readable", "{err}");
     assert!(out[2].ends_with("-> -5"), "{out:?}");
     assert!(out[3].ends_with("-> -5"), "{out:?}");
+    // `not-permitted`, which the guest reports as denied (-4).
+    assert!(out[4].ends_with("-> -4"), "{out:?}");
+    assert!(out[5].ends_with("-> -4"), "{out:?}");
     assert!(!dir.path().join("data/new").exists());
+    assert!(!dir.path().join("data/tmp").exists());
     assert_eq!(
         std::fs::read(dir.path().join("data/existing")).unwrap(),
         b"readable"

@@ -2,7 +2,10 @@
 //! wit-bindgen against wit/, no kvwasm crates), runs behind the shim; and
 //! so does the same starter built against an earlier release of the
 //! contract (`tests/fixtures/vendor-starter-0.1.0.wasm`, built from
-//! `kvwasm:kv-store@0.1.0`, before `payload-streams` was added).
+//! `kvwasm:kv-store@0.1.0`, before `payload-streams` was added), and the
+//! built-in fs backend as built against `@0.1.2`
+//! (`tests/fixtures/fs-guest-0.1.2.wasm`, importing `payload-io` before
+//! `publish-file` was added).
 
 use kvwasm_tests::{Probe, write_config};
 
@@ -10,26 +13,55 @@ const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
 
 #[test]
 fn the_vendor_starter_serves_the_full_contract() {
-    serves_the_full_contract(kvwasm_guest_artifacts::VENDOR_STARTER_PATH);
+    let dir = serves_the_full_contract(kvwasm_guest_artifacts::VENDOR_STARTER_PATH);
+    assert_starter_layout(&dir);
 }
 
 /// A vendor's component is not rebuilt when the host gains a compatible
 /// addition: wasmtime matches `@0.1.0` imports and exports to the host's
-/// `@0.1.2` by semver.
+/// `@0.1.3` by semver.
 #[test]
 fn a_component_built_against_0_1_0_still_runs() {
-    let old =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/vendor-starter-0.1.0.wasm");
-    let bytes = std::fs::read(&old).unwrap();
-    let marker = b"kvwasm:kv-store/store@0.1.0";
-    assert!(
-        bytes.windows(marker.len()).any(|w| w == marker),
-        "the fixture must be the 0.1.0 build"
-    );
-    serves_the_full_contract(old.to_str().unwrap());
+    let old = fixture("vendor-starter-0.1.0.wasm", "kvwasm:kv-store/store@0.1.0");
+    let dir = serves_the_full_contract(&old);
+    assert_starter_layout(&dir);
 }
 
-fn serves_the_full_contract(component: &str) {
+/// The same for an import the host extended since: the fs backend built
+/// against `@0.1.2` writes through `payload-io.write-file` and `rename-at`
+/// (today's build uses `publish-file`), on a host serving `@0.1.3`.
+#[test]
+fn a_filesystem_backend_built_against_0_1_2_still_runs() {
+    let old = fixture("fs-guest-0.1.2.wasm", "kvwasm:kv-store/payload-io@0.1.2");
+    let dir = serves_the_full_contract(&old);
+    let chunk = dir.path().join("acme-data/tenant-a/chunks/c/c0ffee");
+    assert_eq!(std::fs::read(chunk).unwrap(), b"first");
+}
+
+/// The path of `tests/fixtures/<name>`, after checking it imports or
+/// exports the versioned interface `marker`.
+fn fixture(name: &str, marker: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name);
+    let bytes = std::fs::read(&path).unwrap();
+    assert!(
+        bytes.windows(marker.len()).any(|w| w == marker.as_bytes()),
+        "{name} must be the build naming {marker}"
+    );
+    path.to_str().unwrap().to_owned()
+}
+
+fn assert_starter_layout(dir: &tempfile::TempDir) {
+    assert_eq!(
+        std::fs::read(dir.path().join("acme-data/tenant-a/chunks/c0ffee")).unwrap(),
+        b"first"
+    );
+}
+
+/// Run the whole contract through the shim against `component`; the
+/// directory it stored into.
+fn serves_the_full_contract(component: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(
         dir.path(),
@@ -66,8 +98,5 @@ fn serves_the_full_contract(component: &str) {
         ],
         "{err}"
     );
-    assert_eq!(
-        std::fs::read(dir.path().join("acme-data/tenant-a/chunks/c0ffee")).unwrap(),
-        b"first"
-    );
+    dir
 }

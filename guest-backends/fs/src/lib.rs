@@ -276,17 +276,8 @@ impl FsStore {
         };
         let tmp = format!("{sub}{TMP_PREFIX}{:016x}-{seq}", self.tmp_seed);
         let name = format!("{sub}{name}");
-        let written = payload_io::write_file(&dir.fd, &tmp, data, durable)
-            .fs_context("write temp file")
-            .and_then(|()| {
-                dir.fd
-                    .rename_at(&tmp, &dir.fd, &name)
-                    .fs_context("rename temp file")
-            });
-        if written.is_err() {
-            let _ = dir.fd.unlink_file_at(&tmp);
-        }
-        written
+        // The host removes the temp file if anything fails.
+        payload_io::publish_file(&dir.fd, &tmp, &name, data, durable).fs_context("publish file")
     }
 }
 

@@ -7,6 +7,7 @@
 //! thread (FIFOs, devices) or exhaust the process's descriptors, and guests
 //! may not plant symbolic links ([`add_guards_to_linker`]).
 
+use std::ffi::CString;
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -137,18 +138,15 @@ pub(crate) fn open_beneath(
     backend: &str,
 ) -> Result<Opened, ErrorCode> {
     use cap_primitives::fs::OpenOptionsExt;
-    use std::os::fd::AsRawFd;
     let mut flags = libc::O_NONBLOCK;
     if !follow_symlinks {
         flags |= libc::O_NOFOLLOW;
     }
     options.custom_flags(flags);
-    let file = cap_primitives::fs::open(dir, std::path::Path::new(path), options)
-        .map_err(io_error_code)?;
-    if !super::descriptors::within_headroom(file.as_raw_fd()) {
-        super::descriptors::refused(backend, "opening a file");
-        return Err(ErrorCode::InsufficientMemory);
-    }
+    let file = keep_within_headroom(
+        cap_primitives::fs::open(dir, std::path::Path::new(path), options),
+        backend,
+    )?;
     let meta = file.metadata().map_err(io_error_code)?;
     let kind = meta.file_type();
     if kind.is_dir() {
@@ -166,6 +164,156 @@ pub(crate) fn open_beneath(
         );
         Err(ErrorCode::Unsupported)
     }
+}
+
+/// Linux's `NAME_MAX` and `PATH_MAX`: longer names are refused before
+/// anything is copied or resolved.
+const NAME_MAX: usize = 255;
+const PATH_MAX: usize = 4096;
+
+/// Split `path` into its directory (`""` for a bare name) and its last
+/// component, which must be a plain name (not empty, `.` or `..`).
+pub(crate) fn split_name(path: &str) -> Result<(&str, &str), ErrorCode> {
+    if path.len() > PATH_MAX {
+        return Err(ErrorCode::NameTooLong);
+    }
+    let (dir, name) = match path.rsplit_once('/') {
+        // An absolute path is outside every grant.
+        Some(("", _)) => return Err(ErrorCode::NotPermitted),
+        Some(split) => split,
+        None => ("", path),
+    };
+    if matches!(name, "" | "." | "..") || name.contains('\0') {
+        return Err(ErrorCode::Invalid);
+    }
+    if name.len() > NAME_MAX {
+        return Err(ErrorCode::NameTooLong);
+    }
+    Ok((dir, name))
+}
+
+/// Open the directory `path` beneath `dir` to create entries in it; `None`
+/// for `""` (`dir` itself). A symbolic link at `path` is refused, and
+/// `O_DIRECTORY` opens nothing that could block, so unlike
+/// [`open_beneath`] no `fstat` is needed.
+pub(crate) fn open_dir_beneath(
+    dir: &std::fs::File,
+    path: &str,
+    backend: &str,
+) -> Result<Option<std::fs::File>, ErrorCode> {
+    if path.is_empty() {
+        return Ok(None);
+    }
+    keep_within_headroom(
+        cap_primitives::fs::open_dir_nofollow(dir, std::path::Path::new(path)),
+        backend,
+    )
+    .map(Some)
+}
+
+/// A regular file this host call created under a plain name in `parent`,
+/// open for writing; [`NewFile::remove`] takes it back if what follows
+/// fails.
+pub(crate) struct NewFile<'a> {
+    pub(crate) file: std::fs::File,
+    parent: &'a std::fs::File,
+    name: CString,
+}
+
+impl<'a> NewFile<'a> {
+    /// Create `name` (a plain name, see [`split_name`]) in `parent`.
+    /// `O_CREAT | O_EXCL` only ever makes a new regular file: anything
+    /// already there (a FIFO, a link) is `exist`, so no `fstat` is needed.
+    pub(crate) fn create(
+        parent: &'a std::fs::File,
+        name: &str,
+        backend: &str,
+    ) -> Result<NewFile<'a>, ErrorCode> {
+        use cap_primitives::fs::OpenOptionsExt;
+        use std::os::fd::AsRawFd;
+        let c_name = CString::new(name).map_err(|_| ErrorCode::Invalid)?;
+        let mut options = cap_primitives::fs::OpenOptions::new();
+        options
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW);
+        let file = cap_primitives::fs::open(parent, std::path::Path::new(name), &options)
+            .map_err(io_error_code)?;
+        let created = NewFile {
+            file,
+            parent,
+            name: c_name,
+        };
+        if !super::descriptors::within_headroom(created.file.as_raw_fd()) {
+            super::descriptors::refused(backend, "creating a file");
+            created.remove();
+            return Err(ErrorCode::InsufficientMemory);
+        }
+        Ok(created)
+    }
+
+    /// Rename the file to `name` (a plain name) in the same directory,
+    /// replacing what is there; a rename never follows a link. On failure
+    /// the file is removed.
+    pub(crate) fn rename(self, name: &str) -> Result<(), ErrorCode> {
+        use std::os::fd::AsRawFd;
+        let Ok(target) = CString::new(name) else {
+            self.remove();
+            return Err(ErrorCode::Invalid);
+        };
+        let dir = self.parent.as_raw_fd();
+        // SAFETY: two NUL-terminated names that outlive the call, resolved
+        // in `parent`, a descriptor we hold.
+        if unsafe { libc::renameat(dir, self.name.as_ptr(), dir, target.as_ptr()) } == 0 {
+            return Ok(());
+        }
+        let error = std::io::Error::last_os_error();
+        self.remove();
+        Err(io_error_code(error))
+    }
+
+    /// Remove the file, if its name still leads to it: another process
+    /// sharing the directory may have put something else there since.
+    pub(crate) fn remove(self) {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let Ok(ours) = self.file.metadata() else {
+            return;
+        };
+        let mut there = std::mem::MaybeUninit::<libc::stat>::uninit();
+        let dir = self.parent.as_raw_fd();
+        // SAFETY: `there` is written by a successful `fstatat` before it is
+        // read; the name is NUL-terminated and outlives both calls.
+        unsafe {
+            if libc::fstatat(
+                dir,
+                self.name.as_ptr(),
+                there.as_mut_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            ) == 0
+            {
+                let there = there.assume_init();
+                if there.st_dev == ours.dev() && there.st_ino == ours.ino() {
+                    libc::unlinkat(dir, self.name.as_ptr(), 0);
+                }
+            }
+        }
+    }
+}
+
+/// A descriptor just opened, kept only if it fits the process's headroom
+/// (see [`super::descriptors`]).
+fn keep_within_headroom(
+    opened: std::io::Result<std::fs::File>,
+    backend: &str,
+) -> Result<std::fs::File, ErrorCode> {
+    use std::os::fd::AsRawFd;
+    let file = opened.map_err(io_error_code)?;
+    if !super::descriptors::within_headroom(file.as_raw_fd()) {
+        super::descriptors::refused(backend, "opening a file");
+        return Err(ErrorCode::InsufficientMemory);
+    }
+    Ok(file)
 }
 
 /// The `wasi:filesystem` error code closest to an I/O error.

@@ -10,7 +10,9 @@ use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
 
 use super::{MallocBuffer, Payload};
 use crate::bindings::kvwasm::kv_store::payload_io;
-use crate::capabilities::dirs::{Opened, io_error_code, open_beneath};
+use crate::capabilities::dirs::{
+    NewFile, Opened, io_error_code, open_beneath, open_dir_beneath, split_name,
+};
 use crate::state::HostState;
 
 impl payload_io::Host for HostState {
@@ -87,40 +89,78 @@ impl payload_io::Host for HostState {
         data: Resource<Payload>,
         sync: bool,
     ) -> wasmtime::Result<Result<(), ErrorCode>> {
-        self.create_and_write(&dir, &path, &data, sync)
+        self.write_beneath(&dir, &data, &path, None, sync)
+    }
+
+    fn publish_file(
+        &mut self,
+        dir: Resource<Descriptor>,
+        tmp: String,
+        path: String,
+        data: Resource<Payload>,
+        sync: bool,
+    ) -> wasmtime::Result<Result<(), ErrorCode>> {
+        self.write_beneath(&dir, &data, &tmp, Some(&path), sync)
+    }
+}
+
+/// Create the plain name `name` in `parent`, write `bytes` to it and
+/// `fdatasync` it if `sync`; on failure the file is removed again.
+fn write_new<'a>(
+    parent: &'a std::fs::File,
+    name: &str,
+    bytes: &[u8],
+    sync: bool,
+    backend: &str,
+) -> Result<NewFile<'a>, ErrorCode> {
+    use std::io::Write;
+    let mut new = NewFile::create(parent, name, backend)?;
+    let written = new
+        .file
+        .write_all(bytes)
+        .and_then(|()| if sync { new.file.sync_data() } else { Ok(()) });
+    match written {
+        Ok(()) => Ok(new),
+        Err(e) => {
+            new.remove();
+            Err(io_error_code(e))
+        }
     }
 }
 
 impl HostState {
-    /// `write-file`'s body; `Err` is the guest-visible error code.
-    fn create_and_write(
-        &mut self,
+    /// `write-file` (`publish_as` is `None`) and `publish-file`: create
+    /// `path` beneath `dir` with the bytes of `data`, then rename it to
+    /// `publish_as` in the same directory, which is resolved once.
+    fn write_beneath(
+        &self,
         dir: &Resource<Descriptor>,
-        path: &str,
         data: &Resource<Payload>,
+        path: &str,
+        publish_as: Option<&str>,
         sync: bool,
     ) -> wasmtime::Result<Result<(), ErrorCode>> {
-        use std::io::Write;
         let dir = match self.table.get(dir)? {
             // The check wasi:filesystem's `open-at` makes before creating.
             Descriptor::Dir(d) if d.perms.write_not_permitted() => {
                 return Ok(Err(ErrorCode::NotPermitted));
             }
-            Descriptor::Dir(d) => d.dir.clone(),
+            Descriptor::Dir(d) => &d.dir,
             Descriptor::File(_) => return Ok(Err(ErrorCode::NotDirectory)),
         };
-        let mut options = cap_primitives::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        let mut file = match open_beneath(&dir, path, &mut options, false, &self.backend) {
-            Ok(Opened::File(file, _)) => file,
-            Ok(Opened::Dir(_)) => return Ok(Err(ErrorCode::IsDirectory)),
-            Err(code) => return Ok(Err(code)),
-        };
         let bytes = self.table.get(data)?.as_slice();
-        let written = file
-            .write_all(bytes)
-            .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
-        Ok(written.map_err(io_error_code))
+        Ok((|| {
+            let (sub, name) = split_name(path)?;
+            let target = match publish_as.map(split_name).transpose()? {
+                Some((target_sub, target)) if target_sub == sub => Some(target),
+                Some(_) => return Err(ErrorCode::Invalid),
+                None => None,
+            };
+            let opened = open_dir_beneath(dir, sub, &self.backend)?;
+            let parent = opened.as_ref().unwrap_or(dir);
+            let new = write_new(parent, name, bytes, sync, &self.backend)?;
+            target.map_or(Ok(()), |target| new.rename(target))
+        })())
     }
 
     /// `pread` `len` bytes of `file` at `offset` into a new payload, within

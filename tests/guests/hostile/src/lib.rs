@@ -17,6 +17,7 @@
 //! | `hoard:<n>`            | creates and leaks n payloads of 1 MiB (host memory) |
 //! | `readfile:<path>`      | payload-io `read-file` of `path` beneath `/data`   |
 //! | `writefile:<path>`     | payload-io `write-file` of `path` beneath `/data`  |
+//! | `publishfile:<tmp>,<path>` | payload-io `publish-file` of `tmp` to `path` beneath `/data` |
 //! | `http:<url>`           | sends a wasi:http GET, returns the status and body |
 //! | `http-opts:<url>`      | the same, passing request options to the host      |
 //! | `tryalloc:<MiB>`       | asks for that much with `try_reserve`; survives a refusal |
@@ -239,6 +240,15 @@ impl GuestStore for HostileStore {
                 payload_io::write_file(&data_dir()?, path, &bytes, false)
                     .fs_context("writefile")?;
                 b"written".to_vec()
+            }
+            Some(("publishfile", paths)) => {
+                let (tmp, path) = paths
+                    .split_once(',')
+                    .ok_or_else(|| Error::InvalidArgument(name.clone()))?;
+                let bytes = Payload::new(b"published");
+                payload_io::publish_file(&data_dir()?, tmp, path, &bytes, true)
+                    .fs_context("publishfile")?;
+                b"published".to_vec()
             }
             Some(("hoard", n)) => {
                 let n: usize = n
