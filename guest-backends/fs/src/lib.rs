@@ -146,7 +146,7 @@ impl GuestStore for FsStore {
         read_file(
             &self.chunks,
             &chunk_path(&validate::hash_hex(&hash)),
-            "chunk",
+            "read chunk",
         )
     }
 
@@ -161,7 +161,7 @@ impl GuestStore for FsStore {
 
     fn get_manifest(&self, name: String) -> Result<Payload> {
         validate::manifest_name(&name)?;
-        read_file(&self.root, &name, "manifest")
+        read_file(&self.root, &name, "read manifest")
     }
 
     fn delete_manifest(&self, name: String) -> Result<()> {
@@ -338,7 +338,7 @@ fn open_dir(parent: &Descriptor, name: &str, writable: bool) -> Result<Dir> {
 /// Read a whole file into a payload, in one host call, without copying it
 /// through guest memory.
 fn read_file(dir: &Dir, name: &str, what: &str) -> Result<Payload> {
-    payload_io::read_file(&dir.fd, name).fs_context(&format!("read {what}"))
+    payload_io::read_file(&dir.fd, name).fs_context(what)
 }
 
 /// The directory name of namespace component `part` (see the module docs):

@@ -91,6 +91,10 @@ impl Backend {
     /// The limits for `namespace`: its tenant's (first component), if the
     /// config sets any, else the backend's.
     pub fn limits_for(&self, namespace: &str) -> &Limits {
+        // Asked on every call: most backends set no per-tenant limits.
+        if self.tenant_limits.is_empty() {
+            return &self.limits;
+        }
         let tenant = namespace.split('/').next().unwrap_or("");
         self.tenant_limits.get(tenant).unwrap_or(&self.limits)
     }

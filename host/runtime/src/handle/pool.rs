@@ -54,9 +54,10 @@ pub(super) struct Release {
     pub(super) metrics: Arc<BackendMetrics>,
 }
 
-/// An instance waiting in the pool, and since when.
+/// An instance waiting in the pool, and since when. Boxed: an instance is
+/// about 300 bytes, and every call moves it out of the pool and back.
 struct Idle {
-    instance: Instance,
+    instance: Box<Instance>,
     since: Instant,
 }
 
@@ -77,7 +78,7 @@ pub(super) struct PoolState {
 
 impl PoolState {
     /// An idle instance other than `own` holding puts due for a flush.
-    fn take_idle_due(&mut self, own: u64, cutoff: u64) -> Option<Instance> {
+    fn take_idle_due(&mut self, own: u64, cutoff: u64) -> Option<Box<Instance>> {
         let at = self
             .idle
             .iter()
@@ -96,7 +97,7 @@ impl Pool {
         Pool {
             state: Mutex::new(PoolState {
                 idle: vec![Idle {
-                    instance: first,
+                    instance: Box::new(first),
                     since: Instant::now(),
                 }],
                 live: 1,
@@ -130,12 +131,12 @@ impl Pool {
         let Some(release) = &self.release else {
             return 0;
         };
-        let expired: Vec<Instance> = {
+        let expired: Vec<Box<Instance>> = {
             let mut state = self.lock();
             let PoolState {
                 idle, durability, ..
             } = &mut *state;
-            let expired: Vec<Instance> = idle
+            let expired: Vec<Box<Instance>> = idle
                 .extract_if(.., |i| {
                     now.saturating_duration_since(i.since) >= release.after
                         && !durability.holds_puts(i.instance.id)
@@ -237,7 +238,7 @@ impl Pool {
                 if let (true, Some(release)) = (restart, &self.release) {
                     release.metrics.restarted();
                 }
-                started
+                Box::new(started)
             }
         };
         Ok(self.checked_out(instance))
@@ -287,10 +288,10 @@ impl Pool {
     /// The idle instances, taken out (when the handle closes).
     pub(super) fn take_idle(&self) -> Vec<Instance> {
         let idle = std::mem::take(&mut self.lock().idle);
-        idle.into_iter().map(|i| i.instance).collect()
+        idle.into_iter().map(|i| *i.instance).collect()
     }
 
-    fn checked_out(&self, instance: Instance) -> CheckedOut<'_> {
+    fn checked_out(&self, instance: Box<Instance>) -> CheckedOut<'_> {
         CheckedOut {
             pool: self,
             instance: Some(instance),
@@ -298,7 +299,7 @@ impl Pool {
     }
 
     /// Give a healthy instance back, with what its call did.
-    fn checkin(&self, instance: Instance, kind: CallKind, succeeded: bool) {
+    fn checkin(&self, instance: Box<Instance>, kind: CallKind, succeeded: bool) {
         let since = Instant::now();
         let mut state = self.lock();
         state.backoff.succeeded();
@@ -356,7 +357,7 @@ impl Drop for ManifestTurn<'_> {
 /// live instances never leaks and no caller waits for a slot in vain.
 pub(super) struct CheckedOut<'p> {
     pool: &'p Pool,
-    instance: Option<Instance>,
+    instance: Option<Box<Instance>>,
 }
 
 impl CheckedOut<'_> {
