@@ -235,7 +235,6 @@ fn a_prefetch_past_the_bound_on_linear_memory_continues_in_waves() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &server, "");
     let hashes = store_short_chunks(&server);
-    let value = short_value;
     let prefetch = format!("prefetch:{}", hashes.join(","));
     let gets: Vec<String> = hashes.iter().map(|h| format!("get-chunk:{h}")).collect();
     let mut ops = vec![prefetch.as_str(), "pause"];
@@ -268,7 +267,10 @@ fn a_prefetch_past_the_bound_on_linear_memory_continues_in_waves() {
     let lines = served.iter().chain(&first_left_out).chain(&rest);
     let mut count = 0;
     for (line, hash) in lines.zip(got_in_order) {
-        assert_eq!(line, &format!("get-chunk {hash} -> 0 {}", value(hash)));
+        assert_eq!(
+            line,
+            &format!("get-chunk {hash} -> 0 {}", short_value(hash))
+        );
         count += 1;
     }
     assert_eq!(count, 1536);
@@ -284,12 +286,11 @@ fn a_failed_wave_or_a_new_prefetch_leaves_the_gets_to_ask_alone() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &server, "");
     let hashes = store_short_chunks(&server);
-    let value = short_value;
     let wrong_type = "kvwasm/ns/chunks/04b0";
     server.cli(&["DEL", wrong_type]);
     server.cli(&["RPUSH", wrong_type, "not a string"]);
     let get = |h: &str| format!("get-chunk:{h}");
-    let expect = |h: &str| format!("get-chunk {h} -> 0 {}", value(h));
+    let expect = |h: &str| format!("get-chunk {h} -> 0 {}", short_value(h));
 
     // Cached: 0000..03ff, queued: 0400..05ff. Once the gets drained the
     // cache, the get of 0400 heads a wave of the rest, which meets 04b0.

@@ -589,15 +589,15 @@ impl Side for NativeS3 {
     }
 }
 
-/// The kvwasm configuration of the remote backends: for each server, the
-/// default `dedup_check = "put"` (exact `put_chunk` return codes) and
-/// `"flush"` (existence checked in one batch at the flush), each staging a
-/// whole 96 MiB save.
 /// The kvwasm sides of each service: a backend name and its
 /// `dedup_check` (`put` answers every put exactly).
 const REDIS_SIDES: [(&str, &str); 2] = [("redis", "put"), ("redis-batched", "flush")];
 const S3_SIDES: [(&str, &str); 2] = [("s3", "put"), ("s3-batched", "flush")];
 
+/// The kvwasm configuration of the remote backends: for each server, the
+/// default `dedup_check = "put"` (exact `put_chunk` return codes) and
+/// `"flush"` (existence checked in one batch at the flush), each staging a
+/// whole 96 MiB save.
 fn config(servers: &Servers) -> String {
     let component = |guest: &str| match &servers.guests {
         Some(dir) => format!("{:?}", dir.join(format!("kvwasm_guest_{guest}.wasm"))),
