@@ -91,6 +91,7 @@ fn grant_for(interface: &str) -> &'static str {
         "wasi:cli/stderr" => "always (goes to the host log)",
         n if n.starts_with("wasi:cli/") || n.starts_with("wasi:io/") => "always (inert)",
         "kvwasm:kv-store/types" => "always (payloads)",
+        "kvwasm:kv-store/payload-streams" => "always (payloads to and from streams it holds)",
         "kvwasm:events/types" => "always (event records)",
         "kvwasm:events/block-hash" => "always (pure hashing)",
         _ => "unknown to kvwasm: instantiation will fail",

@@ -282,6 +282,18 @@ fn check_config_shows_tls_settings_and_fingerprints_and_inspect_the_tls_import()
     );
 }
 
+/// Every import of every builtin guest is one the host provides, and
+/// `inspect` names the grant behind it (an import it does not know would
+/// read "instantiation will fail" to an operator).
+#[test]
+fn inspect_knows_every_import_of_the_builtins() {
+    for name in kvwasm_host::component::Builtin::ALL.map(|b| b.name()) {
+        let (out, text) = kvwasm(&["inspect", &format!("builtin:{name}")]);
+        assert!(out.status.success(), "{name}: {text}");
+        assert!(!text.contains("unknown to kvwasm"), "{name}: {text}");
+    }
+}
+
 /// `kvwasm tier status` shows what each tier holds (listed now) and what
 /// the last process using the store recorded: reads per tier, moves, the
 /// advisor's decisions; `check-config` describes the tiered entry.
