@@ -12,7 +12,6 @@
 //!   running then (a deadline cannot be missed by more than its slack)
 //!   release it when they return.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, RwLock};
 use std::time::{Duration, Instant};
@@ -24,7 +23,11 @@ use kvwasm_host::{KvError, StoreHandle};
 /// `StoreHandle`; each `open` still gets its own entry.)
 type Entry = Arc<Arc<StoreHandle>>;
 
-static HANDLES: LazyLock<RwLock<HashMap<usize, Entry>>> = LazyLock::new(Default::default);
+/// Keys are small integers the shim hands out, not attacker-chosen: the
+/// fast non-keyed hash is fine, and every call looks one up.
+type Handles = rustc_hash::FxHashMap<usize, Entry>;
+
+static HANDLES: LazyLock<RwLock<Handles>> = LazyLock::new(Default::default);
 
 /// Keys are multiplied by this, so the pointers look like aligned heap
 /// pointers to consumers that check, and are never NULL.
@@ -82,10 +85,10 @@ fn key(ptr: *mut KvStore) -> Result<usize, KvError> {
     Ok(addr / KEY_STRIDE)
 }
 
-fn read() -> std::sync::RwLockReadGuard<'static, HashMap<usize, Entry>> {
+fn read() -> std::sync::RwLockReadGuard<'static, Handles> {
     HANDLES.read().unwrap_or_else(|p| p.into_inner())
 }
 
-fn write() -> std::sync::RwLockWriteGuard<'static, HashMap<usize, Entry>> {
+fn write() -> std::sync::RwLockWriteGuard<'static, Handles> {
     HANDLES.write().unwrap_or_else(|p| p.into_inner())
 }

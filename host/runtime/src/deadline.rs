@@ -24,8 +24,8 @@ use std::pin::{Pin, pin};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use crate::engine::{ticks, ticks_in};
 use crate::io::InstanceIo;
-use crate::limits::EPOCH_TICK;
 
 /// When an operation must have returned, and the budget it was given (for
 /// error messages).
@@ -33,6 +33,8 @@ use crate::limits::EPOCH_TICK;
 pub struct Deadline {
     at: Instant,
     budget_ms: u64,
+    /// The epoch tick it started at ([`crate::engine::ticks`]).
+    started_tick: u64,
 }
 
 impl Deadline {
@@ -41,6 +43,7 @@ impl Deadline {
         Deadline {
             at: Instant::now() + Duration::from_millis(budget_ms),
             budget_ms,
+            started_tick: ticks(),
         }
     }
 
@@ -54,11 +57,15 @@ impl Deadline {
         self.budget_ms
     }
 
-    /// Epoch ticks left, rounded up (at least one, so a call that starts
-    /// late still traps promptly rather than never).
+    /// Epoch ticks left: the budget in ticks, rounded up, less the ticks
+    /// passed since the deadline started. Counted on the ticker's clock,
+    /// which also moves the engines' epochs, rather than read from the
+    /// system clock on every call. At least one, so a call that starts late
+    /// still traps promptly rather than never.
     pub(crate) fn epoch_ticks(&self) -> u64 {
-        let tick = EPOCH_TICK.as_nanos();
-        (self.remaining().as_nanos().div_ceil(tick) as u64).max(1)
+        let budget = ticks_in(Duration::from_millis(self.budget_ms));
+        let passed = ticks().saturating_sub(self.started_tick);
+        budget.saturating_sub(passed).max(1)
     }
 
     /// The instant, for `tokio::time`.
@@ -168,6 +175,32 @@ mod tests {
                 "{took:?}"
             );
         });
+    }
+
+    /// A deadline's epoch budget is counted on the ticker's clock: the
+    /// whole budget at first, less each tick that passes, never below one.
+    #[test]
+    fn epoch_ticks_count_down_with_the_ticker() {
+        crate::engine::ensure_ticking().unwrap();
+        let budget = ticks_in(Duration::from_millis(1000));
+        let deadline = Deadline::after_ms(1000);
+        let first = deadline.epoch_ticks();
+        assert!(
+            first == budget || first == budget - 1,
+            "{first} of {budget}"
+        );
+        let start = ticks();
+        let waited = Instant::now();
+        while ticks() < start + 3 {
+            assert!(
+                waited.elapsed() < Duration::from_secs(10),
+                "the ticker stopped"
+            );
+            std::thread::sleep(crate::limits::EPOCH_TICK);
+        }
+        let later = deadline.epoch_ticks();
+        assert!(later + 3 <= first, "{later} after {first}");
+        assert_eq!(Deadline::after_ms(0).epoch_ticks(), 1);
     }
 
     #[test]

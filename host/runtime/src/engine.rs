@@ -13,7 +13,7 @@
 //! runs on a fiber) so that a deadline can abandon a guest blocked in a host
 //! import: see [`crate::deadline`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use wasmtime::{Config, Engine, OptLevel};
@@ -68,6 +68,7 @@ pub(crate) fn ensure_ticking() -> Result<(), KvError> {
                 for engine in ENGINES.iter().filter_map(OnceLock::get) {
                     engine.increment_epoch();
                 }
+                TICKS.fetch_add(1, Ordering::Relaxed);
             }
         })
         .map_err(|e| KvError::host("cannot start the epoch ticker thread", e))?;
@@ -76,6 +77,22 @@ pub(crate) fn ensure_ticking() -> Result<(), KvError> {
     unsafe { libc::pthread_atfork(None, None, Some(mark_forked)) };
     STARTED.store(true, Ordering::Release);
     Ok(())
+}
+
+/// Ticks since the ticker started, advanced with the engines' epochs.
+static TICKS: AtomicU64 = AtomicU64::new(0);
+
+/// A clock of [`EPOCH_TICK`] resolution that costs one atomic load, for
+/// what is counted in ticks anyway (epoch deadlines) or needs no finer
+/// resolution (idle times): every call would otherwise read the system
+/// clock several times.
+pub(crate) fn ticks() -> u64 {
+    TICKS.load(Ordering::Relaxed)
+}
+
+/// `duration` in ticks, rounded up.
+pub(crate) fn ticks_in(duration: std::time::Duration) -> u64 {
+    duration.as_nanos().div_ceil(EPOCH_TICK.as_nanos()) as u64
 }
 
 /// Set in a child forked after the host started its threads: the ticker,

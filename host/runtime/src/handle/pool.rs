@@ -13,11 +13,12 @@
 //! as any growing pool does.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::backoff::Backoff;
 use super::durability::Durability;
 use crate::deadline::Deadline;
+use crate::engine::{ticks, ticks_in};
 use crate::error::KvError;
 use crate::instance::{Instance, Outcome};
 use crate::metrics::BackendMetrics;
@@ -54,11 +55,13 @@ pub(super) struct Release {
     pub(super) metrics: Arc<BackendMetrics>,
 }
 
-/// An instance waiting in the pool, and since when. Boxed: an instance is
-/// about 300 bytes, and every call moves it out of the pool and back.
+/// An instance waiting in the pool, and since when (in epoch ticks, see
+/// [`crate::engine::ticks`]: check-in is on every call's path). Boxed: an
+/// instance is about 300 bytes, and every call moves it out of the pool
+/// and back.
 struct Idle {
     instance: Box<Instance>,
-    since: Instant,
+    since: u64,
 }
 
 pub(super) struct PoolState {
@@ -98,7 +101,7 @@ impl Pool {
             state: Mutex::new(PoolState {
                 idle: vec![Idle {
                     instance: Box::new(first),
-                    since: Instant::now(),
+                    since: ticks(),
                 }],
                 live: 1,
                 waiters: 0,
@@ -119,7 +122,8 @@ impl Pool {
         self.release.as_ref().map(|r| r.after)
     }
 
-    /// Release the instances idle since before `now - after` that hold no
+    /// Release the instances idle since before `now - after` (`now` in
+    /// epoch ticks, [`crate::engine::ticks`]) that hold no
     /// unflushed puts (an idle instance runs no call). Returns how many.
     ///
     /// A released instance is dropped without running its guest's `store`
@@ -127,10 +131,11 @@ impl Pool {
     /// and descriptors, and no guest code runs on the release thread. So a
     /// slow or hostile destructor can neither hold up the releases of every
     /// other pool nor still be running after `kv_close` returned.
-    pub(super) fn release_idle(&self, now: Instant) -> usize {
+    pub(super) fn release_idle(&self, now: u64) -> usize {
         let Some(release) = &self.release else {
             return 0;
         };
+        let after = ticks_in(release.after);
         let expired: Vec<Box<Instance>> = {
             let mut state = self.lock();
             let PoolState {
@@ -138,8 +143,7 @@ impl Pool {
             } = &mut *state;
             let expired: Vec<Box<Instance>> = idle
                 .extract_if(.., |i| {
-                    now.saturating_duration_since(i.since) >= release.after
-                        && !durability.holds_puts(i.instance.id)
+                    now.saturating_sub(i.since) >= after && !durability.holds_puts(i.instance.id)
                 })
                 .map(|i| i.instance)
                 .collect();
@@ -300,7 +304,7 @@ impl Pool {
 
     /// Give a healthy instance back, with what its call did.
     fn checkin(&self, instance: Box<Instance>, kind: CallKind, succeeded: bool) {
-        let since = Instant::now();
+        let since = ticks();
         let mut state = self.lock();
         state.backoff.succeeded();
         if succeeded {

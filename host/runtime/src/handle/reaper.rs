@@ -101,7 +101,8 @@ impl Reaper {
                 .filter_map(Weak::upgrade)
                 .collect();
             let now = Instant::now();
-            let released: usize = pools.iter().map(|p| p.release_idle(now)).sum();
+            let ticks = crate::engine::ticks();
+            let released: usize = pools.iter().map(|p| p.release_idle(ticks)).sum();
             drop(pools);
             // Trimming walks every malloc arena under its lock: at most
             // once per `TRIM_EVERY`, however short the release times.
