@@ -183,11 +183,13 @@ mod tests {
     fn epoch_ticks_count_down_with_the_ticker() {
         crate::engine::ensure_ticking().unwrap();
         let budget = ticks_in(Duration::from_millis(1000));
+        let before = ticks();
         let deadline = Deadline::after_ms(1000);
         let first = deadline.epoch_ticks();
+        let elapsed = ticks() - before;
         assert!(
-            first == budget || first == budget - 1,
-            "{first} of {budget}"
+            first <= budget && first + elapsed >= budget,
+            "{first} of {budget}, {elapsed} ticks passed while reading"
         );
         let start = ticks();
         let waited = Instant::now();
@@ -201,6 +203,30 @@ mod tests {
         let later = deadline.epoch_ticks();
         assert!(later + 3 <= first, "{later} after {first}");
         assert_eq!(Deadline::after_ms(0).epoch_ticks(), 1);
+        // Once the budget has passed, one tick is left: the guest traps at
+        // the next tick, never runs on.
+        let short = Deadline::after_ms(20);
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(short.epoch_ticks(), 1);
+    }
+
+    /// The ticker counts ticks at the wall clock's pace (it sleeps until each
+    /// tick's due time and counts missed ones), so deadlines counted in
+    /// ticks do not stretch: 200 ms of wall time is 40 ticks, give or take
+    /// the tick in progress at either end.
+    #[test]
+    fn ticks_keep_pace_with_the_wall_clock() {
+        crate::engine::ensure_ticking().unwrap();
+        let start = ticks();
+        let wall = Instant::now();
+        std::thread::sleep(Duration::from_millis(200));
+        let counted = ticks() - start;
+        let expected = ticks_in(wall.elapsed());
+        assert!(
+            counted + 2 >= expected && counted <= expected + 1,
+            "{counted} ticks counted in {:?} ({expected} expected)",
+            wall.elapsed()
+        );
     }
 
     #[test]

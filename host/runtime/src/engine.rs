@@ -15,6 +15,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use wasmtime::{Config, Engine, OptLevel};
 
@@ -62,15 +63,7 @@ pub(crate) fn ensure_ticking() -> Result<(), KvError> {
     }
     std::thread::Builder::new()
         .name("kvwasm-epoch".into())
-        .spawn(|| {
-            loop {
-                std::thread::sleep(EPOCH_TICK);
-                for engine in ENGINES.iter().filter_map(OnceLock::get) {
-                    engine.increment_epoch();
-                }
-                TICKS.fetch_add(1, Ordering::Relaxed);
-            }
-        })
+        .spawn(tick_forever)
         .map_err(|e| KvError::host("cannot start the epoch ticker thread", e))?;
     // SAFETY: registers a handler that only stores to an atomic, which is
     // async-signal-safe (all a forked child may run).
@@ -79,20 +72,48 @@ pub(crate) fn ensure_ticking() -> Result<(), KvError> {
     Ok(())
 }
 
+/// The ticker: one tick per [`EPOCH_TICK`] of wall time since it started.
+/// It sleeps until each tick's due time rather than for a fixed interval,
+/// and a wake-up that comes late (a loaded machine) counts every tick it
+/// missed, so the tick count stays in step with the wall clock: deadlines
+/// and idle times counted in ticks do not stretch under load.
+fn tick_forever() {
+    let started = Instant::now();
+    let tick_ns = u64::try_from(EPOCH_TICK.as_nanos()).unwrap_or(u64::MAX);
+    let mut counted = 0u64;
+    loop {
+        let due = started + Duration::from_nanos(tick_ns.saturating_mul(counted + 1));
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        let now = ticks_in_floor(started.elapsed()).max(counted + 1);
+        for _ in counted..now {
+            for engine in ENGINES.iter().filter_map(OnceLock::get) {
+                engine.increment_epoch();
+            }
+        }
+        TICKS.store(now, Ordering::Relaxed);
+        counted = now;
+    }
+}
+
 /// Ticks since the ticker started, advanced with the engines' epochs.
 static TICKS: AtomicU64 = AtomicU64::new(0);
 
-/// A clock of [`EPOCH_TICK`] resolution that costs one atomic load, for
-/// what is counted in ticks anyway (epoch deadlines) or needs no finer
-/// resolution (idle times): every call would otherwise read the system
-/// clock several times.
+/// A clock of [`EPOCH_TICK`] resolution, kept in step with the wall clock
+/// by the ticker, that costs one atomic load: for what is counted in ticks
+/// anyway (epoch deadlines) or needs no finer resolution (idle times).
+/// Every call would otherwise read the system clock several times.
 pub(crate) fn ticks() -> u64 {
     TICKS.load(Ordering::Relaxed)
 }
 
-/// `duration` in ticks, rounded up.
-pub(crate) fn ticks_in(duration: std::time::Duration) -> u64 {
-    duration.as_nanos().div_ceil(EPOCH_TICK.as_nanos()) as u64
+/// `duration` in ticks, rounded up (saturating).
+pub(crate) fn ticks_in(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos().div_ceil(EPOCH_TICK.as_nanos())).unwrap_or(u64::MAX)
+}
+
+/// Whole ticks in `duration`, rounded down (saturating).
+fn ticks_in_floor(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos() / EPOCH_TICK.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Set in a child forked after the host started its threads: the ticker,

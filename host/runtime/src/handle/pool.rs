@@ -143,7 +143,7 @@ impl Pool {
             } = &mut *state;
             let expired: Vec<Box<Instance>> = idle
                 .extract_if(.., |i| {
-                    now.saturating_sub(i.since) >= after && !durability.holds_puts(i.instance.id)
+                    now.saturating_sub(i.since) > after && !durability.holds_puts(i.instance.id)
                 })
                 .map(|i| i.instance)
                 .collect();
