@@ -10,7 +10,8 @@
 //!   `malloc`'d output buffer.
 //! * A guest that stages values for a later flush keeps host copies
 //!   (`payload-streams.copy`): [`Payload::Shared`], which `write-all` hands
-//!   to a socket or an HTTP body without copying it again.
+//!   to a socket or an HTTP body without copying it again. Their buffers
+//!   are reused by later copies ([`recycle`]).
 //!
 //! Payload memory is host memory, outside the guest's linear-memory cap, so
 //! every byte a payload holds is charged to its instance when it is
@@ -19,11 +20,13 @@
 
 mod io;
 mod malloc;
+mod recycle;
 mod streams;
 
 use wasmtime::component::Resource;
 
 pub use malloc::MallocBuffer;
+pub(crate) use recycle::{KEEP_FOR, any_kept, release_unused};
 
 use crate::bindings::kvwasm::kv_store::types;
 use crate::state::HostState;
@@ -40,9 +43,10 @@ pub enum Payload {
     Shared(bytes::Bytes),
 }
 
-/// The buffer behind a [`Payload::Shared`], with its charge.
+/// The buffer behind a [`Payload::Shared`], with its charge. Its memory is
+/// kept for the next copy when it goes ([`recycle`]).
 pub(crate) struct SharedBuffer {
-    pub(crate) buf: MallocBuffer,
+    pub(crate) buf: recycle::RecycledBuffer,
     pub(crate) _charge: crate::limits::PayloadCharge,
 }
 

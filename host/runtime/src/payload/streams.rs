@@ -6,7 +6,8 @@
 //!   into the payload's `malloc`'d block, which can go back to the consumer
 //!   from `get-chunk` as it is.
 //! * `copy`: a guest keeps the bytes of a lent payload (a `put-chunk`'s)
-//!   past the call, as a host buffer ([`Payload::Shared`]).
+//!   past the call, as a host buffer ([`Payload::Shared`]) that later
+//!   copies reuse ([`super::recycle`]).
 //! * `write-all`: the host hands a payload to an output stream, waiting
 //!   when it is full; a shared payload goes in reference-counted slices,
 //!   without a copy.
@@ -22,6 +23,7 @@ use bytes::Bytes;
 use wasmtime::component::{Resource, ResourceTableError};
 use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, StreamError};
 
+use super::recycle::RecycledBuffer;
 use super::{MallocBuffer, Payload, SharedBuffer};
 use crate::bindings::kvwasm::kv_store::payload_streams::{self, ReadError, WriteError};
 use crate::state::HostState;
@@ -79,7 +81,7 @@ impl payload_streams::Host for HostState {
             Ok(admitted) => admitted,
             Err(refusal) => return Ok(Err(refusal)),
         };
-        let Some(buf) = MallocBuffer::copy_from(self.table.get(&data)?.as_slice()) else {
+        let Some(buf) = RecycledBuffer::copy_of(self.table.get(&data)?.as_slice()) else {
             self.discard(slot, len)?;
             return Ok(Err(format!("out of memory for {len} bytes")));
         };
