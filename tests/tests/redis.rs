@@ -46,7 +46,7 @@ fn probe(config: &Path, server: &RedisServer, namespace: &str) -> Probe {
 }
 
 #[test]
-fn saves_restores_and_deduplicates_with_batched_round_trips() {
+fn saves_restores_and_deduplicates_with_exact_answers() {
     let server = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &server, true, "");
@@ -74,13 +74,17 @@ fn saves_restores_and_deduplicates_with_batched_round_trips() {
         ],
         "{stderr}"
     );
-    // One existence check per new hash at put time, one batched check and
-    // one batched write at the manifest: 2 + 2 EXISTS, 2 + 1 SET.
-    assert_eq!(server.calls("exists"), 4);
+    // Short chunks are written through: one `SET NX` per new hash answers
+    // exactly and stores it. The repeated put is answered by the handle and
+    // re-checked with one `EXISTS` at the manifest.
+    assert_eq!(server.calls("exists"), 1);
     assert_eq!(server.calls("set"), 3);
-    // Round trips: the two put-time checks, then check, write, manifest.
+    // Round trips: two `SET NX`, the get, the re-check, the manifest.
     assert!(
-        stderr.contains("2 staged chunks (0 already stored), 5 round trips"),
+        stderr.contains(
+            "2 chunks written at put time, 0 staged chunks (0 already stored), 5 round trips, \
+             1 dedup hits re-checked"
+        ),
         "{stderr}"
     );
 
@@ -97,23 +101,76 @@ fn saves_restores_and_deduplicates_with_batched_round_trips() {
         ]
     );
 
-    // Another process: the server answers the duplicate, nothing is written.
+    // Another process: the server answers the duplicate and keeps the
+    // stored bytes (`SET NX` writes nothing over them).
     let (out, stderr) = probe(&config, &server, "team/model").run(&[
-        "put-chunk:0a=alpha",
+        "put-chunk:0a=other",
         "put-manifest:slot1=0a",
         "get-manifest:slot0",
+        "get-chunk:0a",
     ]);
     assert_eq!(
         out,
         [
             "open ok",
-            "put-chunk 0a=alpha -> 1",
+            "put-chunk 0a=other -> 1",
             "put-manifest slot1=0a -> 0",
             "get-manifest slot0 -> 0 0a0b",
+            "get-chunk 0a -> 0 alpha",
         ],
         "{stderr}"
     );
-    assert_eq!(server.calls("set"), 4, "only the new manifest was written");
+    assert_eq!(
+        server.calls("set"),
+        5,
+        "the refused SET NX and the new manifest"
+    );
+}
+
+/// With exact answers, a long chunk (64 KiB or more) is checked with
+/// `EXISTS` and staged until the manifest, so a warm save never sends its
+/// bytes; a short one is written through at once.
+#[test]
+fn long_chunks_are_checked_and_staged_short_ones_written_through() {
+    let server = RedisServer::without_password();
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [\"{0}\"]\n\
+         settings = {{ address = \"{0}\" }}\n",
+        server.addr
+    );
+    let backend = Arc::new(
+        Config::parse(&text, dir.path())
+            .unwrap()
+            .backend("redis")
+            .unwrap(),
+    );
+    let writer = StoreHandle::open(backend.clone(), "ns").unwrap();
+    let reader = StoreHandle::open(backend.clone(), "ns").unwrap();
+    let short = vec![1u8; (64 << 10) - 1];
+    let long = vec![2u8; 64 << 10];
+
+    assert!(!writer.put_chunk(b"short", &short).unwrap(), "new");
+    assert_eq!((server.calls("set"), server.calls("exists")), (1, 0));
+    assert_eq!(reader.get_chunk(b"short").unwrap().as_slice(), &short[..]);
+
+    assert!(!writer.put_chunk(b"long", &long).unwrap(), "new");
+    assert_eq!((server.calls("set"), server.calls("exists")), (1, 1));
+    assert!(
+        reader.get_chunk(b"long").is_err(),
+        "staged until the manifest"
+    );
+    writer.put_manifest("m", b"two").unwrap();
+    assert_eq!(server.calls("set"), 3, "the long chunk, then the manifest");
+    assert_eq!(reader.get_chunk(b"long").unwrap().as_slice(), &long[..]);
+
+    // A warm save from a new handle: both answered "already present"; only
+    // the short chunk's bytes went to the server, and were not written.
+    let again = StoreHandle::open(backend, "ns").unwrap();
+    assert!(again.put_chunk(b"short", &short).unwrap());
+    assert!(again.put_chunk(b"long", &long).unwrap());
+    assert_eq!(server.calls("set"), 4, "one SET NX, refused");
+    assert_eq!(server.calls("exists"), 3);
 }
 
 #[test]
@@ -333,9 +390,10 @@ fn a_hung_server_costs_one_deadline_not_a_hang() {
 fn chunks_staged_in_any_instance_are_read_back_and_published_by_the_manifest() {
     let server = RedisServer::without_password();
     let dir = tempfile::tempdir().unwrap();
+    // Batched existence checks: every chunk is staged, short ones too.
     let text = format!(
         "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [\"{0}\"]\nmax_instances = 4\n\
-         settings = {{ address = \"{0}\" }}\n",
+         settings = {{ address = \"{0}\", dedup_check = \"flush\" }}\n",
         server.addr
     );
     let backend = Arc::new(

@@ -79,8 +79,9 @@ fn saves_restores_and_deduplicates_in_the_bucket() {
     // behind (answered when `get-chunk 0b` needs it stored), then the GET
     // and the manifest PUT.
     assert!(
-        stderr
-            .contains("2 chunks written behind, 0 staged chunks (0 already stored), 6 round trips"),
+        stderr.contains(
+            "2 chunks written at put time, 0 staged chunks (0 already stored), 6 round trips"
+        ),
         "{stderr}"
     );
 

@@ -3,7 +3,9 @@
 //!
 //! The store logic (staging, batched flush, prefetch cache) is the shared
 //! [`RemoteStore`]; this crate supplies [`Remote`] as Redis pipelines: one
-//! round trip per batch of `EXISTS`, `SET`, `GET` or `DEL` commands.
+//! round trip per batch of `EXISTS`, `SET`, `GET` or `DEL` commands, and
+//! `SET NX` to write a short chunk through when puts answer exactly
+//! (`dedup_check = "put"`).
 //!
 //! Settings (`[backends.<name>.settings]`):
 //!
@@ -21,8 +23,10 @@ mod conn;
 
 use std::time::Instant;
 
-use kvwasm_guest_support::remote::{Remote, RemoteStore, Value};
-use kvwasm_guest_support::{BackendInfo, Error, Guest, Payload, Result, Settings, export_backend};
+use kvwasm_guest_support::remote::{LONG_VALUE, Remote, RemoteStore, Value};
+use kvwasm_guest_support::{
+    BackendInfo, Error, Guest, Payload, PayloadExt, Result, Settings, export_backend,
+};
 use redis_protocol::resp2::types::OwnedFrame;
 
 use conn::{ConnError, Connection, Endpoint, Reply};
@@ -113,6 +117,27 @@ impl Remote for Redis {
                 other => Err(unexpected("EXISTS", other)),
             })
             .collect()
+    }
+
+    /// Short chunks are written through: `SET key value NX` answers `OK`
+    /// if it stored the value, nil if the key was there. A reply lost with
+    /// a dropped connection is asked again (`pipeline`); if the lost `SET`
+    /// had landed, the retry finds the key and the put answers "already
+    /// present", which is then true. Long chunks are checked with `EXISTS`
+    /// and staged, so a warm save does not send their bytes.
+    const WRITE_THROUGH_BELOW: usize = LONG_VALUE;
+
+    fn put_if_absent(&mut self, key: &str, data: &Payload) -> Result<bool> {
+        let value = data.to_vec();
+        let command = vec![b"SET".as_slice(), key.as_bytes(), &value, b"NX"];
+        match self.pipeline(&[command])?.pop() {
+            Some(Reply::Frame(OwnedFrame::SimpleString(s))) if s == b"OK" => Ok(true),
+            Some(Reply::Frame(OwnedFrame::Null)) => Ok(false),
+            other => Err(unexpected(
+                "SET NX",
+                other.unwrap_or(Reply::Frame(OwnedFrame::Null)),
+            )),
+        }
     }
 
     fn put(&mut self, items: &[(String, &Value)]) -> Result<()> {

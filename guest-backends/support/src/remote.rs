@@ -14,13 +14,17 @@
 //!   (`payload-streams.copy`) if the [`Remote`] sends payloads
 //!   ([`Remote::SENDS_PAYLOADS`]), so it never enters linear memory;
 //!   anything else in guest memory.
+//! * A [`Remote`] that can write a key only if it is absent (Redis `SET
+//!   NX`) writes a short chunk ([`Remote::WRITE_THROUGH_BELOW`]) *through*
+//!   in `put-chunk` with `dedup_check = "put"`: one round trip both stores
+//!   it and answers exactly, and nothing is staged.
 //! * A chunk the server was just found not to hold is *written behind* if
 //!   the [`Remote`] can ([`Remote::put_behind`], S3): its write starts
 //!   during `put-chunk` and is answered later, with at most a window of
 //!   writes in flight, as a native client streams a save; its bytes are
 //!   dropped once the server has them. A write that fails is staged, as
-//!   below, and retried by the flush. Otherwise (Redis, or `dedup_check =
-//!   "flush"`) the chunk is staged until the flush.
+//!   below, and retried by the flush. Otherwise (`dedup_check = "flush"`,
+//!   or a remote that can do neither) the chunk is staged until the flush.
 //! * `flush` (and `put-manifest`, which flushes first) waits for every
 //!   write behind, then sends one batched existence check for the staged
 //!   hashes and one batched write of only the missing ones. Only then is
@@ -84,6 +88,22 @@ pub trait Remote: Sized + 'static {
     /// those that failed (or could not start), each with its value and why.
     fn settle(&mut self) -> Vec<(String, Value, Error)> {
         Vec::new()
+    }
+    /// Chunks shorter than this (none by default) are written through with
+    /// [`Remote::put_if_absent`] when `dedup_check = "put"`: one round trip
+    /// that both stores the chunk and answers whether it was there (Redis
+    /// `SET NX`), instead of an existence check now and a write at the
+    /// flush. Only short ones: a chunk already stored is sent for nothing,
+    /// which costs no more than the round trip only while it is short.
+    const WRITE_THROUGH_BELOW: usize = 0;
+    /// Store `data` under `key` unless the key exists, in one round trip:
+    /// `true` if this call stored it, `false` if the key was there. Called
+    /// only for values shorter than [`Remote::WRITE_THROUGH_BELOW`].
+    fn put_if_absent(&mut self, key: &str, data: &Payload) -> Result<bool> {
+        let _ = (key, data);
+        Err(Error::Io(
+            "put_if_absent is not supported by this remote".into(),
+        ))
     }
     /// Whether [`Remote::put`] sends a [`Value::Payload`] from host memory
     /// (`payload-streams.write-all`). If not, values are staged in guest
@@ -320,8 +340,9 @@ pub struct RemoteStore<R> {
     staging: RefCell<Staging>,
     /// Round trips since the last manifest, for the log line.
     round_trips: Cell<u32>,
-    /// Chunks written behind since the last manifest, for the log line.
-    written_behind: Cell<u32>,
+    /// Chunks written at put time (behind or through) since the last
+    /// manifest, for the log line.
+    written_at_put: Cell<u32>,
 }
 
 impl<R: Remote> RemoteStore<R> {
@@ -509,7 +530,7 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             options,
             staging: RefCell::default(),
             round_trips: Cell::new(0),
-            written_behind: Cell::new(0),
+            written_at_put: Cell::new(0),
         }))
     }
 
@@ -522,10 +543,22 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             }
             staging.known.contains(&hash)
         };
-        if known
-            || (self.options.dedup == DedupCheck::Put
-                && self.remote().exists(&[self.keys.chunk(&hash)])?[0])
-        {
+        let present = known
+            || match self.options.dedup {
+                DedupCheck::Put if data.len() < R::WRITE_THROUGH_BELOW as u64 => {
+                    if self.remote().put_if_absent(&self.keys.chunk(&hash), data)? {
+                        self.written_at_put.set(self.written_at_put.get() + 1);
+                        let mut staging = self.staging.borrow_mut();
+                        staging.vouched.remove(&hash);
+                        staging.remember(hash);
+                        return Ok(PutOutcome::Stored);
+                    }
+                    true
+                }
+                DedupCheck::Put => self.remote().exists(&[self.keys.chunk(&hash)])?[0],
+                DedupCheck::Flush => false,
+            };
+        if present {
             let vouched = {
                 let mut staging = self.staging.borrow_mut();
                 staging.remember(hash.clone());
@@ -545,7 +578,7 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             match self.remote.borrow_mut().put_behind(key, value) {
                 Ok(()) => {
                     self.round_trips.set(self.round_trips.get() + 1);
-                    self.written_behind.set(self.written_behind.get() + 1);
+                    self.written_at_put.set(self.written_at_put.get() + 1);
                     self.staging.borrow_mut().behind.insert(hash);
                     return Ok(PutOutcome::Stored);
                 }
@@ -611,9 +644,9 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
         self.remote()
             .put(&[(self.keys.manifest(&name), &manifest)])?;
         eprintln!(
-            "put-manifest {name:?}: {} chunks written behind, {staged} staged chunks ({skipped} \
+            "put-manifest {name:?}: {} chunks written at put time, {staged} staged chunks ({skipped} \
              already stored), {} round trips, {rechecked} dedup hits re-checked",
-            self.written_behind.replace(0),
+            self.written_at_put.replace(0),
             self.round_trips.replace(0)
         );
         Ok(())
