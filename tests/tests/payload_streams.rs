@@ -236,13 +236,23 @@ fn the_call_deadline_ends_a_write_all_that_waits_longer() {
 }
 
 /// Copies are payloads like any other: charged to the instance while it
-/// keeps them (`max_payload_mib`), released when it drops them.
+/// keeps them (`max_payload_mib`), for the whole buffer each takes (its
+/// size class, `payload/recycle.rs`), released when it drops them.
 #[test]
 fn kept_copies_count_against_the_payload_limit_until_dropped() {
-    let data = String::from_utf8(letters(100_000)).unwrap();
     let limit = "max_payload_mib = 1\n";
     let addr = "127.0.0.1:9";
-    // 1 MiB holds ten copies of 100 kB, not eleven.
+    // 100,000 bytes take a buffer of 106,496 (a sixteenth of 128 KiB
+    // steps): 1 MiB holds nine such copies, not ten.
+    let uneven = String::from_utf8(letters(100_000)).unwrap();
+    let (out, stderr) = write_all(addr, 0, "hoard", 10, &uneven, limit, &[]);
+    assert!(!out[0].ends_with("-> 0"), "{stderr}");
+    assert!(
+        stderr.contains("copy 9: 106496 more bytes would exceed"),
+        "{stderr}"
+    );
+    // 96 KiB is a class of its own: 1 MiB holds ten copies, not eleven.
+    let data = String::from_utf8(letters(96 << 10)).unwrap();
     let (out, stderr) = write_all(
         addr,
         0,

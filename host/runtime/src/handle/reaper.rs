@@ -5,9 +5,7 @@
 //! process, started with the first pool that may release, looks at every
 //! such pool a few times per release period and releases what has been
 //! idle long enough ([`Pool::release_idle`]); the handle's next call starts
-//! an instance again through the pool, as `open` did. The same passes free
-//! the staging buffers kept for reuse once unused
-//! ([`crate::payload::release_unused`]).
+//! an instance again through the pool, as `open` did.
 
 use std::sync::{Arc, Condvar, LazyLock, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -86,11 +84,6 @@ impl Reaper {
                     if let Some(shortest) = shortest {
                         break shortest;
                     }
-                    // No pool left, but staging buffers kept for reuse:
-                    // come back to free them once unused.
-                    if crate::payload::any_kept() {
-                        break crate::payload::KEEP_FOR;
-                    }
                     state.sleeping_for = None;
                     state = self.added.wait(state).unwrap_or_else(|p| p.into_inner());
                 };
@@ -111,12 +104,9 @@ impl Reaper {
             let ticks = crate::engine::ticks();
             let released: usize = pools.iter().map(|p| p.release_idle(ticks)).sum();
             drop(pools);
-            let freed = crate::payload::release_unused(now);
             // Trimming walks every malloc arena under its lock: at most
             // once per `TRIM_EVERY`, however short the release times.
-            if (released > 0 || freed > 0)
-                && last_trim.is_none_or(|t| now.duration_since(t) >= TRIM_EVERY)
-            {
+            if released > 0 && last_trim.is_none_or(|t| now.duration_since(t) >= TRIM_EVERY) {
                 trim_heap();
                 last_trim = Some(now);
             }

@@ -26,7 +26,6 @@ mod streams;
 use wasmtime::component::Resource;
 
 pub use malloc::MallocBuffer;
-pub(crate) use recycle::{KEEP_FOR, any_kept, release_unused};
 
 use crate::bindings::kvwasm::kv_store::types;
 use crate::state::HostState;

@@ -1,24 +1,26 @@
 //! Buffers for staged copies (`payload-streams.copy`), kept for reuse.
 //!
-//! A guest that stages a save (S3 with `dedup_check = "flush"`) holds a
-//! host copy of every chunk until its flush: 96 MiB for a 96 × 1 MiB save,
-//! all alive at once. Freed, blocks that large go back to the kernel
-//! (glibc unmaps them, or trims the top of its heap once everything above
-//! is free), so the next save faults every page in again: 23,785 minor
-//! faults per save against the native client's ~500, a third of the
-//! save's CPU (docs/benchmarks.md, "Recycled staging buffers"). The host
-//! cannot tune the consumer's `malloc` (that is the consumer process's
+//! A guest that stages a save (S3 or Redis with `dedup_check = "flush"`)
+//! holds a host copy of every long chunk until its flush: 96 MiB for a
+//! 96 × 1 MiB save, all alive at once. Freed, blocks that large go back to
+//! the kernel (glibc unmaps them, or trims the top of its heap once
+//! everything above is free), so the next save faults every page in again:
+//! 23,785 minor faults per save against the native client's ~500, a third
+//! of the save's CPU (docs/benchmarks.md, "Recycled staging buffers"). The
+//! host cannot tune the consumer's `malloc` (it is the consumer process's
 //! own), so copies of [`RECYCLE_FROM`] bytes or more come from here and
 //! return here when their last reference goes: at most [`KEEP_AT_MOST`]
-//! bytes in all, freed by the idle reaper once none was taken for
-//! [`KEEP_FOR`].
+//! bytes in the process. A buffer kept for [`KEEP_FOR`] without being taken
+//! again is freed by a sweeper thread, started with the first kept buffer,
+//! which sleeps while nothing is kept.
 //!
-//! These buffers never reach the consumer (a staged value read back is
-//! copied into a `malloc`'d block of its own, `payload::take`), so they
-//! need not come from `malloc` itself.
+//! A buffer holds a whole size class ([`capacity_for`]); the instance is
+//! charged for all of it. These buffers never reach the consumer (a staged
+//! value read back is copied into a `malloc`'d block of its own,
+//! `payload::take`), so they need not come from `malloc` itself.
 
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex, PoisonError};
+use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Shorter copies are plain allocations: `malloc` reuses small blocks well.
@@ -27,73 +29,135 @@ pub(crate) const RECYCLE_FROM: usize = 64 << 10;
 /// The most bytes kept for reuse, in the whole process.
 pub(crate) const KEEP_AT_MOST: usize = 256 << 20;
 
-/// How long kept buffers may go without a taker before they are freed.
+/// How long a kept buffer may wait for a taker before it is freed.
 pub(crate) const KEEP_FOR: Duration = Duration::from_secs(2);
 
-/// Free buffers by size class (see [`class`]).
+/// The capacity a copy of `len` bytes takes, and is charged for: `len`
+/// rounded up to a sixteenth of the next power of two when it is long, so
+/// values of one size share a class and less than an eighth of `len` is
+/// slack.
+pub(crate) fn capacity_for(len: usize) -> usize {
+    if len < RECYCLE_FROM {
+        return len;
+    }
+    let step = len.next_power_of_two() / 16;
+    len.div_ceil(step).saturating_mul(step)
+}
+
+/// Free buffers by capacity, each with when it was given back (oldest
+/// first, so a class's busy end is its last).
 struct Kept {
-    by_class: HashMap<usize, Vec<Vec<u8>>>,
+    by_capacity: HashMap<usize, Vec<(Vec<u8>, Instant)>>,
     bytes: usize,
-    last_taken: Instant,
 }
 
 impl Kept {
     fn new() -> Kept {
         Kept {
-            by_class: HashMap::new(),
+            by_capacity: HashMap::new(),
             bytes: 0,
-            last_taken: Instant::now(),
         }
     }
 
-    /// A kept buffer of `capacity` bytes, if there is one.
-    fn take(&mut self, capacity: usize, now: Instant) -> Option<Vec<u8>> {
-        self.last_taken = now;
-        let buf = self.by_class.get_mut(&capacity)?.pop()?;
+    /// The most recently kept buffer of `capacity` bytes, if there is one.
+    fn take(&mut self, capacity: usize) -> Option<Vec<u8>> {
+        let (buf, _) = self.by_capacity.get_mut(&capacity)?.pop()?;
         self.bytes -= capacity;
         Some(buf)
     }
 
-    /// Keep `buf` if it is long, of a class, and fits under
+    /// Keep `buf` if it is long, exactly a class, and fits under
     /// [`KEEP_AT_MOST`]; otherwise give it back to be freed.
-    fn keep(&mut self, buf: Vec<u8>) -> Option<Vec<u8>> {
+    fn keep(&mut self, buf: Vec<u8>, now: Instant) -> Option<Vec<u8>> {
         let capacity = buf.capacity();
         if capacity < RECYCLE_FROM
-            || capacity != class(capacity)
+            || capacity != capacity_for(capacity)
             || self.bytes + capacity > KEEP_AT_MOST
         {
             return Some(buf);
         }
         self.bytes += capacity;
-        self.by_class.entry(capacity).or_default().push(buf);
+        self.by_capacity
+            .entry(capacity)
+            .or_default()
+            .push((buf, now));
         None
     }
 
-    /// Everything kept, if nothing was taken for [`KEEP_FOR`] before `now`.
-    fn unused(&mut self, now: Instant) -> Vec<Vec<u8>> {
-        if self.bytes == 0 || now.saturating_duration_since(self.last_taken) < KEEP_FOR {
-            return Vec::new();
+    /// The buffers kept since before `now - KEEP_FOR`, out of the pool.
+    fn expired(&mut self, now: Instant) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for list in self.by_capacity.values_mut() {
+            let fresh =
+                list.partition_point(|(_, at)| now.saturating_duration_since(*at) >= KEEP_FOR);
+            out.extend(list.drain(..fresh).map(|(buf, _)| buf));
         }
-        self.bytes = 0;
-        std::mem::take(&mut self.by_class)
-            .into_values()
-            .flatten()
-            .collect()
+        self.by_capacity.retain(|_, list| !list.is_empty());
+        self.bytes -= out.iter().map(Vec::capacity).sum::<usize>();
+        out
     }
 }
 
-static KEPT: LazyLock<Mutex<Kept>> = LazyLock::new(|| Mutex::new(Kept::new()));
-
-fn kept() -> std::sync::MutexGuard<'static, Kept> {
-    KEPT.lock().unwrap_or_else(PoisonError::into_inner)
+/// The pool, and the sweeper's wake-up for a first kept buffer.
+struct Pool {
+    kept: Mutex<Kept>,
+    not_empty: Condvar,
 }
 
-/// The capacity a buffer for `len` bytes gets: `len` rounded up to a
-/// sixteenth of the next power of two, so values of one size share a class
-/// and less than an eighth of `len` is slack.
-fn class(len: usize) -> usize {
-    let step = (len.next_power_of_two() / 16).max(1);
-    len.div_ceil(step).saturating_mul(step)
+static POOL: LazyLock<&'static Pool> = LazyLock::new(|| {
+    let pool: &'static Pool = Box::leak(Box::new(Pool {
+        kept: Mutex::new(Kept::new()),
+        not_empty: Condvar::new(),
+    }));
+    // Without the thread nothing is kept (`give_back` frees instead), so
+    // memory is never held with nobody to free it.
+    let started = std::thread::Builder::new()
+        .name("kvwasm-buffers".into())
+        .spawn(|| pool.sweep());
+    SWEEPING.store(started.is_ok(), std::sync::atomic::Ordering::Release);
+    pool
+});
+
+/// Whether the sweeper thread runs.
+static SWEEPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl Pool {
+    fn lock(&self) -> MutexGuard<'_, Kept> {
+        self.kept.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Free what waited too long; sleep while nothing is kept.
+    fn sweep(&self) {
+        loop {
+            let mut kept = self.lock();
+            while kept.bytes == 0 {
+                kept = self
+                    .not_empty
+                    .wait(kept)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            let expired = kept.expired(Instant::now());
+            drop(kept);
+            drop(expired);
+            std::thread::sleep(KEEP_FOR / 4);
+        }
+    }
+
+    /// Keep `buf` for the next copy of its class, or free it.
+    fn give_back(&self, buf: Vec<u8>) {
+        if !SWEEPING.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let mut kept = self.lock();
+        let was_empty = kept.bytes == 0;
+        let unkept = kept.keep(buf, Instant::now());
+        if was_empty && kept.bytes > 0 {
+            self.not_empty.notify_one();
+        }
+        drop(kept);
+        // Freed, if not kept, once the lock is released.
+        drop(unkept);
+    }
 }
 
 /// A host copy of a payload's bytes, whose buffer goes back for reuse when
@@ -103,20 +167,22 @@ pub(crate) struct RecycledBuffer {
 }
 
 impl RecycledBuffer {
-    /// A copy of `bytes`, in a kept buffer of its class if there is one;
-    /// `None` if memory for a new one cannot be had.
+    /// A copy of `bytes` in a buffer of [`capacity_for`] its length, a kept
+    /// one if there is one; `None` if memory for a new one cannot be had.
     pub(crate) fn copy_of(bytes: &[u8]) -> Option<RecycledBuffer> {
-        let capacity = match bytes.len() {
-            len if len >= RECYCLE_FROM => class(len),
-            len => len,
-        };
+        let capacity = capacity_for(bytes.len());
         let reused = (capacity >= RECYCLE_FROM)
-            .then(|| kept().take(capacity, Instant::now()))
+            .then(|| POOL.lock().take(capacity))
             .flatten();
         let mut buf = match reused {
             Some(buf) => buf,
-            None => with_capacity(capacity)?,
+            None => {
+                let mut buf = Vec::new();
+                buf.try_reserve_exact(capacity).ok()?;
+                buf
+            }
         };
+        // Only the new bytes are ever visible: `as_slice` ends at them.
         buf.clear();
         buf.extend_from_slice(bytes);
         Some(RecycledBuffer { buf })
@@ -128,33 +194,12 @@ impl RecycledBuffer {
     }
 }
 
-/// An empty vector with room for exactly `capacity` bytes.
-fn with_capacity(capacity: usize) -> Option<Vec<u8>> {
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(capacity).ok()?;
-    Some(buf)
-}
-
 impl Drop for RecycledBuffer {
     fn drop(&mut self) {
         if self.buf.capacity() >= RECYCLE_FROM {
-            // Freed, if not kept, once the lock is released.
-            let unkept = kept().keep(std::mem::take(&mut self.buf));
-            drop(unkept);
+            POOL.give_back(std::mem::take(&mut self.buf));
         }
     }
-}
-
-/// Whether any buffer is kept (for the reaper to come back for it).
-pub(crate) fn any_kept() -> bool {
-    kept().bytes > 0
-}
-
-/// Free every kept buffer if none was taken for [`KEEP_FOR`] (the idle
-/// reaper's pass). Returns how many bytes were freed.
-pub(crate) fn release_unused(now: Instant) -> usize {
-    let unused = kept().unused(now);
-    unused.iter().map(Vec::capacity).sum()
 }
 
 #[cfg(test)]
@@ -162,60 +207,70 @@ mod tests {
     use super::*;
 
     #[test]
-    fn classes_waste_at_most_an_eighth() {
-        assert_eq!(class(1 << 20), 1 << 20);
-        assert_eq!(class((1 << 20) + 1), (1 << 20) + (128 << 10));
-        assert_eq!(class(100_000), 106_496);
+    fn classes_waste_less_than_an_eighth() {
+        assert_eq!(capacity_for(100), 100, "short: exact");
+        assert_eq!(capacity_for(1 << 20), 1 << 20);
+        assert_eq!(capacity_for((1 << 20) + 1), (1 << 20) + (128 << 10));
+        assert_eq!(capacity_for(100_000), 106_496);
         for len in [65_536, 70_000, 300_001, 1_000_000, 16 << 20] {
-            let c = class(len);
-            assert!(c >= len && c - len <= len / 8, "{len} -> {c}");
-            assert_eq!(class(c), c, "a class is its own class");
+            let c = capacity_for(len);
+            assert!(c >= len && c - len < len / 8, "{len} -> {c}");
+            assert_eq!(capacity_for(c), c, "a class is its own class");
         }
     }
 
     /// Kept buffers serve takers of their class, the total stays under the
-    /// bound, and all of them go once none was taken for `KEEP_FOR`.
+    /// bound, and each goes once it waited `KEEP_FOR`, whatever other
+    /// classes are doing.
     #[test]
     fn kept_buffers_are_bounded_and_leave_when_unused() {
         let mut kept = Kept::new();
-        let now = Instant::now();
+        let start = Instant::now();
         let mib = 1 << 20;
-        assert!(kept.keep(Vec::with_capacity(100)).is_some(), "short");
+        assert!(kept.keep(Vec::with_capacity(100), start).is_some(), "short");
         assert!(
-            kept.keep(Vec::with_capacity(mib + 1)).is_some(),
+            kept.keep(Vec::with_capacity(mib + 1), start).is_some(),
             "not a class"
         );
         for _ in 0..KEEP_AT_MOST / mib {
-            assert!(kept.keep(Vec::with_capacity(mib)).is_none());
+            assert!(kept.keep(Vec::with_capacity(mib), start).is_none());
         }
         assert!(
-            kept.keep(Vec::with_capacity(mib)).is_some(),
+            kept.keep(Vec::with_capacity(mib), start).is_some(),
             "over the bound"
         );
         assert_eq!(kept.bytes, KEEP_AT_MOST);
 
-        assert!(kept.take(2 * mib, now).is_none(), "no buffer of that class");
-        assert_eq!(kept.take(mib, now).map(|b| b.capacity()), Some(mib));
-        assert_eq!(kept.bytes, KEEP_AT_MOST - mib);
+        assert!(kept.take(2 * mib).is_none(), "no buffer of that class");
+        assert_eq!(kept.take(mib).map(|b| b.capacity()), Some(mib));
+        assert!(kept.take(mib).is_some());
+        assert_eq!(kept.bytes, KEEP_AT_MOST - 2 * mib);
 
-        assert!(kept.unused(now + KEEP_FOR / 2).is_empty(), "taken recently");
-        assert_eq!(kept.unused(now + KEEP_FOR).len(), KEEP_AT_MOST / mib - 1);
+        // A busy class keeps only its own buffers alive.
+        let later = start + KEEP_FOR;
+        assert!(kept.keep(Vec::with_capacity(2 * mib), later).is_none());
+        assert!(kept.expired(start + KEEP_FOR / 2).is_empty(), "not yet");
+        assert_eq!(kept.expired(later).len(), KEEP_AT_MOST / mib - 2);
+        assert_eq!(kept.bytes, 2 * mib);
+        assert!(kept.take(mib).is_none());
+        assert_eq!(kept.expired(later + KEEP_FOR).len(), 1);
         assert_eq!(kept.bytes, 0);
-        assert!(kept.take(mib, now).is_none());
     }
 
     /// A dropped long copy's buffer serves the next copy of its class: the
-    /// same allocation, so none of its pages is faulted in again.
+    /// same allocation (no page of it faulted in again), holding only the
+    /// new bytes however long the old ones were.
     #[test]
     fn a_copy_reuses_the_buffer_of_the_last_one_dropped() {
         // A size no other test copies, so they cannot take the buffer.
-        let value = vec![7u8; (5 << 20) + 3];
+        let value = vec![7u8; (5 << 20) + 11];
         let first = RecycledBuffer::copy_of(&value).unwrap();
         assert_eq!(first.as_slice(), &value[..]);
         let address = first.as_slice().as_ptr();
         drop(first);
-        let other = vec![9u8; (5 << 20) + 11];
+        let other = vec![9u8; (5 << 20) + 3];
         let second = RecycledBuffer::copy_of(&other).unwrap();
+        assert_eq!(second.as_slice().len(), other.len());
         assert_eq!(second.as_slice(), &other[..]);
         assert_eq!(second.as_slice().as_ptr(), address);
     }

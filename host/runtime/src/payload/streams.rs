@@ -23,7 +23,7 @@ use bytes::Bytes;
 use wasmtime::component::{Resource, ResourceTableError};
 use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, StreamError};
 
-use super::recycle::RecycledBuffer;
+use super::recycle::{self, RecycledBuffer};
 use super::{MallocBuffer, Payload, SharedBuffer};
 use crate::bindings::kvwasm::kv_store::payload_streams::{self, ReadError, WriteError};
 use crate::state::HostState;
@@ -76,7 +76,8 @@ impl payload_streams::Host for HostState {
         &mut self,
         data: Resource<Payload>,
     ) -> wasmtime::Result<Result<Resource<Payload>, String>> {
-        let len = self.table.get(&data)?.as_slice().len() as u64;
+        // Charged for the whole buffer the copy takes (its size class).
+        let len = recycle::capacity_for(self.table.get(&data)?.as_slice().len()) as u64;
         let (slot, _) = match self.admit(len, || Some(Payload::Shared(Bytes::new())))? {
             Ok(admitted) => admitted,
             Err(refusal) => return Ok(Err(refusal)),
