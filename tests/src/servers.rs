@@ -9,17 +9,30 @@
 //! A server that cannot start fails the test with its log: these tests
 //! never skip.
 
+use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::tls::{CertFiles, Pki};
 
-/// A free loopback port (bound, then released for the server to take).
+/// A free loopback port (bound, then released for the server to take),
+/// never one handed out before in this process: the kernel may give a
+/// released port to the next caller, and two tests running at once would
+/// then start their servers on one port, the second test talking to the
+/// first one's server until it is killed.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    listener.local_addr().expect("local addr").port()
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let port = listener.local_addr().expect("local addr").port();
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// Wait until `addr` accepts connections, or panic with `log`'s content.
