@@ -4,7 +4,9 @@
 use std::io::ErrorKind;
 use std::time::{Duration, Instant};
 
-use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_streams::{ReadError, read_exact};
+use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_streams::{
+    ReadError, WriteError, read_exact, write_all,
+};
 use kvwasm_guest_support::net::Stream;
 use kvwasm_guest_support::{Error, Payload, Settings};
 use redis_protocol::resp2::decode::decode;
@@ -90,6 +92,32 @@ const MAX_BULK: u64 = 512 << 20;
 /// their own buffer instead of through the read buffer and the decoder
 /// (two copies fewer per byte, and no compaction of the read buffer).
 const DIRECT_BULK: usize = 64 << 10;
+
+/// One argument of a command: bytes in guest memory, or a host payload
+/// (a long value being saved), which goes to the socket without entering
+/// linear memory.
+pub(crate) enum Arg<'a> {
+    Bytes(&'a [u8]),
+    Payload(&'a Payload),
+}
+
+impl<'a> Arg<'a> {
+    fn bytes(&self) -> Option<&'a [u8]> {
+        match *self {
+            Arg::Bytes(b) => Some(b),
+            Arg::Payload(_) => None,
+        }
+    }
+}
+
+/// Append `frame`, encoded, to `out`.
+fn append(out: &mut Vec<u8>, frame: &BorrowedFrame<'_>) -> Result<(), String> {
+    let at = out.len();
+    out.resize(at + frame.encode_len(false), 0);
+    encode_borrowed(&mut out[at..], frame, false)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
 
 /// One reply: a decoded frame, or a long bulk string that was read by the
 /// caller's `read_long` (in the guest, into a host payload).
@@ -322,19 +350,22 @@ impl Connection {
         commands: &[Vec<&[u8]>],
         deadline: Instant,
     ) -> Result<Vec<Reply<Payload>>, ConnError> {
+        let commands: Vec<Vec<Arg<'_>>> = commands
+            .iter()
+            .map(|c| c.iter().map(|a| Arg::Bytes(a)).collect())
+            .collect();
+        self.pipeline_args(&commands, deadline)
+    }
+
+    /// [`Connection::pipeline`] with arguments that may be host payloads.
+    pub(crate) fn pipeline_args(
+        &mut self,
+        commands: &[Vec<Arg<'_>>],
+        deadline: Instant,
+    ) -> Result<Vec<Reply<Payload>>, ConnError> {
         let mut out = Vec::with_capacity(WRITE_BATCH);
         for command in commands {
-            let args: Vec<BorrowedFrame<'_>> = command
-                .iter()
-                .map(|a| BorrowedFrame::BulkString(a))
-                .collect();
-            let frame = BorrowedFrame::Array(&args);
-            let at = out.len();
-            out.resize(at + frame.encode_len(false), 0);
-            encode_borrowed(&mut out[at..], &frame, false).map_err(|e| {
-                self.peer
-                    .failure(format!("cannot encode a command: {e}"), false)
-            })?;
+            self.encode(&mut out, command, deadline)?;
             if out.len() >= WRITE_BATCH {
                 self.send(&out, deadline)?;
                 out.clear();
@@ -346,6 +377,55 @@ impl Connection {
             replies.push(self.next_reply(deadline)?);
         }
         Ok(replies)
+    }
+
+    /// Append `command` to `out` as a RESP array of bulk strings. A payload
+    /// argument is sent at once, after what `out` holds so far, straight
+    /// from host memory (`payload-streams.write-all`); `out` then holds
+    /// what follows it.
+    fn encode(
+        &mut self,
+        out: &mut Vec<u8>,
+        command: &[Arg<'_>],
+        deadline: Instant,
+    ) -> Result<(), ConnError> {
+        let Some(bytes) = command.iter().map(Arg::bytes).collect::<Option<Vec<_>>>() else {
+            out.extend_from_slice(format!("*{}\r\n", command.len()).as_bytes());
+            for arg in command {
+                match arg {
+                    Arg::Bytes(b) => append(out, &BorrowedFrame::BulkString(b))
+                        .map_err(|e| self.peer.encode_failed(e))?,
+                    Arg::Payload(p) => {
+                        out.extend_from_slice(format!("${}\r\n", p.len()).as_bytes());
+                        self.send(out, deadline)?;
+                        out.clear();
+                        self.send_payload(p, deadline)?;
+                        out.extend_from_slice(b"\r\n");
+                    }
+                }
+            }
+            return Ok(());
+        };
+        let args: Vec<BorrowedFrame<'_>> =
+            bytes.into_iter().map(BorrowedFrame::BulkString).collect();
+        append(out, &BorrowedFrame::Array(&args)).map_err(|e| self.peer.encode_failed(e))
+    }
+
+    /// Hand a payload to the socket: the host writes it from its own
+    /// memory, waiting while the socket is full, within `deadline`.
+    fn send_payload(&mut self, data: &Payload, deadline: Instant) -> Result<(), ConnError> {
+        let wait = self.peer.remaining(deadline)?;
+        let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        match write_all(self.stream.output(), data, nanos) {
+            Ok(()) => Ok(()),
+            Err(WriteError::TimedOut) => Err(self.peer.timed_out()),
+            Err(WriteError::Closed) => Err(self
+                .peer
+                .failure("the server closed the connection".into(), true)),
+            Err(WriteError::Failed(why)) => {
+                Err(self.peer.failure(format!("send failed: {why}"), false))
+            }
+        }
     }
 
     fn send(&mut self, mut bytes: &[u8], deadline: Instant) -> Result<(), ConnError> {
@@ -449,6 +529,10 @@ impl Peer {
             }
             _ => self.failure(format!("{what}: {e}"), false),
         }
+    }
+
+    fn encode_failed(&self, why: String) -> ConnError {
+        self.failure(format!("cannot encode a command: {why}"), false)
     }
 
     fn failure(&self, what: String, dropped: bool) -> ConnError {

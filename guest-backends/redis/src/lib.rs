@@ -29,7 +29,7 @@ use kvwasm_guest_support::{
 };
 use redis_protocol::resp2::types::OwnedFrame;
 
-use conn::{ConnError, Connection, Endpoint, Reply};
+use conn::{Arg, ConnError, Connection, Endpoint, Reply};
 
 struct RedisBackend;
 
@@ -59,7 +59,7 @@ impl Redis {
     /// connection that the server dropped (it restarted, or closed an idle
     /// client) is replaced and the pipeline sent once more, within the same
     /// deadline: every command kvwasm sends is idempotent.
-    fn pipeline(&mut self, commands: &[Vec<&[u8]>]) -> Result<Vec<Reply<Payload>>> {
+    fn pipeline(&mut self, commands: &[Vec<Arg<'_>>]) -> Result<Vec<Reply<Payload>>> {
         let deadline = Instant::now() + self.endpoint.timeout;
         let reused = self.conn.is_some();
         match self.try_pipeline(commands, deadline) {
@@ -73,7 +73,7 @@ impl Redis {
 
     fn try_pipeline(
         &mut self,
-        commands: &[Vec<&[u8]>],
+        commands: &[Vec<Arg<'_>>],
         deadline: Instant,
     ) -> Result<Vec<Reply<Payload>>, ConnError> {
         let mut conn = match self.conn.take() {
@@ -81,16 +81,16 @@ impl Redis {
             None => Connection::open(&self.endpoint, deadline)?,
         };
         // On error the connection is dropped here: its state is unknown.
-        let replies = conn.pipeline(commands, deadline)?;
+        let replies = conn.pipeline_args(commands, deadline)?;
         self.conn = Some(conn);
         Ok(replies)
     }
 
     /// One command per key, each with the same verb.
     fn per_key(&mut self, verb: &str, keys: &[String]) -> Result<Vec<Reply<Payload>>> {
-        let commands: Vec<Vec<&[u8]>> = keys
+        let commands: Vec<Vec<Arg<'_>>> = keys
             .iter()
-            .map(|k| vec![verb.as_bytes(), k.as_bytes()])
+            .map(|k| vec![Arg::Bytes(verb.as_bytes()), Arg::Bytes(k.as_bytes())])
             .collect();
         self.pipeline(&commands)
     }
@@ -129,7 +129,12 @@ impl Remote for Redis {
 
     fn put_if_absent(&mut self, key: &str, data: &Payload) -> Result<bool> {
         let value = data.to_vec();
-        let command = vec![b"SET".as_slice(), key.as_bytes(), &value, b"NX"];
+        let command = vec![
+            Arg::Bytes(b"SET"),
+            Arg::Bytes(key.as_bytes()),
+            Arg::Bytes(&value),
+            Arg::Bytes(b"NX"),
+        ];
         match self.pipeline(&[command])?.pop() {
             Some(Reply::Frame(OwnedFrame::SimpleString(s))) if s == b"OK" => Ok(true),
             Some(Reply::Frame(OwnedFrame::Null)) => Ok(false),
@@ -140,14 +145,20 @@ impl Remote for Redis {
         }
     }
 
+    /// Long values are staged as host copies and go from them to the
+    /// socket (`payload-streams.write-all`), never through linear memory.
+    const SENDS_PAYLOADS: bool = true;
+
     fn put(&mut self, items: &[(String, &Value)]) -> Result<()> {
-        // Values are staged in guest memory (`SENDS_PAYLOADS` is false), so
-        // `bytes` borrows them.
-        let values: Vec<_> = items.iter().map(|(_, value)| value.bytes()).collect();
-        let commands: Vec<Vec<&[u8]>> = items
+        let commands: Vec<Vec<Arg<'_>>> = items
             .iter()
-            .zip(&values)
-            .map(|((key, _), value)| vec![b"SET".as_slice(), key.as_bytes(), value])
+            .map(|(key, value)| {
+                let value = match value {
+                    Value::Bytes(b) => Arg::Bytes(b),
+                    Value::Payload(p) => Arg::Payload(p),
+                };
+                vec![Arg::Bytes(b"SET"), Arg::Bytes(key.as_bytes()), value]
+            })
             .collect();
         for reply in self.pipeline(&commands)? {
             match reply {

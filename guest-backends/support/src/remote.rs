@@ -31,6 +31,10 @@
 //!   the manifest written, so a reader never sees a manifest before its
 //!   chunks. Staged chunks survive a failed flush: after a server restart
 //!   the next `put-manifest` retries them.
+//! * Chunks written at put time (through or behind) are known from then
+//!   on and not checked again at the flush: a store that drops a chunk
+//!   between its put and the manifest evicts or expires chunks, which
+//!   breaks manifests anyway (next point).
 //! * Chunks the server may have dropped since this handle saw them (Redis
 //!   eviction or a TTL, an S3 lifecycle rule): every hash `put-chunk`
 //!   answered `already-present` for without staging it is *vouched for*,
