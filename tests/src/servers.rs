@@ -328,6 +328,7 @@ impl Drop for S3Server {
 /// server, as an on-premises store behind a private CA would be.
 pub struct TlsProxy {
     pub addr: SocketAddr,
+    log: PathBuf,
     _dir: tempfile::TempDir,
     child: Child,
 }
@@ -363,9 +364,20 @@ impl TlsProxy {
         wait_listening(addr, &mut child, "stunnel", &log);
         TlsProxy {
             addr,
+            log,
             _dir: dir,
             child,
         }
+    }
+
+    /// Client connections the proxy has accepted so far (its log's count;
+    /// `wait_listening`'s probe is one).
+    pub fn connections(&self) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("accepted connection"))
+            .count()
     }
 }
 

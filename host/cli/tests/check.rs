@@ -291,6 +291,12 @@ fn the_s3_guest_passes_the_quick_checks_over_https_with_the_operators_ca_and_fai
     ];
     let with_ca = entry(&format!("tls = {{ ca_file = \"{}\" }}\n", pki.ca.display()));
     assert_passes_quick("builtin:s3", &with_ca, &credentials);
+    // Connections are kept alive and reused (the grant's pooled client):
+    // the checks send thousands of requests over a few dozen connections,
+    // where a connection per request made thousands.
+    let connections = proxy.connections();
+    eprintln!("https connections through the proxy: {connections}");
+    assert!(connections < 200, "{connections} connections");
 
     // The public roots alone do not trust the private CA: nothing passes
     // that needs the store.

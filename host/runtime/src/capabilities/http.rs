@@ -9,9 +9,11 @@
 //!
 //! An `https` request of a backend with a `tls` grant is sent with the
 //! grant's client config (its roots, client certificate and server name;
-//! see [`super::tls`]); without one, wasmtime-wasi-http's default (the
-//! public roots). A plain-http request goes through one pooled client
-//! (keep-alive connections per origin, `TCP_NODELAY`), after the same check.
+//! see [`super::tls`]), through that grant's own pooled client (keep-alive
+//! connections per origin, `TCP_NODELAY`); without one, wasmtime-wasi-http's
+//! default (the public roots, a connection per request). A plain-http
+//! request goes through one pooled client for the process, after the same
+//! check.
 
 use std::sync::Arc;
 
@@ -179,7 +181,7 @@ impl WasiHttpHooks for HttpPolicy {
         {
             let (tls, metrics) = (tls.clone(), self.metrics.clone());
             return Box::new(crate::io::on_shared(async move {
-                let sent = send_https(request, options, &tls).await;
+                let sent = send_https(request, options, tls).await;
                 if let Err(e) = &sent {
                     crate::log_limit::warn(
                         ("https", Arc::as_ptr(&metrics) as usize),
@@ -267,15 +269,16 @@ async fn send_http(
     ))
 }
 
-/// One https request over a new connection, verified with `tls`'s config:
-/// what `default_send_request` does for https, with the operator's roots.
-/// The connect timeout bounds the TCP connect and the handshake; the first
-/// byte timeout the response head. Waits between body bytes are bounded by
-/// the call's deadline, which abandons the whole request.
+/// One https request through the grant's keep-alive client
+/// ([`https_client`]): connections verified with `tls`'s config, reused
+/// like a native client's. The connect and first byte timeouts together
+/// bound the wait for the response head (the pool may hand out a live
+/// connection, leaving no connect to time); waits between body bytes are
+/// bounded by the call's deadline, which abandons the whole request.
 async fn send_https(
-    mut request: http::Request<WasiBody>,
+    request: http::Request<WasiBody>,
     options: Option<RequestOptions>,
-    tls: &TlsGrant,
+    tls: Arc<TlsGrant>,
 ) -> Result<
     (
         http::Response<WasiBody>,
@@ -284,72 +287,176 @@ async fn send_https(
     HttpError,
 > {
     use http_body_util::BodyExt;
+    use std::error::Error as _;
     use std::time::Duration;
-    use tokio::time::timeout;
-    let uri = request.uri();
-    let host = uri.host().ok_or(HttpError::HttpRequestUriInvalid)?;
-    let host = host.trim_matches(['[', ']']).to_owned();
-    let port = uri.port_u16().unwrap_or(443);
-    let limit = |t: Option<Duration>| t.unwrap_or(Duration::from_secs(600));
-    let connect_timeout = limit(options.and_then(|o| o.connect_timeout));
-    let first_byte_timeout = limit(options.and_then(|o| o.first_byte_timeout));
-    let name = tls
-        .server_name(&host)
+    // A name the grant does not cover fails before anything is sent.
+    let host = request
+        .uri()
+        .host()
+        .ok_or(HttpError::HttpRequestUriInvalid)?;
+    tls.server_name(host)
         .map_err(|e| HttpError::Tls(std::io::Error::other(e)))?;
-    let shown = name.to_str().into_owned();
-    let handshake = async {
-        let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
-            .await
-            .map_err(HttpError::Connect)?;
-        tokio_rustls::TlsConnector::from(tls.config.clone())
-            .connect(name, tcp)
-            .await
-            .map_err(|e| {
-                HttpError::Tls(std::io::Error::other(format!(
-                    "TLS handshake with {shown} failed: {e}"
-                )))
-            })
-    };
-    let stream = timeout(connect_timeout, handshake)
+    let limit = |t: Option<Duration>| t.unwrap_or(Duration::from_secs(600));
+    let wait = limit(options.and_then(|o| o.connect_timeout))
+        .saturating_add(limit(options.and_then(|o| o.first_byte_timeout)));
+    let response = tokio::time::timeout(wait, https_client(&tls).request(request))
         .await
-        .map_err(|_| HttpError::ConnectionTimeout)??;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(HttpError::Hyper)?;
-    // The request line carries the path alone (no proxy in between).
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    *request.uri_mut() = http::Uri::builder()
-        .path_and_query(path)
-        .build()
-        .map_err(|_| HttpError::HttpRequestUriInvalid)?;
-    // The connection must be driven while the response head is awaited,
-    // then for the body: it is the request's I/O future.
-    let mut conn = Box::pin(conn);
-    let mut send = Box::pin(timeout(first_byte_timeout, sender.send_request(request)));
-    let mut conn_done = None;
-    let response = std::future::poll_fn(|cx| {
-        if let std::task::Poll::Ready(r) = send.as_mut().poll(cx) {
-            return std::task::Poll::Ready(r);
-        }
-        if conn_done.is_none()
-            && let std::task::Poll::Ready(r) = conn.as_mut().poll(cx)
-        {
-            conn_done = Some(r);
-        }
-        std::task::Poll::Pending
-    })
-    .await
-    .map_err(|_| HttpError::ConnectionReadTimeout)?
-    .map_err(HttpError::Hyper)?;
-    let io: Box<dyn Future<Output = Result<(), HttpError>> + Send> = match conn_done {
-        Some(done) => Box::new(std::future::ready(done.map_err(HttpError::Hyper))),
-        None => Box::new(async move { conn.await.map_err(HttpError::Hyper) }),
-    };
+        .map_err(|_| HttpError::ConnectionReadTimeout)?
+        .map_err(|e| {
+            let failed = e.source().and_then(|s| s.downcast_ref::<ConnectError>());
+            match failed {
+                Some(ConnectError::Tcp(e)) => {
+                    HttpError::Connect(std::io::Error::new(e.kind(), e.to_string()))
+                }
+                Some(ConnectError::Tls(why)) => HttpError::Tls(std::io::Error::other(why.clone())),
+                None => {
+                    let cause = e.source().map_or_else(|| e.to_string(), |s| s.to_string());
+                    HttpError::InternalError(Some(cause))
+                }
+            }
+        })?;
+    // The pool drives the connection in a task of its own: no I/O future.
+    let io: Box<dyn Future<Output = Result<(), HttpError>> + Send> =
+        Box::new(std::future::ready(Ok(())));
     Ok((
         response.map(|body| body.map_err(HttpError::Hyper).boxed_unsync()),
         io,
     ))
+}
+
+/// The keep-alive https client of one TLS grant, made on its first
+/// request: its connections were verified with that grant's roots (and
+/// present its client certificate), so only backends holding the grant
+/// reuse them, each request checked against its own `http` grant first.
+/// A new TLS handshake per request, as before, cost a native client's
+/// whole request time over again, and left thousands of connections in
+/// `TIME_WAIT` (with a TLS proxy in between, twice as many).
+pub(crate) type HttpsClient = hyper_util::client::legacy::Client<GrantConnector, WasiBody>;
+
+fn https_client(grant: &Arc<TlsGrant>) -> &HttpsClient {
+    grant.https.get_or_init(|| {
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_max_idle_per_host(MAX_IDLE_PER_ORIGIN)
+            .pool_idle_timeout(IDLE_TIMEOUT)
+            .pool_timer(hyper_util::rt::TokioTimer::new())
+            .build(GrantConnector {
+                // Weak: the client lives in the grant.
+                grant: Arc::downgrade(grant),
+            })
+    })
+}
+
+/// Connects to an https origin as its grant says: TCP (`TCP_NODELAY`),
+/// then a rustls handshake with the grant's config, verifying the server
+/// against the grant's server name ([`TlsGrant::server_name`]).
+#[derive(Clone)]
+pub(crate) struct GrantConnector {
+    grant: std::sync::Weak<TlsGrant>,
+}
+
+/// Why a connection could not be made, for the guest's error code.
+#[derive(Debug)]
+pub(crate) enum ConnectError {
+    Tcp(std::io::Error),
+    Tls(String),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::Tcp(e) => write!(f, "connect: {e}"),
+            ConnectError::Tls(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+type TlsIo = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+/// A verified TLS connection, as the pooled client uses it.
+pub(crate) struct TlsConnection(TlsIo);
+
+impl hyper_util::client::legacy::connect::Connection for TlsConnection {
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        hyper_util::client::legacy::connect::Connected::new()
+    }
+}
+
+impl hyper::rt::Read for TlsConnection {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for TlsConnection {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+impl tower_service::Service<http::Uri> for GrantConnector {
+    type Response = TlsConnection;
+    type Error = ConnectError;
+    type Future =
+        std::pin::Pin<Box<dyn Future<Output = Result<TlsConnection, ConnectError>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ConnectError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let grant = self.grant.clone();
+        Box::pin(async move {
+            let grant = grant
+                .upgrade()
+                .ok_or_else(|| ConnectError::Tls("the backend's TLS grant is gone".into()))?;
+            let host = uri
+                .host()
+                .ok_or_else(|| ConnectError::Tls(format!("no host in {uri}")))?
+                .trim_matches(['[', ']'])
+                .to_owned();
+            let port = uri.port_u16().unwrap_or(443);
+            let name = grant.server_name(&host).map_err(ConnectError::Tls)?;
+            let shown = name.to_str().into_owned();
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+                .await
+                .map_err(ConnectError::Tcp)?;
+            tcp.set_nodelay(true).map_err(ConnectError::Tcp)?;
+            let stream = tokio_rustls::TlsConnector::from(grant.config.clone())
+                .connect(name, tcp)
+                .await
+                .map_err(|e| {
+                    ConnectError::Tls(format!("TLS handshake with {shown} failed: {e}"))
+                })?;
+            Ok(TlsConnection(hyper_util::rt::TokioIo::new(stream)))
+        })
+    }
 }
 
 /// `wasi:http/outgoing-handler.handle` as wasmtime-wasi-http implements it,

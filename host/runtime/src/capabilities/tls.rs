@@ -107,6 +107,9 @@ pub struct TlsGrant {
     /// for when no `server_name` is set.
     pub hosts: Vec<String>,
     pub config: Arc<rustls::ClientConfig>,
+    /// The grant's keep-alive https client, made on its first request
+    /// (`capabilities::http`).
+    pub(crate) https: std::sync::OnceLock<super::http::HttpsClient>,
 }
 
 impl PartialEq for TlsGrant {
@@ -200,6 +203,7 @@ impl TlsGrant {
             server_name: table.server_name.clone(),
             hosts,
             config: Arc::new(config),
+            https: std::sync::OnceLock::new(),
         })
     }
 
