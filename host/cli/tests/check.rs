@@ -296,7 +296,7 @@ fn the_s3_guest_passes_the_quick_checks_over_https_with_the_operators_ca_and_fai
     // where a connection per request made thousands.
     let connections = proxy.connections();
     eprintln!("https connections through the proxy: {connections}");
-    assert!(connections < 200, "{connections} connections");
+    assert!((1..200).contains(&connections), "{connections} connections");
 
     // The public roots alone do not trust the private CA: nothing passes
     // that needs the store.

@@ -176,6 +176,10 @@ impl WasiHttpHooks for HttpPolicy {
             }
             return Box::new(std::future::ready(Err(HttpError::HttpRequestDenied)));
         }
+        let request = match pool_key(request) {
+            Ok(request) => request,
+            Err(e) => return Box::new(std::future::ready(Err(e))),
+        };
         if let Some(tls) = &self.tls
             && request.uri().scheme() == Some(&http::uri::Scheme::HTTPS)
         {
@@ -197,12 +201,38 @@ impl WasiHttpHooks for HttpPolicy {
     }
 }
 
+/// The request with its URI's authority spelled as its origin (lowercase
+/// host, explicit port), which is what the pools key connections by: a
+/// guest that wrote one origin several ways (`h`, `h:443`, `H:0443`) would
+/// otherwise open a pool of idle connections for each spelling. The
+/// `Host` header the guest's request carries is left as it is.
+fn pool_key(mut request: http::Request<WasiBody>) -> Result<http::Request<WasiBody>, HttpError> {
+    let origin = Origin::of(request.uri()).ok_or(HttpError::HttpRequestUriInvalid)?;
+    let path = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    *request.uri_mut() = format!("{origin}{path}")
+        .parse()
+        .map_err(|_| HttpError::HttpRequestUriInvalid)?;
+    Ok(request)
+}
+
 /// Idle keep-alive connections kept per origin: the s3 guest's window of
 /// requests in flight (`max_concurrency`, 16 by default) can reuse one each.
 const MAX_IDLE_PER_ORIGIN: usize = 16;
 
-/// How long an idle connection is kept before it is closed.
-const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long an idle connection is kept before it is closed: under the
+/// idle timeouts servers commonly apply (20 s and up), so the pool closes
+/// a connection before the server does, not while a request goes out on it.
+const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The longest a new https connection may take to connect and complete its
+/// handshake. The request that asked for it is bounded by its own
+/// timeouts; this bounds the attempt itself, which the pool finishes in the
+/// background when another connection served the request first.
+const CONNECT_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 type PlainClient = hyper_util::client::legacy::Client<
     hyper_util::client::legacy::connect::HttpConnector,
@@ -402,6 +432,18 @@ impl hyper::rt::Write for TlsConnection {
         std::pin::Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
     }
 
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
     fn poll_flush(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -431,9 +473,11 @@ impl tower_service::Service<http::Uri> for GrantConnector {
     }
 
     fn call(&mut self, uri: http::Uri) -> Self::Future {
-        let grant = self.grant.clone();
-        Box::pin(async move {
-            let grant = grant
+        // What the handshake needs, taken now: the attempt holds no
+        // reference to the grant (or its pool) while it waits.
+        let prepared = (|| {
+            let grant = self
+                .grant
                 .upgrade()
                 .ok_or_else(|| ConnectError::Tls("the backend's TLS grant is gone".into()))?;
             let host = uri
@@ -441,19 +485,33 @@ impl tower_service::Service<http::Uri> for GrantConnector {
                 .ok_or_else(|| ConnectError::Tls(format!("no host in {uri}")))?
                 .trim_matches(['[', ']'])
                 .to_owned();
-            let port = uri.port_u16().unwrap_or(443);
             let name = grant.server_name(&host).map_err(ConnectError::Tls)?;
+            Ok((grant.config.clone(), host, name))
+        })();
+        let port = uri.port_u16().unwrap_or(443);
+        Box::pin(async move {
+            let (config, host, name) = prepared?;
             let shown = name.to_str().into_owned();
-            let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+            let connect = async {
+                let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+                    .await
+                    .map_err(ConnectError::Tcp)?;
+                tcp.set_nodelay(true).map_err(ConnectError::Tcp)?;
+                tokio_rustls::TlsConnector::from(config)
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| {
+                        ConnectError::Tls(format!("TLS handshake with {shown} failed: {e}"))
+                    })
+            };
+            let stream = tokio::time::timeout(CONNECT_LIMIT, connect)
                 .await
-                .map_err(ConnectError::Tcp)?;
-            tcp.set_nodelay(true).map_err(ConnectError::Tcp)?;
-            let stream = tokio_rustls::TlsConnector::from(grant.config.clone())
-                .connect(name, tcp)
-                .await
-                .map_err(|e| {
-                    ConnectError::Tls(format!("TLS handshake with {shown} failed: {e}"))
-                })?;
+                .map_err(|_| {
+                    ConnectError::Tls(format!(
+                        "TLS connection to {shown} not made within {} s",
+                        CONNECT_LIMIT.as_secs()
+                    ))
+                })??;
             Ok(TlsConnection(hyper_util::rt::TokioIo::new(stream)))
         })
     }
@@ -564,6 +622,34 @@ mod tests {
         let (response, _io) = sent.await?;
         let body = response.into_body().collect().await?;
         Ok(body.to_bytes().to_vec())
+    }
+
+    /// Every spelling of an origin keys the pools the same way (one set of
+    /// idle connections), the path and query kept, the guest's `Host`
+    /// header untouched.
+    #[test]
+    fn the_pool_key_is_the_origin_however_it_is_spelled() {
+        let key = |url: &str| {
+            let request = http::Request::get(url)
+                .header(http::header::HOST, "as-signed")
+                .body(
+                    http_body_util::Empty::new()
+                        .map_err(|e: std::convert::Infallible| match e {})
+                        .boxed_unsync(),
+                )
+                .unwrap();
+            let keyed = pool_key(request).unwrap();
+            assert_eq!(keyed.headers()[http::header::HOST], "as-signed");
+            keyed.uri().to_string()
+        };
+        for url in [
+            "https://S3.Example/b/k?x=1",
+            "https://s3.example:443/b/k?x=1",
+        ] {
+            assert_eq!(key(url), "https://s3.example:443/b/k?x=1");
+        }
+        assert_eq!(key("https://s3.example:0443/"), "https://s3.example:443/");
+        assert_eq!(key("http://[::1]/p"), "http://[::1]:80/p");
     }
 
     fn runtime() -> tokio::runtime::Runtime {

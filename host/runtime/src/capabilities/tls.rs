@@ -95,7 +95,9 @@ impl TlsConfig {
 }
 
 /// The TLS grant of one backend: the client config every handshake uses.
-#[derive(Clone, Debug)]
+/// Not `Clone`: it owns the backend's pool of https connections, which
+/// must not be shared with another grant.
+#[derive(Debug)]
 pub struct TlsGrant {
     /// `ca_file`, resolved, with the SHA-256 of its bytes (hex).
     pub ca: Option<(PathBuf, String)>,
