@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvwasm_host::StoreHandle;
 use kvwasm_host::config::Config;
+use kvwasm_host::{Backend, StoreHandle};
 use kvwasm_tests::servers::RedisServer;
 use kvwasm_tests::{Probe, assert_open_refused, write_config};
 
@@ -36,6 +36,18 @@ fn config(dir: &Path, server: &RedisServer, grant: bool, settings: &str) -> Path
             server.addr
         ),
     )
+}
+
+/// The backend `redis` on `server` (no password) for opening handles in
+/// this process, with `entry` lines and `settings` pairs added.
+fn in_process(dir: &Path, server: &RedisServer, entry: &str, settings: &str) -> Arc<Backend> {
+    let text = format!(
+        "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [\"{0}\"]\n{entry}\
+         settings = {{ address = \"{0}\"{settings} }}\n",
+        server.addr
+    );
+    let config = Config::parse(&text, dir).unwrap();
+    Arc::new(config.backend("redis").unwrap())
 }
 
 fn probe(config: &Path, server: &RedisServer, namespace: &str) -> Probe {
@@ -134,17 +146,7 @@ fn saves_restores_and_deduplicates_with_exact_answers() {
 fn long_chunks_are_checked_and_staged_short_ones_written_through() {
     let server = RedisServer::without_password();
     let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [\"{0}\"]\n\
-         settings = {{ address = \"{0}\" }}\n",
-        server.addr
-    );
-    let backend = Arc::new(
-        Config::parse(&text, dir.path())
-            .unwrap()
-            .backend("redis")
-            .unwrap(),
-    );
+    let backend = in_process(dir.path(), &server, "", "");
     let writer = StoreHandle::open(backend.clone(), "ns").unwrap();
     let reader = StoreHandle::open(backend.clone(), "ns").unwrap();
     let short = vec![1u8; (64 << 10) - 1];
@@ -391,16 +393,11 @@ fn chunks_staged_in_any_instance_are_read_back_and_published_by_the_manifest() {
     let server = RedisServer::without_password();
     let dir = tempfile::tempdir().unwrap();
     // Batched existence checks: every chunk is staged, short ones too.
-    let text = format!(
-        "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [\"{0}\"]\nmax_instances = 4\n\
-         settings = {{ address = \"{0}\", dedup_check = \"flush\" }}\n",
-        server.addr
-    );
-    let backend = Arc::new(
-        Config::parse(&text, dir.path())
-            .unwrap()
-            .backend("redis")
-            .unwrap(),
+    let backend = in_process(
+        dir.path(),
+        &server,
+        "max_instances = 4\n",
+        ", dedup_check = \"flush\"",
     );
     let writer = StoreHandle::open(backend.clone(), "pool").unwrap();
     let chunks: Vec<(Vec<u8>, Vec<u8>)> = (0..32u8)

@@ -133,17 +133,7 @@ pub(crate) struct HttpPolicy {
     pub tls: Option<Arc<TlsGrant>>,
 }
 
-type ResponseFuture = Box<
-    dyn Future<
-            Output = Result<
-                (
-                    http::Response<WasiBody>,
-                    Box<dyn Future<Output = Result<(), HttpError>> + Send>,
-                ),
-                HttpError,
-            >,
-        > + Send,
->;
+type ResponseFuture = Box<dyn Future<Output = Result<Sent, HttpError>> + Send>;
 
 impl WasiHttpHooks for HttpPolicy {
     fn send_request(
@@ -239,6 +229,18 @@ type PlainClient = hyper_util::client::legacy::Client<
     WasiBody,
 >;
 
+/// The settings both pooled clients share: keep-alive connections per
+/// origin, closed when idle, driven by tasks on the runtime that sends.
+fn pooled() -> hyper_util::client::legacy::Builder {
+    let mut builder =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new());
+    builder
+        .pool_max_idle_per_host(MAX_IDLE_PER_ORIGIN)
+        .pool_idle_timeout(IDLE_TIMEOUT)
+        .pool_timer(hyper_util::rt::TokioTimer::new());
+    builder
+}
+
 /// The process's pooled client for plain-http requests, shared by every
 /// instance: a connection is keyed by its origin, and only ever used for a
 /// request whose origin the sending instance's grant allows (checked in
@@ -250,86 +252,63 @@ fn plain_client() -> &'static PlainClient {
     CLIENT.get_or_init(|| {
         let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
         connector.set_nodelay(true);
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .pool_max_idle_per_host(MAX_IDLE_PER_ORIGIN)
-            .pool_idle_timeout(IDLE_TIMEOUT)
-            .pool_timer(hyper_util::rt::TokioTimer::new())
-            .build(connector)
+        pooled().build(connector)
     })
 }
 
-/// One plain-http request through [`plain_client`]. The connect and first
-/// byte timeouts together bound the wait for the response head (the pool
-/// may hand out a live connection, leaving no connect to time); waits
-/// between body bytes are bounded by the call's deadline, as for https.
+/// A response head and its (empty) I/O future, as wasmtime-wasi-http
+/// expects from the hook.
+type Sent = (
+    http::Response<WasiBody>,
+    Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+);
+
+/// One plain-http request through [`plain_client`].
 async fn send_http(
     request: http::Request<WasiBody>,
     options: Option<RequestOptions>,
-) -> Result<
-    (
-        http::Response<WasiBody>,
-        Box<dyn Future<Output = Result<(), HttpError>> + Send>,
-    ),
-    HttpError,
-> {
-    use http_body_util::BodyExt;
-    use std::time::Duration;
-    let limit = |t: Option<Duration>| t.unwrap_or(Duration::from_secs(600));
-    let wait = limit(options.and_then(|o| o.connect_timeout))
-        .saturating_add(limit(options.and_then(|o| o.first_byte_timeout)));
-    let response = tokio::time::timeout(wait, plain_client().request(request))
-        .await
-        .map_err(|_| HttpError::ConnectionReadTimeout)?
-        .map_err(|e| {
-            if e.is_connect() {
-                HttpError::Connect(std::io::Error::other(e))
-            } else {
-                // The cause (hyper's error) is what says what went wrong.
-                use std::error::Error as _;
-                let cause = e.source().map_or_else(|| e.to_string(), |s| s.to_string());
-                HttpError::InternalError(Some(cause))
-            }
-        })?;
-    // The pool drives the connection in a task of its own: no I/O future.
-    let io: Box<dyn Future<Output = Result<(), HttpError>> + Send> =
-        Box::new(std::future::ready(Ok(())));
-    Ok((
-        response.map(|body| body.map_err(HttpError::Hyper).boxed_unsync()),
-        io,
-    ))
+) -> Result<Sent, HttpError> {
+    send_pooled(plain_client(), request, options).await
 }
 
 /// One https request through the grant's keep-alive client
 /// ([`https_client`]): connections verified with `tls`'s config, reused
-/// like a native client's. The connect and first byte timeouts together
-/// bound the wait for the response head (the pool may hand out a live
-/// connection, leaving no connect to time); waits between body bytes are
-/// bounded by the call's deadline, which abandons the whole request.
+/// like a native client's. A name the grant does not cover fails before
+/// anything is sent.
 async fn send_https(
     request: http::Request<WasiBody>,
     options: Option<RequestOptions>,
     tls: Arc<TlsGrant>,
-) -> Result<
-    (
-        http::Response<WasiBody>,
-        Box<dyn Future<Output = Result<(), HttpError>> + Send>,
-    ),
-    HttpError,
-> {
-    use http_body_util::BodyExt;
-    use std::error::Error as _;
-    use std::time::Duration;
-    // A name the grant does not cover fails before anything is sent.
+) -> Result<Sent, HttpError> {
     let host = request
         .uri()
         .host()
         .ok_or(HttpError::HttpRequestUriInvalid)?;
     tls.server_name(host)
         .map_err(|e| HttpError::Tls(std::io::Error::other(e)))?;
+    send_pooled(https_client(&tls), request, options).await
+}
+
+/// One request through a pooled `client`. The connect and first byte
+/// timeouts together bound the wait for the response head (the pool may
+/// hand out a live connection, leaving no connect to time); waits between
+/// body bytes are bounded by the call's deadline, which abandons the whole
+/// request. A failed connect says whether TCP or TLS failed.
+async fn send_pooled<C>(
+    client: &hyper_util::client::legacy::Client<C, WasiBody>,
+    request: http::Request<WasiBody>,
+    options: Option<RequestOptions>,
+) -> Result<Sent, HttpError>
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    use http_body_util::BodyExt;
+    use std::error::Error as _;
+    use std::time::Duration;
     let limit = |t: Option<Duration>| t.unwrap_or(Duration::from_secs(600));
     let wait = limit(options.and_then(|o| o.connect_timeout))
         .saturating_add(limit(options.and_then(|o| o.first_byte_timeout)));
-    let response = tokio::time::timeout(wait, https_client(&tls).request(request))
+    let response = tokio::time::timeout(wait, client.request(request))
         .await
         .map_err(|_| HttpError::ConnectionReadTimeout)?
         .map_err(|e| {
@@ -339,7 +318,9 @@ async fn send_https(
                     HttpError::Connect(std::io::Error::new(e.kind(), e.to_string()))
                 }
                 Some(ConnectError::Tls(why)) => HttpError::Tls(std::io::Error::other(why.clone())),
+                None if e.is_connect() => HttpError::Connect(std::io::Error::other(e)),
                 None => {
+                    // The cause (hyper's error) is what says what went wrong.
                     let cause = e.source().map_or_else(|| e.to_string(), |s| s.to_string());
                     HttpError::InternalError(Some(cause))
                 }
@@ -365,14 +346,10 @@ pub(crate) type HttpsClient = hyper_util::client::legacy::Client<GrantConnector,
 
 fn https_client(grant: &Arc<TlsGrant>) -> &HttpsClient {
     grant.https.get_or_init(|| {
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .pool_max_idle_per_host(MAX_IDLE_PER_ORIGIN)
-            .pool_idle_timeout(IDLE_TIMEOUT)
-            .pool_timer(hyper_util::rt::TokioTimer::new())
-            .build(GrantConnector {
-                // Weak: the client lives in the grant.
-                grant: Arc::downgrade(grant),
-            })
+        pooled().build(GrantConnector {
+            // Weak: the client lives in the grant.
+            grant: Arc::downgrade(grant),
+        })
     })
 }
 

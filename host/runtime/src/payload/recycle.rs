@@ -11,7 +11,7 @@
 //! own), so copies of [`RECYCLE_FROM`] bytes or more come from here and
 //! return here when their last reference goes: at most [`KEEP_AT_MOST`]
 //! bytes in the process. A buffer kept for [`KEEP_FOR`] without being taken
-//! again is freed by a sweeper thread, started with the first kept buffer,
+//! again is freed by a sweeper thread, started with the first long copy,
 //! which sleeps while nothing is kept.
 //!
 //! A buffer holds a whole size class ([`capacity_for`]); the instance is
@@ -20,17 +20,18 @@
 //! `payload::take`), so they need not come from `malloc` itself.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Shorter copies are plain allocations: `malloc` reuses small blocks well.
-pub(crate) const RECYCLE_FROM: usize = 64 << 10;
+const RECYCLE_FROM: usize = 64 << 10;
 
 /// The most bytes kept for reuse, in the whole process.
-pub(crate) const KEEP_AT_MOST: usize = 256 << 20;
+const KEEP_AT_MOST: usize = 256 << 20;
 
 /// How long a kept buffer may wait for a taker before it is freed.
-pub(crate) const KEEP_FOR: Duration = Duration::from_secs(2);
+const KEEP_FOR: Duration = Duration::from_secs(2);
 
 /// The capacity a copy of `len` bytes takes, and is charged for: `len`
 /// rounded up to a sixteenth of the next power of two when it is long, so
@@ -102,24 +103,24 @@ impl Kept {
 struct Pool {
     kept: Mutex<Kept>,
     not_empty: Condvar,
+    /// Whether the sweeper thread runs. Without it nothing is kept
+    /// (`give_back` frees instead), so memory is never held with nobody to
+    /// free it.
+    sweeping: AtomicBool,
 }
 
 static POOL: LazyLock<&'static Pool> = LazyLock::new(|| {
     let pool: &'static Pool = Box::leak(Box::new(Pool {
         kept: Mutex::new(Kept::new()),
         not_empty: Condvar::new(),
+        sweeping: AtomicBool::new(false),
     }));
-    // Without the thread nothing is kept (`give_back` frees instead), so
-    // memory is never held with nobody to free it.
     let started = std::thread::Builder::new()
         .name("kvwasm-buffers".into())
         .spawn(|| pool.sweep());
-    SWEEPING.store(started.is_ok(), std::sync::atomic::Ordering::Release);
+    pool.sweeping.store(started.is_ok(), Ordering::Release);
     pool
 });
-
-/// Whether the sweeper thread runs.
-static SWEEPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl Pool {
     fn lock(&self) -> MutexGuard<'_, Kept> {
@@ -145,7 +146,7 @@ impl Pool {
 
     /// Keep `buf` for the next copy of its class, or free it.
     fn give_back(&self, buf: Vec<u8>) {
-        if !SWEEPING.load(std::sync::atomic::Ordering::Acquire) {
+        if !self.sweeping.load(Ordering::Acquire) {
             return;
         }
         let mut kept = self.lock();
