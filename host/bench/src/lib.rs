@@ -9,6 +9,7 @@
 mod cpu;
 pub mod events;
 pub mod fabric;
+pub mod floor;
 pub mod plot;
 pub mod remote;
 pub mod report;
@@ -51,7 +52,8 @@ pub enum Section {
     Throughput,
     /// 96 × 1 MiB saves (cold, warm, warm on a new handle) and restores.
     SaveRestore,
-    /// The cost of one call that does nothing.
+    /// The cost of one call that does nothing, and under it the floor: a
+    /// bare wasmtime component call
     SmallCall,
     /// 1 and 4 threads on one handle, and 8 threads on 8 handles.
     Threads,
@@ -90,6 +92,9 @@ pub struct Results {
     pub save_restore: Vec<Row>,
     /// Nanoseconds per `get_manifest` of a missing name.
     pub small_call: Option<Row>,
+    /// Nanoseconds per bare wasmtime component call: the floor under the
+    /// small call, measured with it.
+    pub call_floor: Option<floor::CallFloor>,
     /// GB/s at 1 MiB with 1 and with 4 threads on one handle, and with 8
     /// threads on 8 handles.
     pub threads: Vec<Row>,
@@ -149,6 +154,10 @@ pub fn run(plan: &Plan) -> Result<Results, String> {
         throughput: when(on(Section::Throughput), || w.throughput())?,
         save_restore: when(on(Section::SaveRestore), || w.save_restore())?,
         small_call: when(on(Section::SmallCall), || w.small_call().map(Some))?,
+        call_floor: when(on(Section::SmallCall), || {
+            let calls = if plan.quick { 20_000 } else { 200_000 };
+            floor::measure(plan.reps, calls).map(Some)
+        })?,
         threads: when(on(Section::Threads), || w.threads())?,
         open: when(on(Section::Open), || w.open_latency())?,
         memory_per_handle: when(on(Section::Memory), || w.memory_per_handle().map(Some))?,

@@ -61,6 +61,45 @@ pub fn markdown(r: &Results) -> String {
             &table(r, &rest),
         );
     }
+    if let Some(floor) = &r.call_floor {
+        section(
+            &mut out,
+            "The floor of a component call",
+            &call_floor(r, floor),
+        );
+    }
+    out
+}
+
+/// The bare wasmtime calls, and what they leave of the empty call's budget
+/// (1.25× the baseline's time, issue 17).
+fn call_floor(r: &Results, floor: &crate::floor::CallFloor) -> String {
+    let mut out = String::from(
+        "| wasmtime component call, `u32` in and out, one host import inside (ns) | median [min–max] |\n|---|---|\n",
+    );
+    let _ = writeln!(
+        out,
+        "| `call_async`, on a fiber (how kvwasm calls guests) | {} |",
+        cell(&floor.asynchronous)
+    );
+    let _ = writeln!(
+        out,
+        "| `call`, synchronous (no fiber) | {} |",
+        cell(&floor.synchronous)
+    );
+    if let Some(small) = &r.small_call {
+        let base = small.per_target[0].median;
+        let _ = writeln!(
+            out,
+            "\nAn empty call within 1.25× of {}'s {} ns may take {} ns more than it; wasmtime's \
+             `call_async` alone takes {} ns, its synchronous `call` {} ns.",
+            r.targets[0],
+            num(base),
+            num(0.25 * base),
+            num(floor.asynchronous.median),
+            num(floor.synchronous.median),
+        );
+    }
     out
 }
 
