@@ -53,7 +53,7 @@ pub enum Section {
     /// 96 × 1 MiB saves (cold, warm, warm on a new handle) and restores.
     SaveRestore,
     /// The cost of one call that does nothing, and under it the floor: a
-    /// bare wasmtime component call
+    /// bare wasmtime component call.
     SmallCall,
     /// 1 and 4 threads on one handle, and 8 threads on 8 handles.
     Threads,
