@@ -9,7 +9,9 @@
 //! * `call_async`, the import async: the shape of a guest call that makes a
 //!   WASI call (wasmtime-wasi links those as async functions);
 //! * a synchronous `call`, no fiber: what a fiber-free call path would start
-//!   from.
+//!   from;
+//! * the first way again with the CPU caches evicted before each call, as
+//!   after a large transfer (the floor under the cold small call).
 //!
 //! As in kvwasm, epoch interruption is on and a deadline is armed before
 //! every call. No kvwasm code runs: no shim, handle, pool, WASI, string or
@@ -25,6 +27,7 @@ use wasmtime::component::{Component, Linker, TypedFunc};
 use wasmtime::{Config, Engine, Store};
 
 use crate::Stat;
+use crate::workloads::EVICT_BYTES;
 
 /// The smallest component with a host call inside: `call-host(x)` returns
 /// what the host's `host-fn(x)` returns.
@@ -48,6 +51,8 @@ pub struct CallFloor {
     pub async_import: Stat,
     /// `call`, a synchronous host import, no fiber.
     pub synchronous: Stat,
+    /// As `asynchronous`, with the CPU caches evicted before each call.
+    pub cold: Stat,
 }
 
 type CallHost = TypedFunc<(u32,), (u32,)>;
@@ -55,8 +60,8 @@ type CallHost = TypedFunc<(u32,), (u32,)>;
 /// `n` timed calls of one kind, giving nanoseconds per call.
 type Timed<'a> = &'a mut dyn FnMut(u32) -> wasmtime::Result<f64>;
 
-/// Time `calls` calls of each kind per repetition, rotating which goes
-/// first, after a tenth as many to warm up.
+/// Time `calls` calls of each kind per repetition (the cold kind: 1 in
+/// 400), rotating which goes first, after a tenth as many to warm up.
 pub fn measure(reps: usize, calls: u32) -> Result<CallFloor, String> {
     let fail = |e: wasmtime::Error| format!("the call floor: {e:#}");
     // What kvwasm's engine sets that touches a call: the component model and
@@ -102,6 +107,23 @@ pub fn measure(reps: usize, calls: u32) -> Result<CallFloor, String> {
             ready(f.call_async(&mut store, (i,))).map(|(r,)| r)
         })
     };
+    // The empty call's shape again, with the caches evicted before each
+    // call as in `cold_small_call`: one call in 400 as many.
+    let (mut store, f) = instance(&sync_linker)?;
+    let (from, mut to) = (vec![1u8; EVICT_BYTES], vec![0u8; EVICT_BYTES]);
+    let mut cold = move |n: u32| {
+        let n = (n / 400).max(1);
+        let mut total = 0.0;
+        for _ in 0..n {
+            to.copy_from_slice(&from);
+            std::hint::black_box(&mut to);
+            total += timed(1, |i| {
+                store.set_epoch_deadline(1);
+                ready(f.call_async(&mut store, (i,))).map(|(r,)| r)
+            })?;
+        }
+        Ok(total / f64::from(n))
+    };
     let (mut store, f) = instance(&sync_linker)?;
     let mut synchronous = move |n: u32| {
         timed(n, |i| {
@@ -109,10 +131,11 @@ pub fn measure(reps: usize, calls: u32) -> Result<CallFloor, String> {
             f.call(&mut store, (i,)).map(|(r,)| r)
         })
     };
-    let mut kinds: [(Timed, Vec<f64>); 3] = [
+    let mut kinds: [(Timed, Vec<f64>); 4] = [
         (&mut asynchronous, Vec::new()),
         (&mut async_import, Vec::new()),
         (&mut synchronous, Vec::new()),
+        (&mut cold, Vec::new()),
     ];
     for (call, _) in kinds.iter_mut() {
         call(calls / 10).map_err(fail)?;
@@ -123,11 +146,17 @@ pub fn measure(reps: usize, calls: u32) -> Result<CallFloor, String> {
             samples.push(call(calls).map_err(fail)?);
         }
     }
-    let [(_, asynchronous), (_, async_import), (_, synchronous)] = kinds;
+    let [
+        (_, asynchronous),
+        (_, async_import),
+        (_, synchronous),
+        (_, cold),
+    ] = kinds;
     Ok(CallFloor {
         asynchronous: Stat::new(asynchronous),
         async_import: Stat::new(async_import),
         synchronous: Stat::new(synchronous),
+        cold: Stat::new(cold),
     })
 }
 
@@ -164,7 +193,12 @@ mod tests {
     #[test]
     fn every_kind_of_call_completes_and_is_timed() {
         let floor = super::measure(2, 200).unwrap();
-        for stat in [&floor.asynchronous, &floor.async_import, &floor.synchronous] {
+        for stat in [
+            &floor.asynchronous,
+            &floor.async_import,
+            &floor.synchronous,
+            &floor.cold,
+        ] {
             assert_eq!(stat.samples.len(), 2);
             assert!(stat.samples.iter().all(|ns| *ns > 0.0 && ns.is_finite()));
         }

@@ -52,8 +52,8 @@ pub enum Section {
     Throughput,
     /// 96 × 1 MiB saves (cold, warm, warm on a new handle) and restores.
     SaveRestore,
-    /// The cost of one call that does nothing, and under it the floor: a
-    /// bare wasmtime component call.
+    /// The cost of one call that does nothing, warm and with the CPU caches
+    /// evicted first, and under it the floor: a bare wasmtime component call.
     SmallCall,
     /// 1 and 4 threads on one handle, and 8 threads on 8 handles.
     Threads,
@@ -92,6 +92,8 @@ pub struct Results {
     pub save_restore: Vec<Row>,
     /// Nanoseconds per `get_manifest` of a missing name.
     pub small_call: Option<Row>,
+    /// The same with the CPU caches evicted before each call.
+    pub cold_call: Option<Row>,
     /// Nanoseconds per bare wasmtime component call: the floor under the
     /// small call, measured with it.
     pub call_floor: Option<floor::CallFloor>,
@@ -154,6 +156,7 @@ pub fn run(plan: &Plan) -> Result<Results, String> {
         throughput: when(on(Section::Throughput), || w.throughput())?,
         save_restore: when(on(Section::SaveRestore), || w.save_restore())?,
         small_call: when(on(Section::SmallCall), || w.small_call().map(Some))?,
+        cold_call: when(on(Section::SmallCall), || w.cold_small_call().map(Some))?,
         call_floor: when(on(Section::SmallCall), || {
             let calls = if plan.quick { 20_000 } else { 200_000 };
             floor::measure(plan.reps, calls).map(Some)

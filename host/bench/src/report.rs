@@ -50,7 +50,7 @@ pub fn markdown(r: &Results) -> String {
             );
         }
     }
-    let mut rest: Vec<&Row> = r.small_call.iter().collect();
+    let mut rest: Vec<&Row> = r.small_call.iter().chain(&r.cold_call).collect();
     rest.extend(&r.threads);
     rest.extend(&r.open);
     rest.extend(&r.memory_per_handle);
@@ -87,6 +87,10 @@ fn call_floor(r: &Results, floor: &crate::floor::CallFloor) -> String {
             &floor.async_import,
         ),
         ("`call`, synchronous, no fiber", &floor.synchronous),
+        (
+            "`call_async`, synchronous import, caches evicted before each call",
+            &floor.cold,
+        ),
     ];
     for (case, stat) in rows {
         let _ = writeln!(out, "| {case} | {} |", cell(stat));

@@ -252,19 +252,40 @@ impl<'a> Workloads<'a> {
             "small calls",
             |w, target, medium| {
                 let (h, dir) = w.fresh(target, medium)?;
-                let missing = |n: usize| -> Result<(), String> {
-                    for _ in 0..n {
-                        if h.get_manifest("never-written").is_ok() {
-                            return Err("get_manifest of a missing name succeeded".into());
-                        }
-                    }
-                    Ok(())
-                };
-                missing(calls / 10)?;
-                let elapsed = time(|| missing(calls))?;
+                missing_manifests(&h, calls / 10)?;
+                let elapsed = time(|| missing_manifests(&h, calls))?;
                 drop(h);
                 cleanup(&dir);
                 Ok(elapsed.as_nanos() as f64 / calls as f64)
+            },
+        )
+    }
+
+    /// The same call with the CPU caches cold, as after a large transfer: a
+    /// consumer that has just copied a MiB or more reaches the backend with
+    /// little of its code or data cached. Before each timed call,
+    /// [`EVICT_BYTES`] are copied (not timed).
+    pub fn cold_small_call(&mut self) -> Result<Row, String> {
+        let calls = if self.plan.quick { 50 } else { 500 };
+        let (from, mut to) = (vec![1u8; EVICT_BYTES], vec![0u8; EVICT_BYTES]);
+        self.sample_one(
+            (
+                "get_manifest, missing name, caches evicted first",
+                Unit::Nanos,
+            ),
+            "cold small calls",
+            |w, target, medium| {
+                let (h, dir) = w.fresh(target, medium)?;
+                missing_manifests(&h, 100)?;
+                let mut total = Duration::ZERO;
+                for _ in 0..calls {
+                    to.copy_from_slice(&from);
+                    std::hint::black_box(&mut to);
+                    total += time(|| missing_manifests(&h, 1))?;
+                }
+                drop(h);
+                cleanup(&dir);
+                Ok(total.as_nanos() as f64 / calls as f64)
             },
         )
     }
@@ -563,6 +584,20 @@ fn random_bytes(len: usize) -> Vec<u8> {
     }
     out.truncate(len);
     out
+}
+
+/// Bytes copied before each cold call: more than a core's L2 cache and, with
+/// the source, a good part of a shared L3.
+pub(crate) const EVICT_BYTES: usize = 16 << 20;
+
+/// `n` calls of `get_manifest` on a name never written.
+fn missing_manifests(h: &Handle, n: usize) -> Result<(), String> {
+    for _ in 0..n {
+        if h.get_manifest("never-written").is_ok() {
+            return Err("get_manifest of a missing name succeeded".into());
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn time(f: impl FnOnce() -> Result<(), String>) -> Result<Duration, String> {
