@@ -10,8 +10,10 @@
 //!   WASI call (wasmtime-wasi links those as async functions);
 //! * a synchronous `call`, no fiber: what a fiber-free call path would start
 //!   from;
-//! * the first way again with the CPU caches evicted before each call, as
-//!   after a large transfer (the floor under the cold small call).
+//! * the first way again with the core's caches swept before each call, as
+//!   after a large transfer. This runs the bench's own copy of wasmtime,
+//!   not the library's, whose code is laid out for the call path
+//!   (shim-cdylib/build.rs).
 //!
 //! As in kvwasm, epoch interruption is on and a deadline is armed before
 //! every call. No kvwasm code runs: no shim, handle, pool, WASI, string or
@@ -27,7 +29,7 @@ use wasmtime::component::{Component, Linker, TypedFunc};
 use wasmtime::{Config, Engine, Store};
 
 use crate::Stat;
-use crate::workloads::EVICT_BYTES;
+use crate::workloads::{EVICT_BYTES, evict_caches};
 
 /// The smallest component with a host call inside: `call-host(x)` returns
 /// what the host's `host-fn(x)` returns.
@@ -51,7 +53,7 @@ pub struct CallFloor {
     pub async_import: Stat,
     /// `call`, a synchronous host import, no fiber.
     pub synchronous: Stat,
-    /// As `asynchronous`, with the CPU caches evicted before each call.
+    /// As `asynchronous`, with the core's caches swept before each call.
     pub cold: Stat,
 }
 
@@ -110,13 +112,12 @@ pub fn measure(reps: usize, calls: u32) -> Result<CallFloor, String> {
     // The empty call's shape again, with the caches evicted before each
     // call as in `cold_small_call`: one call in 400 as many.
     let (mut store, f) = instance(&sync_linker)?;
-    let (from, mut to) = (vec![1u8; EVICT_BYTES], vec![0u8; EVICT_BYTES]);
+    let mut sweep = vec![0u8; EVICT_BYTES];
     let mut cold = move |n: u32| {
         let n = (n / 400).max(1);
         let mut total = 0.0;
         for _ in 0..n {
-            to.copy_from_slice(&from);
-            std::hint::black_box(&mut to);
+            evict_caches(&mut sweep);
             total += timed(1, |i| {
                 store.set_epoch_deadline(1);
                 ready(f.call_async(&mut store, (i,))).map(|(r,)| r)

@@ -52,8 +52,9 @@ pub enum Section {
     Throughput,
     /// 96 × 1 MiB saves (cold, warm, warm on a new handle) and restores.
     SaveRestore,
-    /// The cost of one call that does nothing, warm and with the CPU caches
-    /// evicted first, and under it the floor: a bare wasmtime component call.
+    /// The cost of one call that does nothing, warm and with the core's
+    /// caches swept first, and under it the floor: a bare wasmtime component
+    /// call.
     SmallCall,
     /// 1 and 4 threads on one handle, and 8 threads on 8 handles.
     Threads,
@@ -92,7 +93,7 @@ pub struct Results {
     pub save_restore: Vec<Row>,
     /// Nanoseconds per `get_manifest` of a missing name.
     pub small_call: Option<Row>,
-    /// The same with the CPU caches evicted before each call.
+    /// The same with the core's caches swept before each call.
     pub cold_call: Option<Row>,
     /// Nanoseconds per bare wasmtime component call: the floor under the
     /// small call, measured with it.
