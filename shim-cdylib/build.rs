@@ -17,7 +17,7 @@
 
 use std::env;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 fn main() {
@@ -25,6 +25,17 @@ fn main() {
     let order = dir.join("hot-path.order");
     println!("cargo:rerun-if-changed={}", order.display());
     println!("cargo:rerun-if-env-changed=KVWASM_NO_HOT_PATH_ORDER");
+    // The probe's answer holds for one linker: run again when the one set
+    // through the environment changes. (RUSTFLAGS and the toolchain are part
+    // of cargo's own fingerprint; after changing `linker` in a cargo config
+    // file, `cargo clean -p kvwasm-shim`.)
+    let target = env::var("TARGET").expect("set by cargo");
+    let linker_var = format!(
+        "CARGO_TARGET_{}_LINKER",
+        target.to_uppercase().replace('-', "_")
+    );
+    println!("cargo:rerun-if-env-changed={linker_var}");
+    let workspace = dir.parent().expect("the shim is in the workspace");
     let off = env::var("KVWASM_NO_HOT_PATH_ORDER").is_ok_and(|v| v != "0");
     if off || !order.exists() {
         return;
@@ -33,37 +44,38 @@ fn main() {
         format!("-Wl,--symbol-ordering-file={}", order.display()),
         "-Wl,--no-warn-symbol-ordering".to_owned(),
     ];
-    if linker_takes(&args) {
-        for arg in args {
-            println!("cargo:rustc-link-arg-cdylib={arg}");
+    match linker_takes(workspace, &target, &args) {
+        Ok(()) => {
+            for arg in args {
+                println!("cargo:rustc-link-arg-cdylib={arg}");
+            }
         }
-    } else {
-        println!(
-            "cargo:warning=the linker does not take --symbol-ordering-file: \
-             libkv_store_wasm.so is linked without hot-path.order"
-        );
+        Err(why) => println!(
+            "cargo:warning=libkv_store_wasm.so is linked without hot-path.order: \
+             an empty library did not link with --symbol-ordering-file ({why})"
+        ),
     }
 }
 
 /// Whether an empty cdylib links with `args` added, built as this crate
-/// will be: same rustc, target, RUSTFLAGS and configured linker.
-fn linker_takes(args: &[String]) -> bool {
+/// will be: same rustc, target, RUSTFLAGS and configured linker, run from
+/// the workspace root (as cargo runs rustc: relative paths in flags hold).
+/// The error is the first line of what failed.
+fn linker_takes(workspace: &Path, target: &str, args: &[String]) -> Result<(), String> {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
     let source = out.join("probe.rs");
-    if std::fs::write(&source, "").is_err() {
-        return false;
-    }
+    std::fs::write(&source, "").map_err(|e| e.to_string())?;
     let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let mut probe = Command::new(rustc);
     probe
+        .current_dir(workspace)
         .args([
             "--crate-type",
             "cdylib",
             "--crate-name",
             "kvwasm_link_probe",
         ])
-        .arg("--target")
-        .arg(env::var("TARGET").expect("set by cargo"))
+        .args(["--cap-lints", "allow", "--target", target])
         .arg("--out-dir")
         .arg(&out);
     if let Some(linker) = env::var_os("RUSTC_LINKER") {
@@ -77,10 +89,18 @@ fn linker_takes(args: &[String]) -> bool {
     for arg in args {
         probe.arg("-C").arg(format!("link-arg={arg}"));
     }
-    probe
+    let output = probe
         .arg(&source)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let first = stderr
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("no message");
+    Err(first.chars().take(200).collect())
 }

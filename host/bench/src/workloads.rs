@@ -263,8 +263,9 @@ impl<'a> Workloads<'a> {
 
     /// The same call with the core's caches cold, as after a large transfer:
     /// a consumer that has just copied a MiB or more reaches the backend with
-    /// little of its code or data in L1, L2 or the TLBs. Before each timed
-    /// call, [`evict_caches`] runs (not timed).
+    /// little of its data (and, in caches shared by code and data, its code)
+    /// in L1 and L2. Before each timed call, [`evict_caches`] runs (not
+    /// timed).
     pub fn cold_small_call(&mut self) -> Result<Row, String> {
         let calls = if self.plan.quick { 50 } else { 500 };
         let mut sweep = vec![0u8; EVICT_BYTES];
@@ -591,7 +592,7 @@ fn random_bytes(len: usize) -> Vec<u8> {
 pub(crate) const EVICT_BYTES: usize = 16 << 20;
 
 /// Read and write every byte of `sweep`, pushing what a call would find in
-/// the core's L1 and L2 caches and TLBs out of them. Plain stores (not a
+/// the core's data caches out of them. Plain stores (not a
 /// `memcpy`, which may bypass the caches above a size that depends on the
 /// machine), the same for every target.
 pub(crate) fn evict_caches(sweep: &mut [u8]) {
