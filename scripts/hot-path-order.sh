@@ -26,13 +26,12 @@ if [[ "${1:-}" == --check ]]; then
     # Names found, and how many of them sit at a lower address than the
     # name before them in the list (0 when the linker followed it).
     read -r found disordered < <(nm -n "$lib" | awk '
-        NR == FNR { rank[$1] = FNR; next }
-        ($3 in rank) && !seen[$3]++ { at[rank[$3]] = NR; n++ }
+        NR == FNR { rank[$1] = FNR; names = FNR; next }
+        ($3 in rank) && !seen[$3]++ { at[rank[$3]] = FNR; n++ }
         END {
-            last = 0
-            for (r = 1; r <= FNR_ORDER; r++) if (r in at) { if (at[r] < last) d++; last = at[r] }
+            for (r = 1; r <= names; r++) if (r in at) { if (at[r] < last) d++; last = at[r] }
             print n + 0, d + 0
-        }' FNR_ORDER="$total" "$order" -)
+        }' "$order" -)
     echo "hot-path.order: $found of $total functions are in $lib, $disordered out of order"
     if (( found * 10 < total * 9 || disordered * 10 > found )); then
         echo "hot-path.order is stale or was not applied: run bash scripts/hot-path-order.sh" >&2

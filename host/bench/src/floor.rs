@@ -1,7 +1,7 @@
 //! The floor under every guest call: what wasmtime itself takes for the
 //! smallest component call that reaches the host, measured in the same run
 //! as the empty calls it bounds. A core function behind `canon lift` (a
-//! `u32` in, a `u32` out) calls one host import, three ways:
+//! `u32` in, a `u32` out) calls one host import, four ways:
 //!
 //! * `call_async` on a fiber, the import synchronous: how kvwasm calls a
 //!   guest whose call makes a `payload-io` host call (the fs guest's empty
@@ -96,21 +96,18 @@ pub fn measure(reps: usize, calls: u32) -> Result<CallFloor, String> {
     };
 
     let (mut store, f) = instance(&sync_linker)?;
-    let mut asynchronous = move |n: u32| {
-        timed(n, |i| {
-            store.set_epoch_deadline(1);
-            ready(f.call_async(&mut store, (i,))).map(|(r,)| r)
-        })
-    };
+    let mut asynchronous = move |n: u32| timed(n, |i| call_async(&mut store, &f, i));
     let (mut store, f) = instance(&async_linker)?;
-    let mut async_import = move |n: u32| {
+    let mut async_import = move |n: u32| timed(n, |i| call_async(&mut store, &f, i));
+    let (mut store, f) = instance(&sync_linker)?;
+    let mut synchronous = move |n: u32| {
         timed(n, |i| {
             store.set_epoch_deadline(1);
-            ready(f.call_async(&mut store, (i,))).map(|(r,)| r)
+            f.call(&mut store, (i,)).map(|(r,)| r)
         })
     };
-    // The empty call's shape again, with the caches evicted before each
-    // call as in `cold_small_call`: one call in 400 as many.
+    // The empty call's shape again, with the caches swept before each call
+    // as in `cold_small_call`: one call in 400 as many.
     let (mut store, f) = instance(&sync_linker)?;
     let mut sweep = vec![0u8; EVICT_BYTES];
     let mut cold = move |n: u32| {
@@ -118,19 +115,9 @@ pub fn measure(reps: usize, calls: u32) -> Result<CallFloor, String> {
         let mut total = 0.0;
         for _ in 0..n {
             evict_caches(&mut sweep);
-            total += timed(1, |i| {
-                store.set_epoch_deadline(1);
-                ready(f.call_async(&mut store, (i,))).map(|(r,)| r)
-            })?;
+            total += timed(1, |i| call_async(&mut store, &f, i))?;
         }
         Ok(total / f64::from(n))
-    };
-    let (mut store, f) = instance(&sync_linker)?;
-    let mut synchronous = move |n: u32| {
-        timed(n, |i| {
-            store.set_epoch_deadline(1);
-            f.call(&mut store, (i,)).map(|(r,)| r)
-        })
     };
     let mut kinds: [(Timed, Vec<f64>); 4] = [
         (&mut asynchronous, Vec::new()),
@@ -159,6 +146,13 @@ pub fn measure(reps: usize, calls: u32) -> Result<CallFloor, String> {
         synchronous: Stat::new(synchronous),
         cold: Stat::new(cold),
     })
+}
+
+/// One `call_async` of `call-host(i)` with a deadline armed, as kvwasm
+/// calls a guest.
+fn call_async(store: &mut Store<()>, f: &CallHost, i: u32) -> wasmtime::Result<u32> {
+    store.set_epoch_deadline(1);
+    ready(f.call_async(store, (i,))).map(|(r,)| r)
 }
 
 /// Nanoseconds per call of `call(i)` for `i` in `0..n`; each result is
@@ -190,7 +184,7 @@ fn ready<F: Future>(future: F) -> F::Output {
 #[cfg(test)]
 mod tests {
     /// Every call's result is checked (`timed`), so this fails if any of
-    /// the three ways stops reaching the host import.
+    /// the four ways stops reaching the host import.
     #[test]
     fn every_kind_of_call_completes_and_is_timed() {
         let floor = super::measure(2, 200).unwrap();
