@@ -3,7 +3,8 @@
 # tests start and stop them themselves, on loopback ports:
 #   - redis-server and redis-cli, from Debian's `redis-server` package;
 #   - s3s-fs, an S3 server that checks SigV4 signatures, built from
-#     crates.io into target/tools (0.14.1: the last release for Rust 1.95);
+#     crates.io once into ${XDG_CACHE_HOME:-~/.cache}/kvwasm-tools and
+#     linked into target/tools/bin (0.14.1: the last release for Rust 1.95);
 #   - stunnel4, from Debian, the TLS-terminating proxy in front of s3s-fs
 #     (the S3-over-https tests; redis-server's own tls-port serves Redis);
 #   - nats-server, from Debian's `nats-server` package (the NATS event
@@ -35,11 +36,21 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
     $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true
 fi
 
+# Built once per machine into a cache outside the clone (it takes ~4 min),
+# then linked where the tests and scripts/bench-remote.sh look for it.
 S3S_FS_VERSION=0.14.1
-if [ ! -x target/tools/bin/s3s-fs ]; then
-    step "cargo install s3s-fs $S3S_FS_VERSION (the S3 backend's tests run a real S3 server; ~4 min)"
-    cargo install --quiet --locked --root target/tools s3s-fs --version "=$S3S_FS_VERSION" --features binary
+S3S_FS_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/kvwasm-tools/s3s-fs-$S3S_FS_VERSION"
+if [ ! -x "$S3S_FS_CACHE/bin/s3s-fs" ]; then
+    step "cargo install s3s-fs $S3S_FS_VERSION into $S3S_FS_CACHE (the S3 backend's tests run a real S3 server; ~4 min, once)"
+    # Installed beside the cache and moved into place, so an interrupted
+    # build never leaves a cache that looks complete.
+    rm -rf "$S3S_FS_CACHE.partial"
+    cargo install --quiet --locked --root "$S3S_FS_CACHE.partial" s3s-fs --version "=$S3S_FS_VERSION" --features binary
+    rm -rf "$S3S_FS_CACHE"
+    mv "$S3S_FS_CACHE.partial" "$S3S_FS_CACHE"
 fi
+mkdir -p target/tools/bin
+ln -sfn "$S3S_FS_CACHE/bin/s3s-fs" target/tools/bin/s3s-fs
 
 if ! command -v stunnel4 >/dev/null && ! command -v stunnel >/dev/null; then
     step "apt-get install stunnel4 (the S3-over-https tests put s3s-fs behind it)"

@@ -20,12 +20,12 @@ step "cargo clippy (host workspace, then guests for wasm32-wasip2)"
 cargo clippy --release --workspace --all-targets --locked -- -D warnings
 (cd guest-backends && cargo clippy --release --target wasm32-wasip2 --workspace --locked -- -D warnings)
 
-step "guest unit and property tests (native): guest-support, Redis replies, S3 errors, fabrics, KV indexer"
+step "guest unit and property tests (native): guest-support, fs chunk paths, Redis replies, S3 errors, fabrics, KV indexer"
 (cd guest-backends && cargo test --release --locked -p kvwasm-guest-support)
 (cd guest-backends && cargo test --release --locked -p kvwasm-kv-indexer-core)
 (cd guest-backends && cargo test --release --locked -p kvwasm-advisor-core)
 # --lib: the guests' cdylib targets do not link natively (export names).
-(cd guest-backends && cargo test --release --locked -p kvwasm-guest-redis -p kvwasm-guest-s3 -p kvwasm-fabric-synthetic -p kvwasm-fabric-tcp -p kvwasm-fabric-hostile --lib)
+(cd guest-backends && cargo test --release --locked -p kvwasm-guest-fs -p kvwasm-guest-redis -p kvwasm-guest-s3 -p kvwasm-fabric-synthetic -p kvwasm-fabric-tcp -p kvwasm-fabric-hostile --lib)
 
 step "libFuzzer on the MRDN decoders (60 s)"
 bash scripts/fuzz-mrdn.sh 60

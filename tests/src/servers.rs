@@ -1,7 +1,8 @@
 //! Real servers for the remote backends' tests, started on loopback ports
 //! by the tests themselves and stopped when dropped: `redis-server` (from
 //! Debian's `redis-server` package) and `s3s-fs` (an S3 server that checks
-//! SigV4 signatures; `scripts/setup.sh` installs it into `target/tools`).
+//! SigV4 signatures; `scripts/test-servers.sh` builds it once outside the
+//! clone and links it into `target/tools`).
 //! For the event sources: `nats-server` (Debian's `nats-server`) and
 //! `tests/scripts/kv_publisher.py`, a vLLM/SGLang-shaped KV event publisher
 //! run by the venv `scripts/test-servers.sh` makes in `target/tools/pyenv`.
@@ -151,7 +152,7 @@ tls-auth-clients {}
     pub fn restart(&mut self) {
         let binary = which("redis-server").unwrap_or_else(|| {
             panic!(
-                "redis-server not found: run `bash scripts/setup.sh` (apt-get install redis-server)"
+                "redis-server not found: run `bash scripts/test-servers.sh` (apt-get install redis-server)"
             )
         });
         let mut child = Command::new(binary)
@@ -389,7 +390,8 @@ impl Drop for TlsProxy {
 }
 
 /// `s3s-fs`: `$KVWASM_S3S_FS`, else `target/tools/bin/s3s-fs` (where
-/// `scripts/setup.sh` installs it), else `PATH`.
+/// `scripts/test-servers.sh` links the build it caches outside the clone),
+/// else `PATH`.
 pub fn s3s_fs_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("KVWASM_S3S_FS") {
         return path.into();
@@ -400,7 +402,7 @@ pub fn s3s_fs_binary() -> PathBuf {
     }
     which("s3s-fs").unwrap_or_else(|| {
         panic!(
-            "s3s-fs not found at {} or on PATH: run `bash scripts/setup.sh` \
+            "s3s-fs not found at {} or on PATH: run `bash scripts/test-servers.sh` \
              (cargo install s3s-fs --features binary)",
             local.display()
         )

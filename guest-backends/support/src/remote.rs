@@ -268,7 +268,9 @@ impl KeySpace {
     }
 
     pub fn chunk(&self, hash: &[u8]) -> String {
-        self.join("chunks", &validate::hash_hex(hash))
+        let mut key = self.space("chunks", 2 * hash.len());
+        validate::push_hex(&mut key, hash);
+        key
     }
 
     pub fn manifest(&self, name: &str) -> String {
@@ -276,11 +278,22 @@ impl KeySpace {
     }
 
     fn join(&self, space: &str, leaf: &str) -> String {
-        if self.base.is_empty() {
-            format!("{space}/{leaf}")
-        } else {
-            format!("{}/{space}/{leaf}", self.base)
+        let mut key = self.space(space, leaf.len());
+        key.push_str(leaf);
+        key
+    }
+
+    /// `<base>/<space>/` (`<space>/` without a base), with room for a
+    /// `leaf` bytes long leaf.
+    fn space(&self, space: &str, leaf: usize) -> String {
+        let mut key = String::with_capacity(self.base.len() + space.len() + 2 + leaf);
+        if !self.base.is_empty() {
+            key.push_str(&self.base);
+            key.push('/');
         }
+        key.push_str(space);
+        key.push('/');
+        key
     }
 }
 
