@@ -12,7 +12,7 @@
 #   - a Python venv in target/tools/pyenv with pyzmq and msgpack from PyPI,
 #     for tests/scripts/kv_publisher.py (a vLLM/SGLang-shaped KV event
 #     publisher, the ZMQ event source's tests).
-# Idempotent; called by scripts/test.sh and scripts/bench.sh.
+# Idempotent; called by scripts/test.sh and scripts/bench-remote.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -41,13 +41,21 @@ fi
 S3S_FS_VERSION=0.14.1
 S3S_FS_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/kvwasm-tools/s3s-fs-$S3S_FS_VERSION"
 if [ ! -x "$S3S_FS_CACHE/bin/s3s-fs" ]; then
-    step "cargo install s3s-fs $S3S_FS_VERSION into $S3S_FS_CACHE (the S3 backend's tests run a real S3 server; ~4 min, once)"
-    # Installed beside the cache and moved into place, so an interrupted
-    # build never leaves a cache that looks complete.
-    rm -rf "$S3S_FS_CACHE.partial"
-    cargo install --quiet --locked --root "$S3S_FS_CACHE.partial" s3s-fs --version "=$S3S_FS_VERSION" --features binary
-    rm -rf "$S3S_FS_CACHE"
-    mv "$S3S_FS_CACHE.partial" "$S3S_FS_CACHE"
+    mkdir -p "$(dirname "$S3S_FS_CACHE")"
+    # Clones share the cache: one installs while the others wait, then
+    # find it in place.
+    (
+        flock 9
+        if [ ! -x "$S3S_FS_CACHE/bin/s3s-fs" ]; then
+            step "cargo install s3s-fs $S3S_FS_VERSION into $S3S_FS_CACHE (the S3 backend's tests run a real S3 server; ~4 min, once)"
+            # Installed beside the cache and moved into place, so an
+            # interrupted build never leaves a cache that looks complete.
+            rm -rf "$S3S_FS_CACHE.partial"
+            cargo install --quiet --locked --root "$S3S_FS_CACHE.partial" s3s-fs --version "=$S3S_FS_VERSION" --features binary
+            rm -rf "$S3S_FS_CACHE"
+            mv -T "$S3S_FS_CACHE.partial" "$S3S_FS_CACHE"
+        fi
+    ) 9>"$S3S_FS_CACHE.lock"
 fi
 mkdir -p target/tools/bin
 ln -sfn "$S3S_FS_CACHE/bin/s3s-fs" target/tools/bin/s3s-fs
