@@ -52,6 +52,22 @@ fn a_chunk_found_in_place_is_synced_before_the_next_manifest() {
     );
 }
 
+#[test]
+fn a_directory_the_store_creates_is_synced_into_its_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let uri = fs_uri(dir.path());
+    let (out, stderr) = Probe::new(PROBE, &uri).run(&["put-manifest:m=x"]);
+    assert_eq!(out, ["open ok", "put-manifest m=x -> 0"], "{stderr}");
+    assert!(
+        stderr.contains("created directory \"chunks\" and synced its parent"),
+        "a new chunk store is durable before a manifest can name its chunks: {stderr}"
+    );
+    // Opened again, nothing is created and nothing more is synced.
+    let (out, stderr) = Probe::new(PROBE, &uri).run(&["get-manifest:m"]);
+    assert_eq!(out.len(), 2, "{stderr}");
+    assert!(!stderr.contains("created directory"), "{stderr}");
+}
+
 /// Handles on namespaces of one `builtin:fs` backend rooted at `dir/data`.
 fn fs_backend(dir: &Path) -> Arc<kvwasm_host::Backend> {
     let text = "[backends.fs]\ncomponent = \"builtin:fs\"\ndir = \"data\"\n";

@@ -22,8 +22,10 @@
 //! been written by another instance or process that has not synced it yet,
 //! so a crash can never leave a visible manifest that names a chunk that did
 //! not reach the disk. Warm saves stay cheap: each instance syncs a given
-//! chunk once. Puts write through (the chunk is visible when `put-chunk`
-//! returns), like llama.cpp's local store.
+//! chunk once. A directory the store creates (a namespace component,
+//! `chunks`) is synced into its parent when it is made. Puts write through
+//! (the chunk is visible when `put-chunk` returns), like llama.cpp's local
+//! store.
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
@@ -275,7 +277,14 @@ impl Dir {
     fn subdir(&self, name: &str) -> Result<Dir> {
         if self.writable {
             match self.fd.create_directory_at(name) {
-                Ok(()) | Err(ErrorCode::Exist) => {}
+                // A new entry is made durable at once: a manifest's sync
+                // covers its own directory and the chunks', not the ones
+                // above them.
+                Ok(()) => {
+                    self.fd.sync().fs_context("sync directory")?;
+                    eprintln!("created directory {name:?} and synced its parent");
+                }
+                Err(ErrorCode::Exist) => {}
                 Err(e) => return Err(e).fs_context("create directory"),
             }
         }
