@@ -322,7 +322,7 @@ impl StoreHandle {
         );
         let _entered = span.enter();
         let deadline = Deadline::after_ms(self.limits().call_timeout_ms);
-        let backoff = self.pool.lock().backoff.check(&self.backend.name);
+        let backoff = self.pool.check_backoff(&self.backend.name);
         let result = backoff.and_then(|()| {
             let _slot = self.backend.enter_call(deadline)?;
             call(deadline)

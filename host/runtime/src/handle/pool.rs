@@ -12,6 +12,8 @@
 //! [`super::reaper`]); the next call that finds no idle instance starts one
 //! as any growing pool does.
 
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -45,6 +47,9 @@ pub(super) struct Pool {
     label: String,
     /// When idle instances may be released (`None`: never).
     release: Option<Release>,
+    /// Mirrors `PoolState::backoff.active()`, so the back-off check on
+    /// every call's path reads an atomic instead of taking the lock.
+    backing_off: AtomicBool,
 }
 
 /// How a pool releases idle instances.
@@ -74,7 +79,7 @@ pub(super) struct PoolState {
     waiters: usize,
     manifest_in_progress: bool,
     pub(super) durability: Durability,
-    pub(super) backoff: Backoff,
+    backoff: Backoff,
     /// Instances released and not yet replaced by a start.
     released: usize,
 }
@@ -114,6 +119,25 @@ impl Pool {
             max_instances,
             label,
             release,
+            backing_off: AtomicBool::new(false),
+        }
+    }
+
+    /// `Err` while calls back off after repeated lost instances.
+    pub(super) fn check_backoff(&self, backend: &str) -> Result<(), KvError> {
+        // Relaxed: a call that reads a stale `false` goes ahead as it would
+        // have a moment earlier; the lock decides whenever it reads `true`.
+        if !self.backing_off.load(Relaxed) {
+            return Ok(());
+        }
+        self.lock().backoff.check(backend)
+    }
+
+    /// Update the mirror of the back-off state (under the lock).
+    fn note_backoff(&self, state: &PoolState) {
+        let active = state.backoff.active();
+        if self.backing_off.load(Relaxed) != active {
+            self.backing_off.store(active, Relaxed);
         }
     }
 
@@ -307,6 +331,7 @@ impl Pool {
         let since = ticks();
         let mut state = self.lock();
         state.backoff.succeeded();
+        self.note_backoff(&state);
         if succeeded {
             match kind {
                 CallKind::Put => state.durability.put_accepted(instance.id),
@@ -324,6 +349,7 @@ impl Pool {
         let mut state = self.lock();
         state.live -= 1;
         state.backoff.lost(&self.label);
+        self.note_backoff(&state);
         state.durability.instance_lost(id);
         self.wake(&state);
     }
