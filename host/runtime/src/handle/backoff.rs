@@ -11,6 +11,25 @@ const BACKOFF_AFTER: u32 = 3;
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// A back-off that [`Backoff::lost`] started.
+pub(super) struct Started {
+    wait: Duration,
+    streak: u32,
+}
+
+impl Started {
+    pub(super) fn log(&self, label: &str) {
+        crate::log_limit::warn(
+            ("backoff", label),
+            format_args!(
+                "{label}: backing off for {} ms after {} lost instances in a row",
+                self.wait.as_millis(),
+                self.streak
+            ),
+        );
+    }
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Backoff {
     /// Calls in a row whose instance was lost (trap or deadline).
@@ -27,24 +46,22 @@ impl Backoff {
         self.retry_at = None;
     }
 
-    /// A call lost its instance.
-    pub(super) fn lost(&mut self, label: &str) {
+    /// A call lost its instance. Returns the back-off this starts, if any,
+    /// for [`Backoff::log`] (called once the pool's lock is released).
+    pub(super) fn lost(&mut self) -> Option<Started> {
         self.streak += 1;
-        if self.streak >= BACKOFF_AFTER {
-            let doublings = (self.streak - BACKOFF_AFTER).min(16);
-            let wait = FIRST_BACKOFF
-                .saturating_mul(1 << doublings)
-                .min(MAX_BACKOFF);
-            self.retry_at = Some(Instant::now() + wait);
-            crate::log_limit::warn(
-                ("backoff", label),
-                format_args!(
-                    "{label}: backing off for {} ms after {} lost instances in a row",
-                    wait.as_millis(),
-                    self.streak
-                ),
-            );
+        if self.streak < BACKOFF_AFTER {
+            return None;
         }
+        let doublings = (self.streak - BACKOFF_AFTER).min(16);
+        let wait = FIRST_BACKOFF
+            .saturating_mul(1 << doublings)
+            .min(MAX_BACKOFF);
+        self.retry_at = Some(Instant::now() + wait);
+        Some(Started {
+            wait,
+            streak: self.streak,
+        })
     }
 
     /// Whether a back-off was set since the last success (it may have

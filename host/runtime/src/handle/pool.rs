@@ -339,6 +339,17 @@ impl Pool {
                 CallKind::Other => {}
             }
         }
+        self.park(state, instance, since);
+    }
+
+    /// Give back an instance no call ran on. It says nothing of the guest's
+    /// health, so it leaves the back-off as it is.
+    fn give_back_unused(&self, instance: Box<Instance>) {
+        let since = ticks();
+        self.park(self.lock(), instance, since);
+    }
+
+    fn park(&self, mut state: MutexGuard<'_, PoolState>, instance: Box<Instance>, since: u64) {
         state.idle.push(Idle { instance, since });
         self.wake(&state);
     }
@@ -348,10 +359,14 @@ impl Pool {
     fn retire(&self, id: u64) {
         let mut state = self.lock();
         state.live -= 1;
-        state.backoff.lost(&self.label);
+        let backoff = state.backoff.lost();
         self.note_backoff(&state);
         state.durability.instance_lost(id);
         self.wake(&state);
+        drop(state);
+        if let Some(backoff) = backoff {
+            backoff.log(&self.label);
+        }
     }
 }
 
@@ -434,7 +449,7 @@ impl Drop for CheckedOut<'_> {
                 self.pool.retire(id);
             } else {
                 // Never used (e.g. put_manifest's flush of others failed).
-                self.pool.checkin(instance, CallKind::Other, false);
+                self.pool.give_back_unused(instance);
             }
         }
     }
