@@ -260,7 +260,7 @@ impl FsStore {
         let parent = path.rfind('/').map_or("", |slash| &path[..=slash]);
         // `<parent>.kvwasm-tmp-<seed>-<seq>`, both in hex, without `format!`:
         // its machinery took a put about 0.3 µs.
-        let mut tmp = String::with_capacity(parent.len() + TMP_PREFIX.len() + 33);
+        let mut tmp = String::with_capacity(parent.len() + TMP_PREFIX.len() + 16 + 1 + 16);
         tmp.push_str(parent);
         tmp.push_str(TMP_PREFIX);
         validate::push_hex(&mut tmp, &self.tmp_seed.to_be_bytes());

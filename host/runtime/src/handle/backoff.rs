@@ -64,12 +64,6 @@ impl Backoff {
         })
     }
 
-    /// Whether a back-off was set since the last success (it may have
-    /// expired; [`Backoff::check`] says).
-    pub(super) fn active(&self) -> bool {
-        self.retry_at.is_some()
-    }
-
     /// `Err` while calls are refused.
     pub(super) fn check(&self, backend: &str) -> Result<(), KvError> {
         match self.retry_at {

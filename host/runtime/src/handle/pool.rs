@@ -12,8 +12,6 @@
 //! [`super::reaper`]); the next call that finds no idle instance starts one
 //! as any growing pool does.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -47,9 +45,6 @@ pub(super) struct Pool {
     label: String,
     /// When idle instances may be released (`None`: never).
     release: Option<Release>,
-    /// Mirrors `PoolState::backoff.active()`, so the back-off check on
-    /// every call's path reads an atomic instead of taking the lock.
-    backing_off: AtomicBool,
 }
 
 /// How a pool releases idle instances.
@@ -119,26 +114,12 @@ impl Pool {
             max_instances,
             label,
             release,
-            backing_off: AtomicBool::new(false),
         }
     }
 
     /// `Err` while calls back off after repeated lost instances.
     pub(super) fn check_backoff(&self, backend: &str) -> Result<(), KvError> {
-        // Relaxed: a call that reads a stale `false` goes ahead as it would
-        // have a moment earlier; the lock decides whenever it reads `true`.
-        if !self.backing_off.load(Relaxed) {
-            return Ok(());
-        }
         self.lock().backoff.check(backend)
-    }
-
-    /// Update the mirror of the back-off state (under the lock).
-    fn note_backoff(&self, state: &PoolState) {
-        let active = state.backoff.active();
-        if self.backing_off.load(Relaxed) != active {
-            self.backing_off.store(active, Relaxed);
-        }
     }
 
     /// How long an instance may stay idle before it may be released.
@@ -331,7 +312,6 @@ impl Pool {
         let since = ticks();
         let mut state = self.lock();
         state.backoff.succeeded();
-        self.note_backoff(&state);
         if succeeded {
             match kind {
                 CallKind::Put => state.durability.put_accepted(instance.id),
@@ -360,7 +340,6 @@ impl Pool {
         let mut state = self.lock();
         state.live -= 1;
         let backoff = state.backoff.lost();
-        self.note_backoff(&state);
         state.durability.instance_lost(id);
         self.wake(&state);
         drop(state);
