@@ -1,7 +1,8 @@
 //! Fabric guests in the host's sandbox (`kvwasm_host::fabric`): the
 //! synthetic fabric round-trips frames of every size in every tier, and a
 //! hostile fabric that corrupts, swaps, loops, sleeps, panics or hogs memory
-//! is caught each time, after which the same fabric serves the next frame.
+//! is caught each time, after which the same fabric serves the next frame;
+//! one that traps call after call backs off.
 
 use std::sync::Arc;
 
@@ -171,6 +172,37 @@ fn hostile_fabric_that_loops_sleeps_panics_or_hogs_costs_one_call() {
         counters.timeouts >= 2 && counters.traps >= 2,
         "{counters:?}"
     );
+}
+
+/// A fabric that traps on every call backs off as a kv-store backend does,
+/// rather than costing a fresh instance per call, and the refusal says what
+/// kept failing.
+#[test]
+fn a_fabric_that_keeps_trapping_backs_off_then_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = hostile(dir.path(), "");
+    let panic = frame(Tier::ThinkActive, b"!panic");
+    for _ in 0..3 {
+        let err = f.push(&panic).expect_err("panics");
+        assert!(matches!(err, KvError::Trapped(_)), "{err}");
+    }
+    let at = std::time::Instant::now();
+    match f.push(&frame(Tier::ThinkComplete, b"refused")) {
+        Err(KvError::Unavailable(why)) => {
+            assert!(
+                why.contains("fabric \"fabrics.f\" lost 3 instances in a row"),
+                "{why}"
+            );
+            assert!(why.contains("panic"), "{why}");
+        }
+        other => panic!("expected a back-off refusal, got {:?}", other.map(drop)),
+    }
+    assert!(at.elapsed() < std::time::Duration::from_millis(40));
+    std::thread::sleep(std::time::Duration::from_millis(80));
+    round_trip(&f, Tier::ThinkComplete, b"after").unwrap();
+    // A success resets the count: one more trap is just a trap.
+    assert!(matches!(f.push(&panic), Err(KvError::Trapped(_))));
+    round_trip(&f, Tier::ThinkComplete, b"again").unwrap();
 }
 
 #[test]

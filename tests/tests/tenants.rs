@@ -1,7 +1,8 @@
 //! Tenants of one backend are isolated: one tenant's traps, deadlines and
 //! memory blow-ups cost its own calls only; other tenants keep working with
-//! their data intact. Repeated traps back off instead of spinning, and a
-//! backend's cap on concurrent calls queues callers.
+//! their data intact. Repeated traps (in calls or while an instance starts)
+//! back off instead of spinning, and a backend's cap on concurrent calls
+//! queues callers.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -116,6 +117,44 @@ fn repeated_traps_back_off_then_recover() {
         Err(KvError::Trapped(_))
     ));
     assert_eq!(text(&store, "ping").unwrap(), "pong");
+}
+
+/// A guest that traps while it starts loses an instance per call as surely
+/// as one that traps in a call: it backs off the same way, and the refusal
+/// says what kept failing.
+#[test]
+fn a_guest_that_traps_while_starting_backs_off_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_shared(hostile(dir.path(), ""), "t").unwrap();
+    store.put_manifest("trap-on-open", b"on").unwrap();
+    assert!(matches!(
+        store.get_manifest("panic"),
+        Err(KvError::Trapped(_))
+    ));
+    // Each call now starts an instance that traps in `open`.
+    for _ in 0..2 {
+        match store.get_manifest("ping") {
+            Err(KvError::Trapped(why)) => assert!(why.contains("traps while opening"), "{why}"),
+            other => panic!("expected the constructor's trap, got {other:?}"),
+        }
+        assert_eq!(store.live_instances(), 0);
+    }
+    let at = Instant::now();
+    match store.get_manifest("ping") {
+        Err(KvError::Unavailable(why)) => {
+            assert!(why.contains("3 instances in a row"), "{why}");
+            assert!(why.contains("traps while opening"), "{why}");
+        }
+        other => panic!("expected a back-off refusal, got {other:?}"),
+    }
+    assert!(at.elapsed() < Duration::from_millis(40));
+    std::fs::remove_file(dir.path().join("data/trap-on-open")).unwrap();
+    std::thread::sleep(Duration::from_millis(80));
+    assert_eq!(
+        text(&store, "ping").unwrap(),
+        "pong",
+        "a fresh instance starts once the back-off is over"
+    );
 }
 
 #[test]

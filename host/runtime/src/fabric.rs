@@ -24,6 +24,7 @@ use crate::bindings::fabric::Fabric as FabricBindings;
 use crate::deadline::Deadline;
 use crate::error::KvError;
 use crate::payload::{self, MallocBuffer};
+use crate::sandbox::Outcome;
 use crate::single::{GuestKind, Instance, OneInstance};
 
 /// Most frames a fabric may hold unreleased at once, per [`Fabric`].
@@ -280,8 +281,11 @@ impl GuestKind for FabricExports {
     const KIND: &'static str = "fabric";
     type Tied = Handles;
 
-    fn start(policy: &Backend, deadline: Deadline) -> Result<Instance<Self>, KvError> {
-        let pre = policy.component.fabric_pre()?;
+    fn start(policy: &Backend, deadline: Deadline) -> Outcome<Instance<Self>> {
+        let pre = match policy.component.fabric_pre() {
+            Ok(pre) => pre,
+            Err(err) => return Outcome::Returned(Err(err)),
+        };
         Instance::start(policy, deadline, async |s| {
             pre.instantiate_async(s).await.map(FabricExports)
         })

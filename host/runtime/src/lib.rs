@@ -25,6 +25,7 @@
 
 pub mod artifact_cache;
 pub mod backend;
+mod backoff;
 mod bindings;
 mod block_hash;
 pub mod capabilities;

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use wasmtime::Store;
 
 use crate::backend::Backend;
+use crate::backoff::Backoff;
 use crate::deadline::Deadline;
 use crate::error::KvError;
 use crate::sandbox::{self, Outcome};
@@ -28,8 +29,13 @@ pub(crate) trait GuestKind: Sized + Send + Sync {
     /// handles a fabric gave out).
     type Tied: Send;
 
-    /// Start an instance of `policy`'s component.
-    fn start(policy: &Backend, deadline: Deadline) -> Result<Instance<Self>, KvError>;
+    /// Whether calls back off after repeated lost instances, as a
+    /// kv-store handle's do ([`Backoff`]).
+    const BACKS_OFF: bool = true;
+
+    /// Start an instance of `policy`'s component ([`Outcome::Lost`] when
+    /// the guest trapped or overran the deadline while starting).
+    fn start(policy: &Backend, deadline: Deadline) -> Outcome<Instance<Self>>;
 
     /// Forget what belonged to an instance that was just discarded.
     fn discarded(_tied: &mut Self::Tied) {}
@@ -49,19 +55,19 @@ impl<G: Send + Sync> Instance<G> {
         policy: &Backend,
         deadline: Deadline,
         load: impl AsyncFnOnce(&mut Store<HostState>) -> wasmtime::Result<G> + Send,
-    ) -> Result<Instance<G>, KvError> {
-        let (mut store, fuel) = sandbox::new_store(policy, "")?;
+    ) -> Outcome<Instance<G>> {
+        let (mut store, fuel) = match sandbox::new_store(policy, "") {
+            Ok(new) => new,
+            Err(err) => return Outcome::Returned(Err(err)),
+        };
         let started = sandbox::run(&mut store, deadline, fuel, async |s| {
             load(s).await.map(Ok::<_, KvError>)
         });
-        match started {
-            Outcome::Returned(exports) => Ok(Instance {
-                store,
-                exports: exports?,
-                fuel,
-            }),
-            Outcome::Lost(err) => Err(err),
-        }
+        started.map(|exports| Instance {
+            store,
+            exports,
+            fuel,
+        })
     }
 }
 
@@ -77,6 +83,7 @@ pub(crate) struct Slot<G: GuestKind> {
     instance: Option<Instance<G>>,
     /// Bumped whenever an instance is discarded.
     generation: u64,
+    backoff: Backoff,
     tied: G::Tied,
 }
 
@@ -97,6 +104,7 @@ impl<G: GuestKind> OneInstance<G> {
             slot: Mutex::new(Slot {
                 instance: None,
                 generation: 0,
+                backoff: Backoff::default(),
                 tied,
             }),
         };
@@ -131,6 +139,9 @@ impl<G: GuestKind> OneInstance<G> {
         let deadline = self.deadline();
         let result = self.policy.enter_call(deadline).and_then(|_slot| {
             let mut slot = self.lock();
+            if G::BACKS_OFF {
+                slot.backoff.check(G::KIND, &self.policy.name)?;
+            }
             call(&mut self.turn(&mut slot, deadline))
         });
         if let Err(e) = &result
@@ -208,7 +219,10 @@ impl<G: GuestKind> Turn<'_, G> {
             call(s, exports).await
         });
         match outcome {
-            Outcome::Returned(result) => result,
+            Outcome::Returned(result) => {
+                self.slot.backoff.succeeded();
+                result
+            }
             Outcome::Lost(err) => {
                 tracing::warn!(
                     "{} {:?}: guest instance discarded after: {err}; a fresh one serves the \
@@ -219,16 +233,39 @@ impl<G: GuestKind> Turn<'_, G> {
                 self.slot.instance = None;
                 self.slot.generation += 1;
                 G::discarded(&mut self.slot.tied);
+                self.lost(&err);
                 Err(err)
             }
         }
     }
 
-    /// The live instance, started if there is none.
+    /// The live instance, started if there is none. A start lost to a trap
+    /// or the deadline counts for the back-off as a lost call does.
     fn instance(&mut self) -> Result<&mut Instance<G>, KvError> {
         if self.slot.instance.is_none() {
-            self.slot.instance = Some(G::start(self.policy, self.deadline)?);
+            let started = match G::start(self.policy, self.deadline) {
+                Outcome::Returned(started) => started?,
+                Outcome::Lost(err) => {
+                    tracing::warn!(
+                        "{} {:?}: instance lost while starting: {err}",
+                        G::KIND,
+                        self.policy.name
+                    );
+                    self.lost(&err);
+                    return Err(err);
+                }
+            };
+            self.slot.instance = Some(started);
         }
         Ok(self.slot.instance.as_mut().expect("just started"))
+    }
+
+    /// Count a lost instance for the back-off.
+    fn lost(&mut self, why: &KvError) {
+        if G::BACKS_OFF
+            && let Some(backoff) = self.slot.backoff.lost(why)
+        {
+            backoff.log(&format!("{} {:?}", G::KIND, self.policy.name));
+        }
     }
 }

@@ -27,6 +27,7 @@ use crate::bindings::advisor::exports::kvwasm::events::advisor;
 use crate::bindings::events::exports::kvwasm::events::{http_api, subscriber};
 use crate::deadline::Deadline;
 use crate::error::KvError;
+use crate::sandbox::Outcome;
 use crate::single::{GuestKind, Instance, OneInstance};
 use crate::state::HostState;
 
@@ -191,10 +192,18 @@ struct SubscriberExports {
 
 impl GuestKind for SubscriberExports {
     const KIND: &'static str = "subscriber";
+    /// No back-off: `kvwasm serve` rebuilds a lost subscriber from its event
+    /// log and skips an entry that keeps killing instances, so its losses
+    /// are bounded already; a refused replay would instead leave the next
+    /// instance without the log's state.
+    const BACKS_OFF: bool = false;
     type Tied = ();
 
-    fn start(policy: &Backend, deadline: Deadline) -> Result<Instance<Self>, KvError> {
-        let exports = policy.component.subscriber_exports()?;
+    fn start(policy: &Backend, deadline: Deadline) -> Outcome<Instance<Self>> {
+        let exports = match policy.component.subscriber_exports() {
+            Ok(exports) => exports,
+            Err(err) => return Outcome::Returned(Err(err)),
+        };
         Instance::start(policy, deadline, async |s| {
             if exports.advisor.is_some() {
                 s.set_hostcall_fuel(crate::tiering::advisor::MAX_LIFT_BYTES);

@@ -21,7 +21,6 @@
 //! the [`reaper`], except those holding unflushed puts and those of
 //! backends whose data lives in their instance; the next call starts one.
 
-mod backoff;
 mod durability;
 mod pool;
 mod reaper;
@@ -93,7 +92,8 @@ impl StoreHandle {
     /// On a backend with shared state it may be released once idle.
     pub fn open(backend: Arc<Backend>, namespace: &str) -> Result<StoreHandle, KvError> {
         let call_timeout_ms = backend.limits_for(namespace).call_timeout_ms;
-        let first = Instance::open(&backend, namespace, Deadline::after_ms(call_timeout_ms))?;
+        let first = Instance::open(&backend, namespace, Deadline::after_ms(call_timeout_ms))
+            .into_result()?;
         let shared_state = backend.component.info.get().is_some_and(|i| i.shared_state);
         let max_instances = if shared_state {
             backend.max_instances.max(1)

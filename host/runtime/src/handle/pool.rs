@@ -15,8 +15,8 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::backoff::Backoff;
 use super::durability::Durability;
+use crate::backoff::Backoff;
 use crate::deadline::Deadline;
 use crate::engine::{ticks, ticks_in};
 use crate::error::KvError;
@@ -119,7 +119,7 @@ impl Pool {
 
     /// `Err` while calls back off after repeated lost instances.
     pub(super) fn check_backoff(&self, backend: &str) -> Result<(), KvError> {
-        self.lock().backoff.check(backend)
+        self.lock().backoff.check("backend", backend)
     }
 
     /// How long an instance may stay idle before it may be released.
@@ -215,11 +215,14 @@ impl Pool {
     }
 
     /// An idle instance, else a new one from `start` while the pool may
-    /// grow, else wait for one until `deadline`.
+    /// grow, else wait for one until `deadline`. A start whose guest traps
+    /// or overruns the deadline counts as a lost instance for the back-off,
+    /// as a call's would: otherwise a guest that traps in its constructor
+    /// would cost an instantiation on every call.
     pub(super) fn checkout(
         &self,
         deadline: Deadline,
-        start: impl FnOnce() -> Result<Instance, KvError>,
+        start: impl FnOnce() -> Outcome<Instance>,
     ) -> Result<CheckedOut<'_>, KvError> {
         // `(None, restart)`: the pool may grow, and the caller starts an
         // instance (`restart`: in place of a released one).
@@ -238,11 +241,20 @@ impl Pool {
         let instance = match idle {
             Some(instance) => instance,
             None => {
-                let started = start().inspect_err(|_| {
+                let (started, lost) = match start() {
+                    Outcome::Returned(result) => (result, false),
+                    Outcome::Lost(err) => (Err(err), true),
+                };
+                let started = started.inspect_err(|err| {
                     let mut state = self.lock();
                     state.live -= 1;
                     state.released += usize::from(restart);
+                    let backoff = lost.then(|| state.backoff.lost(err)).flatten();
                     self.wake(&state);
+                    drop(state);
+                    if let Some(backoff) = backoff {
+                        backoff.log(&self.label);
+                    }
                 })?;
                 if let (true, Some(release)) = (restart, &self.release) {
                     release.metrics.restarted();
@@ -334,12 +346,12 @@ impl Pool {
         self.wake(&state);
     }
 
-    /// Forget an instance that is gone (lost, or dropped by a panic), and
-    /// back off if that keeps happening.
-    fn retire(&self, id: u64) {
+    /// Forget an instance that is gone (lost to `why`, or dropped by a
+    /// panic), and back off if that keeps happening.
+    fn retire(&self, id: u64, why: &KvError) {
         let mut state = self.lock();
         state.live -= 1;
-        let backoff = state.backoff.lost();
+        let backoff = state.backoff.lost(why);
         state.durability.instance_lost(id);
         self.wake(&state);
         drop(state);
@@ -411,7 +423,7 @@ impl CheckedOut<'_> {
                 );
                 let id = instance.id;
                 drop(instance);
-                self.pool.retire(id);
+                self.pool.retire(id, &err);
                 Err(err)
             }
         }
@@ -425,7 +437,10 @@ impl Drop for CheckedOut<'_> {
                 // A panic unwound through `run`: the instance may be mid-call.
                 let id = instance.id;
                 drop(instance);
-                self.pool.retire(id);
+                self.pool.retire(
+                    id,
+                    &KvError::Host("the host panicked during the call".into()),
+                );
             } else {
                 // Never used (e.g. put_manifest's flush of others failed).
                 self.pool.give_back_unused(instance);

@@ -33,6 +33,8 @@
 //! | `symlink:<target>`     | creates `/data/link` pointing at `target`          |
 //! | anything else          | reads `/data/<name>` without validating the name   |
 //!
+//! While `/data/trap-on-open` exists, `open` panics (a constructor trap).
+//!
 //! `put_manifest(name, data)` writes `/data/<name>`, so state outlives a
 //! trapped instance; but for `writeall:<ip:port>,<ms>,<mode>,<times>`,
 //! which connects over raw `wasi:sockets` and sends `data` `times` times
@@ -54,6 +56,10 @@ use kvwasm_guest_support::{
 };
 
 struct Hostile;
+
+/// While this file exists, `open` traps: every new instance is lost while
+/// it starts.
+const TRAP_ON_OPEN: &str = "/data/trap-on-open";
 
 impl Guest for Hostile {
     type Store = HostileStore;
@@ -189,6 +195,9 @@ fn recurse(depth: u64) -> u64 {
 
 impl GuestStore for HostileStore {
     fn open(_namespace: String) -> Result<Store> {
+        if std::fs::exists(TRAP_ON_OPEN).unwrap_or(false) {
+            panic!("hostile guest traps while opening, as {TRAP_ON_OPEN} asks");
+        }
         Ok(Store::new(HostileStore::default()))
     }
 

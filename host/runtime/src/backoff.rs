@@ -1,5 +1,7 @@
 //! Back-off after repeated lost instances: a guest that traps on every
-//! call would otherwise cost a fresh instantiation per call.
+//! call, or while it starts, would otherwise cost a fresh instantiation per
+//! call. Used by a kv-store handle's pool and by fabrics
+//! ([`crate::single`]).
 
 use std::time::{Duration, Instant};
 
@@ -12,13 +14,13 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// A back-off that [`Backoff::lost`] started.
-pub(super) struct Started {
+pub(crate) struct Started {
     wait: Duration,
     streak: u32,
 }
 
 impl Started {
-    pub(super) fn log(&self, label: &str) {
+    pub(crate) fn log(&self, label: &str) {
         crate::log_limit::warn(
             ("backoff", label),
             format_args!(
@@ -31,25 +33,30 @@ impl Started {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Backoff {
+pub(crate) struct Backoff {
     /// Calls in a row whose instance was lost (trap or deadline).
     streak: u32,
     /// While in the future, calls are refused instead of starting yet
     /// another instance that will trap.
     retry_at: Option<Instant>,
+    /// Why the last instance was lost, for the refusals: the caller of a
+    /// refused call learns what keeps failing, not only that something does.
+    last_loss: String,
 }
 
 impl Backoff {
     /// A call returned normally.
-    pub(super) fn succeeded(&mut self) {
+    pub(crate) fn succeeded(&mut self) {
         self.streak = 0;
         self.retry_at = None;
     }
 
-    /// A call lost its instance. Returns the back-off this starts, if any,
-    /// for [`Backoff::log`] (called once the pool's lock is released).
-    pub(super) fn lost(&mut self) -> Option<Started> {
+    /// An instance was lost (in a call, or while starting) to `why`.
+    /// Returns the back-off this starts, if any, for [`Started::log`]
+    /// (called once the pool's lock is released).
+    pub(crate) fn lost(&mut self, why: &KvError) -> Option<Started> {
         self.streak += 1;
+        self.last_loss = crate::log_limit::bounded(why.to_string());
         if self.streak < BACKOFF_AFTER {
             return None;
         }
@@ -64,13 +71,15 @@ impl Backoff {
         })
     }
 
-    /// `Err` while calls are refused.
-    pub(super) fn check(&self, backend: &str) -> Result<(), KvError> {
+    /// `Err` while calls are refused, naming the guest as `kind name`
+    /// (`backend "disk"`, `fabric "mrdn"`).
+    pub(crate) fn check(&self, kind: &str, name: &str) -> Result<(), KvError> {
         match self.retry_at {
             Some(at) if at > Instant::now() => Err(KvError::Unavailable(format!(
-                "backend {backend:?} lost {} instances in a row (traps or deadlines); \
-                 calls are refused for another {} ms",
+                "{kind} {name:?} lost {} instances in a row (traps or deadlines; the \
+                 last: {}); calls are refused for another {} ms",
                 self.streak,
+                self.last_loss,
                 at.saturating_duration_since(Instant::now()).as_millis()
             ))),
             _ => Ok(()),
