@@ -1,7 +1,7 @@
 //! Back-off after repeated lost instances: a guest that traps on every
-//! call, or while it starts, would otherwise cost a fresh instantiation per
-//! call. Used by a kv-store handle's pool and by fabrics
-//! ([`crate::single`]).
+//! call, or fails every start, would otherwise cost a fresh instantiation
+//! per call. Used by a kv-store handle's pool and by the single-instance
+//! guests, fabrics and subscribers ([`crate::single`]).
 
 use std::time::{Duration, Instant};
 
@@ -34,7 +34,8 @@ impl Started {
 
 #[derive(Debug, Default)]
 pub(crate) struct Backoff {
-    /// Calls in a row whose instance was lost (trap or deadline).
+    /// Instances lost in a row: to a trap or the deadline in a call, or
+    /// failing to start.
     streak: u32,
     /// While in the future, calls are refused instead of starting yet
     /// another instance that will trap.
@@ -51,9 +52,9 @@ impl Backoff {
         self.retry_at = None;
     }
 
-    /// An instance was lost (in a call, or while starting) to `why`.
+    /// An instance was lost to `why` (in a call, or it failed to start).
     /// Returns the back-off this starts, if any, for [`Started::log`]
-    /// (called once the pool's lock is released).
+    /// (called once the lock around this is released).
     pub(crate) fn lost(&mut self, why: &KvError) -> Option<Started> {
         self.streak += 1;
         self.last_loss = crate::log_limit::bounded(why.to_string());
@@ -76,8 +77,8 @@ impl Backoff {
     pub(crate) fn check(&self, kind: &str, name: &str) -> Result<(), KvError> {
         match self.retry_at {
             Some(at) if at > Instant::now() => Err(KvError::Unavailable(format!(
-                "{kind} {name:?} lost {} instances in a row (traps or deadlines; the \
-                 last: {}); calls are refused for another {} ms",
+                "{kind} {name:?} lost {} instances in a row (traps, deadlines or failed \
+                 starts; the last: {}); calls are refused for another {} ms",
                 self.streak,
                 self.last_loss,
                 at.saturating_duration_since(Instant::now()).as_millis()

@@ -24,7 +24,6 @@ use crate::bindings::fabric::Fabric as FabricBindings;
 use crate::deadline::Deadline;
 use crate::error::KvError;
 use crate::payload::{self, MallocBuffer};
-use crate::sandbox::Outcome;
 use crate::single::{GuestKind, Instance, OneInstance};
 
 /// Most frames a fabric may hold unreleased at once, per [`Fabric`].
@@ -281,11 +280,8 @@ impl GuestKind for FabricExports {
     const KIND: &'static str = "fabric";
     type Tied = Handles;
 
-    fn start(policy: &Backend, deadline: Deadline) -> Outcome<Instance<Self>> {
-        let pre = match policy.component.fabric_pre() {
-            Ok(pre) => pre,
-            Err(err) => return Outcome::Returned(Err(err)),
-        };
+    fn start(policy: &Backend, deadline: Deadline) -> Result<Instance<Self>, KvError> {
+        let pre = policy.component.fabric_pre()?;
         Instance::start(policy, deadline, async |s| {
             pre.instantiate_async(s).await.map(FabricExports)
         })

@@ -16,6 +16,7 @@ use crate::backend::Backend;
 use crate::bindings::exports::kvwasm::kv_store::store::{Error as GuestError, GuestStore};
 use crate::bindings::{BackendExports, PutOutcome};
 use crate::deadline::{self, Deadline};
+use crate::error::KvError;
 use crate::payload::{self, MallocBuffer};
 pub(crate) use crate::sandbox::Outcome;
 use crate::sandbox::{self, arm};
@@ -37,23 +38,15 @@ type CallResult<T> = wasmtime::Result<Result<T, GuestError>>;
 impl Instance {
     /// Instantiate `backend`'s component and open `namespace` in it, all
     /// within `deadline`. The first instance of a component also asks the
-    /// guest for its [`BackendInfo`](crate::BackendInfo). [`Outcome::Lost`]
-    /// when the guest trapped or overran the deadline while starting;
-    /// `Returned(Err)` when the host could not start it or `open` refused.
+    /// guest for its [`BackendInfo`](crate::BackendInfo).
     pub(crate) fn open(
         backend: &Backend,
         namespace: &str,
         deadline: Deadline,
-    ) -> Outcome<Instance> {
+    ) -> Result<Instance, KvError> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-        let prepared = backend
-            .component
-            .store_pre()
-            .and_then(|pre| Ok((pre, sandbox::new_store(backend, namespace)?)));
-        let (pre, (mut store, fuel)) = match prepared {
-            Ok(prepared) => prepared,
-            Err(err) => return Outcome::Returned(Err(err)),
-        };
+        let pre = backend.component.store_pre()?;
+        let (mut store, fuel) = sandbox::new_store(backend, namespace)?;
         let started = sandbox::run(&mut store, deadline, fuel, async |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             let guest = bindings.kvwasm_kv_store_store();
@@ -67,7 +60,11 @@ impl Instance {
                 .await?
                 .map(|handle| (bindings, handle)))
         });
-        started.map(|(bindings, handle)| Instance {
+        let (bindings, handle) = match started {
+            Outcome::Returned(result) => result?,
+            Outcome::Lost(err) => return Err(err),
+        };
+        Ok(Instance {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             store,
             bindings,

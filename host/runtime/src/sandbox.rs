@@ -28,24 +28,6 @@ pub(crate) enum Outcome<T> {
     Lost(KvError),
 }
 
-impl<T> Outcome<T> {
-    /// The same outcome with `f` applied to a returned value.
-    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
-        match self {
-            Outcome::Returned(result) => Outcome::Returned(result.map(f)),
-            Outcome::Lost(err) => Outcome::Lost(err),
-        }
-    }
-
-    /// The value, or the error whether the instance survived it or not.
-    pub(crate) fn into_result(self) -> Result<T, KvError> {
-        match self {
-            Outcome::Returned(result) => result,
-            Outcome::Lost(err) => Err(err),
-        }
-    }
-}
-
 /// A store for one new instance of `backend`'s component, under the limits
 /// of `namespace`'s tenant, with the fuel budget each call gets (on a
 /// metered engine).

@@ -7,7 +7,8 @@
 //! instance that traps or overruns its deadline is discarded. The next call
 //! starts a fresh one and [`OneInstance::generation`] changes, so a caller
 //! that keeps state about the guest (a replay log, handles) knows to rebuild
-//! or forget it.
+//! or forget it. Instances lost (or failing to start) call after call back
+//! off as a kv-store handle's do ([`Backoff`]).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -29,13 +30,8 @@ pub(crate) trait GuestKind: Sized + Send + Sync {
     /// handles a fabric gave out).
     type Tied: Send;
 
-    /// Whether calls back off after repeated lost instances, as a
-    /// kv-store handle's do ([`Backoff`]).
-    const BACKS_OFF: bool = true;
-
-    /// Start an instance of `policy`'s component ([`Outcome::Lost`] when
-    /// the guest trapped or overran the deadline while starting).
-    fn start(policy: &Backend, deadline: Deadline) -> Outcome<Instance<Self>>;
+    /// Start an instance of `policy`'s component.
+    fn start(policy: &Backend, deadline: Deadline) -> Result<Instance<Self>, KvError>;
 
     /// Forget what belonged to an instance that was just discarded.
     fn discarded(_tied: &mut Self::Tied) {}
@@ -55,19 +51,19 @@ impl<G: Send + Sync> Instance<G> {
         policy: &Backend,
         deadline: Deadline,
         load: impl AsyncFnOnce(&mut Store<HostState>) -> wasmtime::Result<G> + Send,
-    ) -> Outcome<Instance<G>> {
-        let (mut store, fuel) = match sandbox::new_store(policy, "") {
-            Ok(new) => new,
-            Err(err) => return Outcome::Returned(Err(err)),
-        };
+    ) -> Result<Instance<G>, KvError> {
+        let (mut store, fuel) = sandbox::new_store(policy, "")?;
         let started = sandbox::run(&mut store, deadline, fuel, async |s| {
             load(s).await.map(Ok::<_, KvError>)
         });
-        started.map(|exports| Instance {
-            store,
-            exports,
-            fuel,
-        })
+        match started {
+            Outcome::Returned(exports) => Ok(Instance {
+                store,
+                exports: exports?,
+                fuel,
+            }),
+            Outcome::Lost(err) => Err(err),
+        }
     }
 }
 
@@ -76,6 +72,9 @@ impl<G: Send + Sync> Instance<G> {
 pub(crate) struct OneInstance<G: GuestKind> {
     policy: Arc<Backend>,
     slot: Mutex<Slot<G>>,
+    /// Apart from the slot, whose lock is held across calls: a refusal
+    /// waits for neither the slot nor the call gate.
+    backoff: Mutex<Backoff>,
 }
 
 /// The live instance (if any) and what is tied to it.
@@ -83,7 +82,6 @@ pub(crate) struct Slot<G: GuestKind> {
     instance: Option<Instance<G>>,
     /// Bumped whenever an instance is discarded.
     generation: u64,
-    backoff: Backoff,
     tied: G::Tied,
 }
 
@@ -92,6 +90,7 @@ pub(crate) struct Slot<G: GuestKind> {
 pub(crate) struct Turn<'a, G: GuestKind> {
     slot: &'a mut Slot<G>,
     policy: &'a Backend,
+    backoff: &'a Mutex<Backoff>,
     deadline: Deadline,
 }
 
@@ -104,9 +103,9 @@ impl<G: GuestKind> OneInstance<G> {
             slot: Mutex::new(Slot {
                 instance: None,
                 generation: 0,
-                backoff: Backoff::default(),
                 tied,
             }),
+            backoff: Mutex::default(),
         };
         let deadline = guest.deadline();
         guest.turn(&mut guest.lock(), deadline).instance()?;
@@ -120,6 +119,12 @@ impl<G: GuestKind> OneInstance<G> {
     /// Changes each time the instance is discarded.
     pub(crate) fn generation(&self) -> u64 {
         self.lock().generation
+    }
+
+    /// Whether an instance is running now. None is after a loss, and while
+    /// starts fail or calls back off.
+    pub(crate) fn is_live(&self) -> bool {
+        self.lock().instance.is_some()
     }
 
     /// Read what is tied to the live instance.
@@ -137,11 +142,10 @@ impl<G: GuestKind> OneInstance<G> {
         call: impl FnOnce(&mut Turn<'_, G>) -> Result<T, KvError>,
     ) -> Result<T, KvError> {
         let deadline = self.deadline();
-        let result = self.policy.enter_call(deadline).and_then(|_slot| {
+        let backoff = lock(&self.backoff).check(G::KIND, &self.policy.name);
+        let result = backoff.and_then(|()| {
+            let _gate = self.policy.enter_call(deadline)?;
             let mut slot = self.lock();
-            if G::BACKS_OFF {
-                slot.backoff.check(G::KIND, &self.policy.name)?;
-            }
             call(&mut self.turn(&mut slot, deadline))
         });
         if let Err(e) = &result
@@ -166,6 +170,7 @@ impl<G: GuestKind> OneInstance<G> {
         Turn {
             slot: self.slot.get_mut().unwrap_or_else(|p| p.into_inner()),
             policy: &self.policy,
+            backoff: &self.backoff,
             deadline,
         }
     }
@@ -174,6 +179,7 @@ impl<G: GuestKind> OneInstance<G> {
         Turn {
             slot,
             policy: &self.policy,
+            backoff: &self.backoff,
             deadline,
         }
     }
@@ -183,7 +189,7 @@ impl<G: GuestKind> OneInstance<G> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Slot<G>> {
-        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.slot)
     }
 }
 
@@ -220,7 +226,7 @@ impl<G: GuestKind> Turn<'_, G> {
         });
         match outcome {
             Outcome::Returned(result) => {
-                self.slot.backoff.succeeded();
+                lock(self.backoff).succeeded();
                 result
             }
             Outcome::Lost(err) => {
@@ -239,33 +245,38 @@ impl<G: GuestKind> Turn<'_, G> {
         }
     }
 
-    /// The live instance, started if there is none. A start lost to a trap
-    /// or the deadline counts for the back-off as a lost call does.
+    /// The live instance, started if there is none. A start that fails
+    /// counts for the back-off as a lost call does.
     fn instance(&mut self) -> Result<&mut Instance<G>, KvError> {
         if self.slot.instance.is_none() {
-            let started = match G::start(self.policy, self.deadline) {
-                Outcome::Returned(started) => started?,
-                Outcome::Lost(err) => {
-                    tracing::warn!(
-                        "{} {:?}: instance lost while starting: {err}",
+            let started = G::start(self.policy, self.deadline).inspect_err(|err| {
+                crate::log_limit::warn(
+                    ("instance failed to start", self.policy.name.as_str()),
+                    format_args!(
+                        "{} {:?}: an instance failed to start: {}",
                         G::KIND,
-                        self.policy.name
-                    );
-                    self.lost(&err);
-                    return Err(err);
-                }
-            };
+                        self.policy.name,
+                        crate::log_limit::bounded(err.to_string())
+                    ),
+                );
+                self.lost(err);
+            })?;
             self.slot.instance = Some(started);
         }
         Ok(self.slot.instance.as_mut().expect("just started"))
     }
 
-    /// Count a lost instance for the back-off.
-    fn lost(&mut self, why: &KvError) {
-        if G::BACKS_OFF
-            && let Some(backoff) = self.slot.backoff.lost(why)
-        {
+    /// Count a lost instance (or a failed start) for the back-off.
+    fn lost(&self, why: &KvError) {
+        let started = lock(self.backoff).lost(why);
+        if let Some(backoff) = started {
             backoff.log(&format!("{} {:?}", G::KIND, self.policy.name));
         }
     }
+}
+
+/// Lock, recovering from poisoning: no code path panics while holding
+/// these locks.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }

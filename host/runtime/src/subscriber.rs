@@ -27,7 +27,6 @@ use crate::bindings::advisor::exports::kvwasm::events::advisor;
 use crate::bindings::events::exports::kvwasm::events::{http_api, subscriber};
 use crate::deadline::Deadline;
 use crate::error::KvError;
-use crate::sandbox::Outcome;
 use crate::single::{GuestKind, Instance, OneInstance};
 use crate::state::HostState;
 
@@ -79,6 +78,14 @@ impl Subscriber {
     /// different value before must rebuild the guest's state.
     pub fn generation(&self) -> u64 {
         self.guest.generation()
+    }
+
+    /// Whether an instance is running. A call that failed and left none
+    /// behind, with the same [`Subscriber::generation`], failed to start
+    /// one (or was refused by the back-off): the guest holds nothing, and
+    /// a caller rebuilding its state must try again later.
+    pub fn is_live(&self) -> bool {
+        self.guest.is_live()
     }
 
     /// Hand `events` to the guest. The guest's own error is
@@ -192,18 +199,10 @@ struct SubscriberExports {
 
 impl GuestKind for SubscriberExports {
     const KIND: &'static str = "subscriber";
-    /// No back-off: `kvwasm serve` rebuilds a lost subscriber from its event
-    /// log and skips an entry that keeps killing instances, so its losses
-    /// are bounded already; a refused replay would instead leave the next
-    /// instance without the log's state.
-    const BACKS_OFF: bool = false;
     type Tied = ();
 
-    fn start(policy: &Backend, deadline: Deadline) -> Outcome<Instance<Self>> {
-        let exports = match policy.component.subscriber_exports() {
-            Ok(exports) => exports,
-            Err(err) => return Outcome::Returned(Err(err)),
-        };
+    fn start(policy: &Backend, deadline: Deadline) -> Result<Instance<Self>, KvError> {
+        let exports = policy.component.subscriber_exports()?;
         Instance::start(policy, deadline, async |s| {
             if exports.advisor.is_some() {
                 s.set_hostcall_fuel(crate::tiering::advisor::MAX_LIFT_BYTES);

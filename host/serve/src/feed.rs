@@ -30,6 +30,8 @@ pub trait Guest: Send + Sync {
     fn handle(&self, request: &Request) -> Result<Response, KvError>;
     /// Changes when the instance was replaced by an empty one.
     fn generation(&self) -> u64;
+    /// Whether an instance is running ([`Subscriber::is_live`]).
+    fn is_live(&self) -> bool;
 }
 
 impl Guest for Subscriber {
@@ -50,6 +52,9 @@ impl Guest for Subscriber {
     }
     fn generation(&self) -> u64 {
         Subscriber::generation(self)
+    }
+    fn is_live(&self) -> bool {
+        Subscriber::is_live(self)
     }
 }
 
@@ -81,8 +86,9 @@ pub struct GuestCell {
 }
 
 struct CellState {
-    /// The instance generation the guest's state was built for.
-    generation: u64,
+    /// The instance generation the guest's state was built for; `None`
+    /// when it holds nothing the log does not (no instance would start).
+    generation: Option<u64>,
     /// Event batches the last rebuild replayed (skipped when dequeued).
     replayed: Option<RangeInclusive<u64>>,
     /// The last event batch delivered.
@@ -106,7 +112,7 @@ impl GuestCell {
             batch_events,
             compacts,
             state: Mutex::new(CellState {
-                generation,
+                generation: Some(generation),
                 replayed: None,
                 applied: 0,
                 poisoned: HashSet::new(),
@@ -119,10 +125,22 @@ impl GuestCell {
     }
 
     /// Ask the guest's API; an accepted state change is logged for replay.
+    /// Refused while no instance would start: a fresh one would answer
+    /// from an empty state.
     pub fn handle(&self, request: Request) -> Result<Response, KvError> {
         let mut state = self.lock();
-        self.ensure_current(&mut state);
-        let response = self.guest.handle(&request)?;
+        if !self.ensure_current(&mut state) {
+            return Err(KvError::Unavailable(format!(
+                "subscriber {:?} has no running instance; it is rebuilt from the event log \
+                 once one starts",
+                self.name()
+            )));
+        }
+        let response = self.guest.handle(&request);
+        if !self.guest.is_live() {
+            state.generation = None;
+        }
+        let response = response?;
         if is_logged(&request, response.status) {
             self.log.push(Entry::Request(Arc::new(request)));
         }
@@ -133,26 +151,37 @@ impl GuestCell {
     /// most `batch_events` events.
     fn deliver(&self, items: &[Queued]) {
         let mut state = self.lock();
-        self.ensure_current(&mut state);
-        let generation = state.generation;
+        if !self.ensure_current(&mut state) {
+            // No instance would start. Every item is in the log: the
+            // rebuild replays them once one does.
+            return;
+        }
         let fresh = items
             .iter()
             .filter(|(seq, _)| !state.replayed.as_ref().is_some_and(|r| r.contains(seq)));
         let mut merged: Vec<Event> = Vec::with_capacity(self.batch_events);
         let mut last = 0;
-        for (seq, events) in fresh {
+        let mut current = true;
+        'items: for (seq, events) in fresh {
             for chunk in events.chunks(self.batch_events) {
                 if merged.len() + chunk.len() > self.batch_events {
-                    self.call_on_batch(&mut merged);
+                    current = self.call_on_batch(&mut merged, &state);
+                    if !current {
+                        break 'items;
+                    }
                 }
                 merged.extend_from_slice(chunk);
             }
             last = *seq;
         }
-        self.call_on_batch(&mut merged);
-        if self.guest.generation() != generation {
-            // Lost mid-delivery: every item is in the log, so the rebuild
-            // replays them all.
+        if current {
+            current = self.call_on_batch(&mut merged, &state);
+        }
+        if !current {
+            // Lost mid-delivery, or no instance would start: every item is
+            // in the log, so the rebuild replays them all (and no later
+            // batch reaches a fresh instance before it).
+            state.generation = None;
             self.ensure_current(&mut state);
             return;
         }
@@ -162,17 +191,26 @@ impl GuestCell {
         }
     }
 
-    fn call_on_batch(&self, merged: &mut Vec<Event>) {
+    /// Deliver `merged` (then empty it). `false` when the guest's state is
+    /// no longer the one `state` was built for: the instance was lost, or
+    /// none would start.
+    fn call_on_batch(&self, merged: &mut Vec<Event>, state: &CellState) -> bool {
         if merged.is_empty() {
-            return;
+            return true;
         }
         self.stats.batches.fetch_add(1, Relaxed);
         self.stats.delivered.fetch_add(merged.len() as u64, Relaxed);
-        if let Err(e) = self.guest.on_batch(merged) {
-            self.stats.batch_errors.fetch_add(1, Relaxed);
-            tracing::warn!("subscriber {:?}: on-batch failed: {e}", self.name());
-        }
+        let result = self.guest.on_batch(merged);
         merged.clear();
+        if let Err(e) = result {
+            self.stats.batch_errors.fetch_add(1, Relaxed);
+            kvwasm_host::log_limit::warn(
+                ("on-batch failed", self.name()),
+                format_args!("subscriber {:?}: on-batch failed: {e}", self.name()),
+            );
+            return self.guest.is_live() && state.generation == Some(self.guest.generation());
+        }
+        true
     }
 
     /// Replace the log's oldest events by the guest's own `/dump`.
@@ -191,66 +229,121 @@ impl GuestCell {
         }
     }
 
-    /// If the instance was replaced since the guest's state was built,
-    /// replay the log into the new one.
-    fn ensure_current(&self, state: &mut CellState) {
+    /// If the instance was replaced since the guest's state was built (or
+    /// the state was lost with it), replay the log into a new one. `false`
+    /// when no instance would start (its start failed, or calls back off
+    /// after repeated losses): the guest holds nothing, and the next call
+    /// tries again.
+    fn ensure_current(&self, state: &mut CellState) -> bool {
         for _ in 0..REBUILD_ATTEMPTS {
             let generation = self.guest.generation();
-            if generation == state.generation {
-                return;
+            if state.generation == Some(generation) {
+                return true;
             }
-            state.generation = generation;
-            self.stats.rebuilds.fetch_add(1, Relaxed);
             let snapshot = self.log.snapshot();
             state.replayed = snapshot.covers();
-            tracing::warn!(
-                "subscriber {:?}: rebuilding a replaced instance from the log ({} entries)",
-                self.name(),
-                snapshot.entries.len()
-            );
-            let http = self.guest.serves_http();
-            if http && let Some(base) = &snapshot.base {
-                let restore = request("POST", RESTORE, base.to_vec());
-                if let Err(e) = self.guest.handle(&restore) {
-                    tracing::warn!(
-                        "subscriber {:?}: restoring the log's base: {e}",
-                        self.name()
-                    );
+            match self.rebuild(&snapshot, &state.poisoned, generation) {
+                Rebuilt::Done => {
+                    state.generation = Some(generation);
+                    return true;
                 }
-            }
-            let poisoned = snapshot
-                .entries
-                .iter()
-                .filter(|(seq, _)| !state.poisoned.contains(seq))
-                .find(|(_, entry)| {
-                    let result = match entry {
-                        Entry::Events(events) => self.guest.replay(events),
-                        Entry::Request(r) if http => self.guest.handle(r).map(drop),
-                        Entry::Request(_) => Ok(()),
-                    };
-                    result.is_err() && self.guest.generation() != generation
-                });
-            match poisoned {
-                Some((seq, _)) => {
+                Rebuilt::Killed(Some(seq)) => {
                     tracing::warn!(
                         "subscriber {:?}: log entry {seq} lost the instance again; skipping it",
                         self.name()
                     );
-                    state.poisoned.insert(*seq);
+                    state.poisoned.insert(seq);
                 }
-                None => return,
+                Rebuilt::Killed(None) => {}
+                Rebuilt::NoInstance => {
+                    state.generation = None;
+                    return false;
+                }
             }
         }
         tracing::error!(
             "subscriber {:?}: gave up rebuilding after {REBUILD_ATTEMPTS} attempts",
             self.name()
         );
-        state.generation = self.guest.generation();
+        state.generation = Some(self.guest.generation());
+        true
+    }
+
+    /// Replay `snapshot` (but its `poisoned` entries) into the instance,
+    /// which is at `generation` or not yet started.
+    fn rebuild(
+        &self,
+        snapshot: &crate::log::Snapshot,
+        poisoned: &HashSet<u64>,
+        generation: u64,
+    ) -> Rebuilt {
+        self.stats.rebuilds.fetch_add(1, Relaxed);
+        kvwasm_host::log_limit::warn(
+            ("rebuilding", self.name()),
+            format_args!(
+                "subscriber {:?}: rebuilding a replaced instance from the log ({} entries)",
+                self.name(),
+                snapshot.entries.len()
+            ),
+        );
+        // After a failed call: the instance was lost (`Killed`), none would
+        // start (`NoInstance`), or the guest refused and lives on (`None`).
+        let gone = || {
+            if self.guest.generation() != generation {
+                Some(Rebuilt::Killed(None))
+            } else if !self.guest.is_live() {
+                Some(Rebuilt::NoInstance)
+            } else {
+                None
+            }
+        };
+        let http = self.guest.serves_http();
+        if http && let Some(base) = &snapshot.base {
+            let restore = request("POST", RESTORE, base.to_vec());
+            if let Err(e) = self.guest.handle(&restore) {
+                tracing::warn!(
+                    "subscriber {:?}: restoring the log's base: {e}",
+                    self.name()
+                );
+                if let Some(gone) = gone() {
+                    return gone;
+                }
+            }
+        }
+        let entries = snapshot
+            .entries
+            .iter()
+            .filter(|(seq, _)| !poisoned.contains(seq));
+        for (seq, entry) in entries {
+            let result = match entry {
+                Entry::Events(events) => self.guest.replay(events),
+                Entry::Request(r) if http => self.guest.handle(r).map(drop),
+                Entry::Request(_) => Ok(()),
+            };
+            if result.is_err() {
+                match gone() {
+                    Some(Rebuilt::Killed(_)) => return Rebuilt::Killed(Some(*seq)),
+                    Some(gone) => return gone,
+                    None => {}
+                }
+            }
+        }
+        Rebuilt::Done
     }
 
     fn lock(&self) -> MutexGuard<'_, CellState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// How a rebuild ended.
+enum Rebuilt {
+    /// Every entry was offered to the instance.
+    Done,
+    /// The instance was lost, replaying the entry given (if any).
+    Killed(Option<u64>),
+    /// No instance would start.
+    NoInstance,
 }
 
 /// State-changing API calls, replayed into a replaced instance.
@@ -380,12 +473,17 @@ pub(crate) mod tests {
 
     /// Keeps the ids of the events it was given and the registrations;
     /// `/dump` and `/restore` move the ids as JSON. Any batch holding an
-    /// event with id `TRAP` loses the instance while `traps` > 0.
+    /// event with id `TRAP` loses the instance while `traps` > 0. After a
+    /// loss, the next `failed_starts` calls fail without an instance, as
+    /// when a start traps or calls back off.
     #[derive(Default)]
     pub(crate) struct Recorder {
         pub state: Mutex<(u64, Vec<u64>, Vec<String>)>,
         pub batch_sizes: Mutex<Vec<usize>>,
         pub traps: AtomicUsize,
+        pub failed_starts: AtomicUsize,
+        /// No instance is running (after a loss, until a start succeeds).
+        pub down: std::sync::atomic::AtomicBool,
         pub gate: Mutex<()>,
     }
 
@@ -398,8 +496,26 @@ pub(crate) mod tests {
         fn lose(&self) -> KvError {
             let mut s = self.state.lock().unwrap();
             *s = (s.0 + 1, Vec::new(), Vec::new());
+            self.down.store(true, Relaxed);
             KvError::Trapped("unreachable".into())
         }
+        /// Start an instance if none is running, unless this start fails.
+        fn start(&self) -> Result<(), KvError> {
+            if self.down.load(Relaxed) {
+                if take_one(&self.failed_starts) {
+                    return Err(KvError::Trapped("the start trapped".into()));
+                }
+                self.down.store(false, Relaxed);
+            }
+            Ok(())
+        }
+    }
+
+    /// Decrement `count` if it is above zero; whether it was.
+    fn take_one(count: &AtomicUsize) -> bool {
+        count
+            .fetch_update(Relaxed, Relaxed, |t| t.checked_sub(1))
+            .is_ok()
     }
 
     impl Guest for Recorder {
@@ -414,12 +530,8 @@ pub(crate) mod tests {
         }
         fn replay(&self, events: &[Event]) -> Result<(), KvError> {
             let _gate = self.gate.lock().unwrap();
-            if events.iter().any(|e| e.event_id == TRAP)
-                && self
-                    .traps
-                    .fetch_update(Relaxed, Relaxed, |t| t.checked_sub(1))
-                    .is_ok()
-            {
+            self.start()?;
+            if events.iter().any(|e| e.event_id == TRAP) && take_one(&self.traps) {
                 return Err(self.lose());
             }
             self.batch_sizes.lock().unwrap().push(events.len());
@@ -428,6 +540,7 @@ pub(crate) mod tests {
             Ok(())
         }
         fn handle(&self, r: &Request) -> Result<Response, KvError> {
+            self.start()?;
             let body = String::from_utf8_lossy(&r.body).into_owned();
             if body == "trap" {
                 return Err(self.lose());
@@ -457,6 +570,9 @@ pub(crate) mod tests {
         }
         fn generation(&self) -> u64 {
             self.state.lock().unwrap().0
+        }
+        fn is_live(&self) -> bool {
+            !self.down.load(Relaxed)
         }
     }
 
@@ -565,6 +681,49 @@ pub(crate) mod tests {
         let cell = &feed.cells[0];
         assert_eq!(cell.stats.rebuilds.load(Relaxed), 2);
         assert_eq!(guest.generation(), 2);
+    }
+
+    /// A rebuild whose instance will not start (its start traps, or calls
+    /// back off) stops and is tried again later: no entry is skipped, no
+    /// batch reaches a fresh instance ahead of the log, and the API refuses
+    /// rather than answer from an empty state.
+    #[test]
+    fn a_rebuild_whose_instance_will_not_start_is_retried_not_skipped() {
+        let guest = Arc::new(Recorder::default());
+        let (feed, rx) = Feed::new(vec![guest.clone()], &settings(1000, 100, 1000));
+        let cell = feed.cells[0].clone();
+        cell.handle(request("POST", "/register", b"w1".to_vec()))
+            .unwrap();
+        feed.start(rx).unwrap();
+        feed.fan_out(events(0..3));
+        wait_for("first batch", || guest.ids().len() == 3);
+        // The batch holding TRAP loses the instance; the next two starts
+        // fail, then one succeeds.
+        guest.traps.store(1, Relaxed);
+        guest.failed_starts.store(2, Relaxed);
+        feed.fan_out(events([3, TRAP]));
+        wait_for("the failed rebuild", || {
+            guest.failed_starts.load(Relaxed) == 1
+        });
+        match cell.handle(request("GET", "/query", Vec::new())) {
+            Err(KvError::Unavailable(why)) => assert!(why.contains("no running instance"), "{why}"),
+            other => panic!("expected a refusal while no instance starts, got {other:?}"),
+        }
+        assert_eq!(guest.failed_starts.load(Relaxed), 0);
+        feed.fan_out(events([5]));
+        wait_for("the rebuild", || guest.ids().len() == 6);
+        let query = cell.handle(request("GET", "/query", Vec::new())).unwrap();
+        let (ids, workers): (Vec<u64>, Vec<String>) = serde_json::from_slice(&query.body).unwrap();
+        assert_eq!(
+            ids,
+            [0, 1, 2, 3, TRAP, 5],
+            "each event exactly once, in order"
+        );
+        assert_eq!(
+            workers,
+            ["w1"],
+            "the registration was replayed, not skipped"
+        );
     }
 
     #[test]

@@ -92,8 +92,7 @@ impl StoreHandle {
     /// On a backend with shared state it may be released once idle.
     pub fn open(backend: Arc<Backend>, namespace: &str) -> Result<StoreHandle, KvError> {
         let call_timeout_ms = backend.limits_for(namespace).call_timeout_ms;
-        let first = Instance::open(&backend, namespace, Deadline::after_ms(call_timeout_ms))
-            .into_result()?;
+        let first = Instance::open(&backend, namespace, Deadline::after_ms(call_timeout_ms))?;
         let shared_state = backend.component.info.get().is_some_and(|i| i.shared_state);
         let max_instances = if shared_state {
             backend.max_instances.max(1)

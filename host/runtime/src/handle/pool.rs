@@ -215,14 +215,14 @@ impl Pool {
     }
 
     /// An idle instance, else a new one from `start` while the pool may
-    /// grow, else wait for one until `deadline`. A start whose guest traps
-    /// or overruns the deadline counts as a lost instance for the back-off,
-    /// as a call's would: otherwise a guest that traps in its constructor
-    /// would cost an instantiation on every call.
+    /// grow, else wait for one until `deadline`. A start that fails (the
+    /// guest's `open` traps, overruns the deadline or refuses) counts as a
+    /// lost instance for the back-off: otherwise such a guest would cost an
+    /// instantiation on every call.
     pub(super) fn checkout(
         &self,
         deadline: Deadline,
-        start: impl FnOnce() -> Outcome<Instance>,
+        start: impl FnOnce() -> Result<Instance, KvError>,
     ) -> Result<CheckedOut<'_>, KvError> {
         // `(None, restart)`: the pool may grow, and the caller starts an
         // instance (`restart`: in place of a released one).
@@ -241,15 +241,11 @@ impl Pool {
         let instance = match idle {
             Some(instance) => instance,
             None => {
-                let (started, lost) = match start() {
-                    Outcome::Returned(result) => (result, false),
-                    Outcome::Lost(err) => (Err(err), true),
-                };
-                let started = started.inspect_err(|err| {
+                let started = start().inspect_err(|err| {
                     let mut state = self.lock();
                     state.live -= 1;
                     state.released += usize::from(restart);
-                    let backoff = lost.then(|| state.backoff.lost(err)).flatten();
+                    let backoff = state.backoff.lost(err);
                     self.wake(&state);
                     drop(state);
                     if let Some(backoff) = backoff {
