@@ -46,7 +46,8 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
-    /// A call returned normally.
+    /// A call returned (a value or the guest's own error): the instance
+    /// is healthy.
     pub(crate) fn succeeded(&mut self) {
         self.streak = 0;
         self.retry_at = None;
@@ -70,6 +71,12 @@ impl Backoff {
             wait,
             streak: self.streak,
         })
+    }
+
+    /// Whether calls are refused now (what [`Backoff::check`] says, without
+    /// the message).
+    pub(crate) fn refusing(&self) -> bool {
+        self.retry_at.is_some_and(|at| at > Instant::now())
     }
 
     /// `Err` while calls are refused, naming the guest as `kind name`

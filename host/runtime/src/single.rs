@@ -127,6 +127,11 @@ impl<G: GuestKind> OneInstance<G> {
         self.lock().instance.is_some()
     }
 
+    /// Whether calls are refused now, backing off after repeated losses.
+    pub(crate) fn backing_off(&self) -> bool {
+        lock(&self.backoff).refusing()
+    }
+
     /// Read what is tied to the live instance.
     pub(crate) fn with_tied<T>(&self, read: impl FnOnce(&G::Tied) -> T) -> T {
         read(&self.lock().tied)
@@ -249,6 +254,9 @@ impl<G: GuestKind> Turn<'_, G> {
     /// counts for the back-off as a lost call does.
     fn instance(&mut self) -> Result<&mut Instance<G>, KvError> {
         if self.slot.instance.is_none() {
+            // Checked again: this call may have waited for the slot while
+            // other calls lost instances.
+            lock(self.backoff).check(G::KIND, &self.policy.name)?;
             let started = G::start(self.policy, self.deadline).inspect_err(|err| {
                 crate::log_limit::warn(
                     ("instance failed to start", self.policy.name.as_str()),

@@ -88,6 +88,13 @@ impl Subscriber {
         self.guest.is_live()
     }
 
+    /// Whether calls are refused now, backing off after repeated lost
+    /// instances or failed starts: a caller can wait instead of preparing
+    /// a call that will be refused.
+    pub fn backing_off(&self) -> bool {
+        self.guest.backing_off()
+    }
+
     /// Hand `events` to the guest. The guest's own error is
     /// [`KvError::Other`]. With `prehash_tokens`, stored events are first
     /// rewritten in place ([`prehash_tokens`]): the caller hands over

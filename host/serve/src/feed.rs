@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::sync::{Arc, Mutex, MutexGuard, Weak, mpsc};
 
 use kvwasm_host::KvError;
 use kvwasm_host::subscriber::{Event, Request, Response, Subscriber};
@@ -32,6 +32,8 @@ pub trait Guest: Send + Sync {
     fn generation(&self) -> u64;
     /// Whether an instance is running ([`Subscriber::is_live`]).
     fn is_live(&self) -> bool;
+    /// Whether calls are refused now ([`Subscriber::backing_off`]).
+    fn backing_off(&self) -> bool;
 }
 
 impl Guest for Subscriber {
@@ -55,6 +57,9 @@ impl Guest for Subscriber {
     }
     fn is_live(&self) -> bool {
         Subscriber::is_live(self)
+    }
+    fn backing_off(&self) -> bool {
+        Subscriber::backing_off(self)
     }
 }
 
@@ -95,6 +100,8 @@ struct CellState {
     applied: u64,
     /// Log entries that killed a fresh instance during a rebuild.
     poisoned: HashSet<u64>,
+    /// A log base whose restore killed a fresh instance during a rebuild.
+    poisoned_base: Option<Weak<Vec<u8>>>,
 }
 
 impl GuestCell {
@@ -116,6 +123,7 @@ impl GuestCell {
                 replayed: None,
                 applied: 0,
                 poisoned: HashSet::new(),
+                poisoned_base: None,
             }),
         }
     }
@@ -240,9 +248,20 @@ impl GuestCell {
             if state.generation == Some(generation) {
                 return true;
             }
+            if !self.guest.is_live() && self.guest.backing_off() {
+                // The start would be refused: not worth a snapshot.
+                state.generation = None;
+                return false;
+            }
             let snapshot = self.log.snapshot();
             state.replayed = snapshot.covers();
-            match self.rebuild(&snapshot, &state.poisoned, generation) {
+            let base = snapshot.base.as_ref().filter(|base| {
+                !state
+                    .poisoned_base
+                    .as_ref()
+                    .is_some_and(|p| p.ptr_eq(&Arc::downgrade(base)))
+            });
+            match self.rebuild(base, &snapshot, &state.poisoned, generation) {
                 Rebuilt::Done => {
                     state.generation = Some(generation);
                     return true;
@@ -254,7 +273,14 @@ impl GuestCell {
                     );
                     state.poisoned.insert(seq);
                 }
-                Rebuilt::Killed(None) => {}
+                Rebuilt::Killed(None) => {
+                    tracing::warn!(
+                        "subscriber {:?}: restoring the log's base lost the instance again; \
+                         replaying without it",
+                        self.name()
+                    );
+                    state.poisoned_base = base.map(Arc::downgrade);
+                }
                 Rebuilt::NoInstance => {
                     state.generation = None;
                     return false;
@@ -269,10 +295,12 @@ impl GuestCell {
         true
     }
 
-    /// Replay `snapshot` (but its `poisoned` entries) into the instance,
-    /// which is at `generation` or not yet started.
+    /// Restore `base`, then replay `snapshot`'s entries (but the
+    /// `poisoned` ones) into the instance, which is at `generation` or not
+    /// yet started.
     fn rebuild(
         &self,
+        base: Option<&Arc<Vec<u8>>>,
         snapshot: &crate::log::Snapshot,
         poisoned: &HashSet<u64>,
         generation: u64,
@@ -298,7 +326,7 @@ impl GuestCell {
             }
         };
         let http = self.guest.serves_http();
-        if http && let Some(base) = &snapshot.base {
+        if http && let Some(base) = base {
             let restore = request("POST", RESTORE, base.to_vec());
             if let Err(e) = self.guest.handle(&restore) {
                 tracing::warn!(
@@ -340,7 +368,8 @@ impl GuestCell {
 enum Rebuilt {
     /// Every entry was offered to the instance.
     Done,
-    /// The instance was lost, replaying the entry given (if any).
+    /// The instance was lost, replaying the entry given (`None`: restoring
+    /// the base).
     Killed(Option<u64>),
     /// No instance would start.
     NoInstance,
@@ -481,7 +510,12 @@ pub(crate) mod tests {
         pub state: Mutex<(u64, Vec<u64>, Vec<String>)>,
         pub batch_sizes: Mutex<Vec<usize>>,
         pub traps: AtomicUsize,
+        /// `POST /restore` calls still to lose the instance.
+        pub restore_traps: AtomicUsize,
         pub failed_starts: AtomicUsize,
+        /// What `backing_off` answers, and how often it was asked.
+        pub backing_off: std::sync::atomic::AtomicBool,
+        pub backing_off_asked: AtomicUsize,
         /// No instance is running (after a loss, until a start succeeds).
         pub down: std::sync::atomic::AtomicBool,
         pub gate: Mutex<()>,
@@ -542,7 +576,7 @@ pub(crate) mod tests {
         fn handle(&self, r: &Request) -> Result<Response, KvError> {
             self.start()?;
             let body = String::from_utf8_lossy(&r.body).into_owned();
-            if body == "trap" {
+            if body == "trap" || (r.path == "/restore" && take_one(&self.restore_traps)) {
                 return Err(self.lose());
             }
             let mut s = self.state.lock().unwrap();
@@ -573,6 +607,10 @@ pub(crate) mod tests {
         }
         fn is_live(&self) -> bool {
             !self.down.load(Relaxed)
+        }
+        fn backing_off(&self) -> bool {
+            self.backing_off_asked.fetch_add(1, Relaxed);
+            self.backing_off.load(Relaxed)
         }
     }
 
@@ -697,26 +735,43 @@ pub(crate) mod tests {
         feed.start(rx).unwrap();
         feed.fan_out(events(0..3));
         wait_for("first batch", || guest.ids().len() == 3);
-        // The batch holding TRAP loses the instance; the next two starts
+        // The batch holding TRAP loses the instance; the next three starts
         // fail, then one succeeds.
         guest.traps.store(1, Relaxed);
-        guest.failed_starts.store(2, Relaxed);
+        guest.failed_starts.store(3, Relaxed);
         feed.fan_out(events([3, TRAP]));
         wait_for("the failed rebuild", || {
-            guest.failed_starts.load(Relaxed) == 1
+            guest.failed_starts.load(Relaxed) == 2
         });
         match cell.handle(request("GET", "/query", Vec::new())) {
             Err(KvError::Unavailable(why)) => assert!(why.contains("no running instance"), "{why}"),
             other => panic!("expected a refusal while no instance starts, got {other:?}"),
         }
-        assert_eq!(guest.failed_starts.load(Relaxed), 0);
+        assert_eq!(guest.failed_starts.load(Relaxed), 1);
+        // While the guest backs off, a batch is not even worth a rebuild.
+        guest.backing_off.store(true, Relaxed);
+        let rebuilds = cell.stats.rebuilds.load(Relaxed);
+        let asked = guest.backing_off_asked.load(Relaxed);
         feed.fan_out(events([5]));
-        wait_for("the rebuild", || guest.ids().len() == 6);
+        wait_for("the back-off consulted", || {
+            guest.backing_off_asked.load(Relaxed) > asked
+        });
+        drop(cell.lock());
+        assert_eq!(cell.stats.rebuilds.load(Relaxed), rebuilds);
+        assert_eq!(guest.failed_starts.load(Relaxed), 1, "no start was tried");
+        guest.backing_off.store(false, Relaxed);
+        // This batch's rebuild fails to start too; it waits in the log.
+        feed.fan_out(events([6]));
+        wait_for("the last failed start", || {
+            guest.failed_starts.load(Relaxed) == 0
+        });
+        feed.fan_out(events([7]));
+        wait_for("the rebuild", || guest.ids().len() == 8);
         let query = cell.handle(request("GET", "/query", Vec::new())).unwrap();
         let (ids, workers): (Vec<u64>, Vec<String>) = serde_json::from_slice(&query.body).unwrap();
         assert_eq!(
             ids,
-            [0, 1, 2, 3, TRAP, 5],
+            [0, 1, 2, 3, TRAP, 5, 6, 7],
             "each event exactly once, in order"
         );
         assert_eq!(
@@ -724,6 +779,34 @@ pub(crate) mod tests {
             ["w1"],
             "the registration was replayed, not skipped"
         );
+    }
+
+    /// A log base whose restore kills every fresh instance is skipped like
+    /// a poisoned entry: the rebuild goes on with what the log holds after
+    /// it.
+    #[test]
+    fn a_base_that_kills_every_instance_is_skipped_on_rebuild() {
+        let guest = Arc::new(Recorder::default());
+        let (feed, rx) = Feed::new(vec![guest.clone()], &settings(1000, 100, 4));
+        let cell = feed.cells[0].clone();
+        cell.handle(request("POST", "/register", b"w1".to_vec()))
+            .unwrap();
+        feed.start(rx).unwrap();
+        feed.fan_out(events(0..3));
+        feed.fan_out(events(3..6));
+        wait_for("compaction", || feed.log.events() == 0);
+        feed.fan_out(events(6..8));
+        wait_for("later events", || guest.ids().len() == 8);
+        guest.restore_traps.store(usize::MAX, Relaxed);
+        assert!(
+            cell.handle(request("POST", "/x", b"trap".to_vec()))
+                .is_err()
+        );
+        let query = cell.handle(request("GET", "/query", Vec::new())).unwrap();
+        let (ids, workers): (Vec<u64>, Vec<String>) = serde_json::from_slice(&query.body).unwrap();
+        assert_eq!(ids, [6, 7], "the events after the base");
+        assert_eq!(workers, ["w1"]);
+        assert_eq!(cell.stats.rebuilds.load(Relaxed), 2);
     }
 
     #[test]

@@ -354,7 +354,7 @@ impl StoreHandle {
 
     /// An instance for one call (see [`Pool::checkout`]).
     fn checkout(&self, deadline: Deadline) -> Result<CheckedOut<'_>, KvError> {
-        self.pool.checkout(deadline, || {
+        self.pool.checkout(deadline, &self.backend.name, || {
             Instance::open(&self.backend, &self.namespace, deadline)
         })
     }

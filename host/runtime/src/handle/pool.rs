@@ -222,22 +222,28 @@ impl Pool {
     pub(super) fn checkout(
         &self,
         deadline: Deadline,
+        backend: &str,
         start: impl FnOnce() -> Result<Instance, KvError>,
     ) -> Result<CheckedOut<'_>, KvError> {
         // `(None, restart)`: the pool may grow, and the caller starts an
-        // instance (`restart`: in place of a released one).
+        // instance (`restart`: in place of a released one). The back-off
+        // is checked again before a start: this call may have waited while
+        // others lost instances.
         let (idle, restart) = self.wait_for(deadline, |state| {
             if let Some(idle) = state.idle.pop() {
-                Some((Some(idle.instance), false))
+                Some(Ok((Some(idle.instance), false)))
             } else if state.live < self.max_instances {
+                if let Err(refused) = state.backoff.check("backend", backend) {
+                    return Some(Err(refused));
+                }
                 state.live += 1;
                 let restart = state.released > 0;
                 state.released -= usize::from(restart);
-                Some((None, restart))
+                Some(Ok((None, restart)))
             } else {
                 None
             }
-        })?;
+        })??;
         let instance = match idle {
             Some(instance) => instance,
             None => {
