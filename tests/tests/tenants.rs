@@ -157,6 +157,43 @@ fn a_guest_that_traps_while_starting_backs_off_too() {
     );
 }
 
+/// A call that waited for the handle's only instance while that instance
+/// was lost is refused once the loss starts the back-off, rather than
+/// starting yet another instance.
+#[test]
+fn a_caller_waiting_for_an_instance_is_refused_when_the_back_off_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = hostile(
+        dir.path(),
+        "max_instances = 1\n[backends.hostile.tenants.t]\ncall_timeout_ms = 600\n",
+    );
+    let store = open_shared(backend, "t").unwrap();
+    for _ in 0..2 {
+        assert!(matches!(
+            store.get_manifest("panic"),
+            Err(KvError::Trapped(_))
+        ));
+    }
+    std::thread::scope(|s| {
+        // The third loss: a loop cut by its deadline.
+        let looping = s.spawn(|| store.get_manifest("loop").err());
+        std::thread::sleep(Duration::from_millis(200));
+        // Arrives before the back-off starts, then waits for the instance.
+        match store.get_manifest("ping") {
+            Err(KvError::Unavailable(why)) => {
+                assert!(why.contains("3 instances in a row"), "{why}")
+            }
+            other => panic!("expected a back-off refusal, got {other:?}"),
+        }
+        assert!(matches!(looping.join().unwrap(), Some(KvError::Timeout(_))));
+    });
+    assert_eq!(
+        store.live_instances(),
+        0,
+        "no instance was started for the waiter"
+    );
+}
+
 #[test]
 fn tenant_memory_limits_are_their_own() {
     let dir = tempfile::tempdir().unwrap();
