@@ -145,7 +145,7 @@ impl GuestCell {
             )));
         }
         let response = self.guest.handle(&request);
-        if !self.guest.is_live() {
+        if !self.holds_state(&state) {
             state.generation = None;
         }
         let response = response?;
@@ -216,9 +216,16 @@ impl GuestCell {
                 ("on-batch failed", self.name()),
                 format_args!("subscriber {:?}: on-batch failed: {e}", self.name()),
             );
-            return self.guest.is_live() && state.generation == Some(self.guest.generation());
+            return self.holds_state(state);
         }
         true
+    }
+
+    /// Whether the instance still holds the state `state` was built for:
+    /// it runs, and it is the generation that was built. After a failed
+    /// call, no instance with the same generation means its start failed.
+    fn holds_state(&self, state: &CellState) -> bool {
+        self.guest.is_live() && state.generation == Some(self.guest.generation())
     }
 
     /// Replace the log's oldest events by the guest's own `/dump`.
@@ -648,6 +655,24 @@ pub(crate) mod tests {
         }
     }
 
+    /// A started feed of one recorder that registered `w1`, its log
+    /// bounded by `log_events`.
+    fn registered(log_events: usize) -> (Arc<Recorder>, Feed, Arc<GuestCell>) {
+        let guest = Arc::new(Recorder::default());
+        let (feed, rx) = Feed::new(vec![guest.clone()], &settings(1000, 100, log_events));
+        let cell = feed.cells[0].clone();
+        cell.handle(request("POST", "/register", b"w1".to_vec()))
+            .unwrap();
+        feed.start(rx).unwrap();
+        (guest, feed, cell)
+    }
+
+    /// What `/query` answers: the event ids and the registered workers.
+    fn query(cell: &GuestCell) -> (Vec<u64>, Vec<String>) {
+        let query = cell.handle(request("GET", "/query", Vec::new())).unwrap();
+        serde_json::from_slice(&query.body).unwrap()
+    }
+
     #[test]
     fn batches_are_merged_up_to_batch_events_and_a_full_queue_drops() {
         let guest = Arc::new(Recorder::default());
@@ -696,8 +721,7 @@ pub(crate) mod tests {
         wait_for("rebuild", || {
             cell.stats.rebuilds.load(Relaxed) == 1 && guest.ids().len() == 10
         });
-        let query = cell.handle(request("GET", "/query", Vec::new())).unwrap();
-        let (ids, workers): (Vec<u64>, Vec<String>) = serde_json::from_slice(&query.body).unwrap();
+        let (ids, workers) = query(&cell);
         assert_eq!(
             ids,
             [0, 1, 2, 3, 4, 5, TRAP, 7, 8, 9],
@@ -727,12 +751,7 @@ pub(crate) mod tests {
     /// rather than answer from an empty state.
     #[test]
     fn a_rebuild_whose_instance_will_not_start_is_retried_not_skipped() {
-        let guest = Arc::new(Recorder::default());
-        let (feed, rx) = Feed::new(vec![guest.clone()], &settings(1000, 100, 1000));
-        let cell = feed.cells[0].clone();
-        cell.handle(request("POST", "/register", b"w1".to_vec()))
-            .unwrap();
-        feed.start(rx).unwrap();
+        let (guest, feed, cell) = registered(1000);
         feed.fan_out(events(0..3));
         wait_for("first batch", || guest.ids().len() == 3);
         // The batch holding TRAP loses the instance; the next three starts
@@ -767,8 +786,7 @@ pub(crate) mod tests {
         });
         feed.fan_out(events([7]));
         wait_for("the rebuild", || guest.ids().len() == 8);
-        let query = cell.handle(request("GET", "/query", Vec::new())).unwrap();
-        let (ids, workers): (Vec<u64>, Vec<String>) = serde_json::from_slice(&query.body).unwrap();
+        let (ids, workers) = query(&cell);
         assert_eq!(
             ids,
             [0, 1, 2, 3, TRAP, 5, 6, 7],
@@ -786,12 +804,7 @@ pub(crate) mod tests {
     /// it.
     #[test]
     fn a_base_that_kills_every_instance_is_skipped_on_rebuild() {
-        let guest = Arc::new(Recorder::default());
-        let (feed, rx) = Feed::new(vec![guest.clone()], &settings(1000, 100, 4));
-        let cell = feed.cells[0].clone();
-        cell.handle(request("POST", "/register", b"w1".to_vec()))
-            .unwrap();
-        feed.start(rx).unwrap();
+        let (guest, feed, cell) = registered(4);
         feed.fan_out(events(0..3));
         feed.fan_out(events(3..6));
         wait_for("compaction", || feed.log.events() == 0);
@@ -802,8 +815,7 @@ pub(crate) mod tests {
             cell.handle(request("POST", "/x", b"trap".to_vec()))
                 .is_err()
         );
-        let query = cell.handle(request("GET", "/query", Vec::new())).unwrap();
-        let (ids, workers): (Vec<u64>, Vec<String>) = serde_json::from_slice(&query.body).unwrap();
+        let (ids, workers) = query(&cell);
         assert_eq!(ids, [6, 7], "the events after the base");
         assert_eq!(workers, ["w1"]);
         assert_eq!(cell.stats.rebuilds.load(Relaxed), 2);
@@ -811,12 +823,7 @@ pub(crate) mod tests {
 
     #[test]
     fn past_log_events_the_log_is_compacted_into_a_dump_and_replay_restores_it() {
-        let guest = Arc::new(Recorder::default());
-        let (feed, rx) = Feed::new(vec![guest.clone()], &settings(1000, 100, 4));
-        let cell = feed.cells[0].clone();
-        cell.handle(request("POST", "/register", b"w1".to_vec()))
-            .unwrap();
-        feed.start(rx).unwrap();
+        let (guest, feed, cell) = registered(4);
         feed.fan_out(events(0..3));
         wait_for("first", || guest.ids().len() == 3);
         feed.fan_out(events(3..6));
@@ -831,8 +838,7 @@ pub(crate) mod tests {
             cell.handle(request("POST", "/x", b"trap".to_vec()))
                 .is_err()
         );
-        let query = cell.handle(request("GET", "/query", Vec::new())).unwrap();
-        let (ids, workers): (Vec<u64>, Vec<String>) = serde_json::from_slice(&query.body).unwrap();
+        let (ids, workers) = query(&cell);
         assert_eq!(ids, (0..8).collect::<Vec<_>>());
         assert_eq!(workers, ["w1"]);
     }
