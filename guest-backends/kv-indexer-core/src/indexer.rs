@@ -529,13 +529,16 @@ impl Indexer {
                     .map(
                         |(n, ((worker_id, dp_rank), parent, ext, local))| RouterEvent {
                             worker_id,
+                            storage_tier: device_tier(),
                             event: DumpEvent {
                                 event_id: n as u64,
                                 data: DumpData::Stored {
                                     parent_hash: parent,
+                                    start_position: None,
                                     blocks: vec![DumpBlock {
                                         block_hash: ext,
                                         tokens_hash: local,
+                                        mm_extra_info: None,
                                     }],
                                 },
                                 dp_rank,
@@ -578,6 +581,7 @@ impl Indexer {
                     DumpData::Stored {
                         parent_hash,
                         blocks,
+                        ..
                     } => index.tree.store(
                         worker,
                         parent_hash,
@@ -1126,11 +1130,19 @@ struct DumpIndex {
     events: Vec<RouterEvent>,
 }
 
-/// Dynamo's `RouterEvent`.
+/// Dynamo's `RouterEvent`, with every field 1.6.1 writes, so a dump
+/// reads as its own: `storage_tier` (always the device tier here: one
+/// tree holds every tier), `start_position` and `mm_extra_info` (none).
 #[derive(Serialize, Deserialize)]
 struct RouterEvent {
     worker_id: u64,
+    #[serde(default = "device_tier")]
+    storage_tier: String,
     event: DumpEvent,
+}
+
+fn device_tier() -> String {
+    "device".into()
 }
 
 #[derive(Serialize, Deserialize)]
@@ -1146,6 +1158,8 @@ struct DumpEvent {
 enum DumpData {
     Stored {
         parent_hash: Option<u64>,
+        #[serde(default)]
+        start_position: Option<u32>,
         blocks: Vec<DumpBlock>,
     },
     Removed {
@@ -1158,6 +1172,8 @@ enum DumpData {
 struct DumpBlock {
     block_hash: u64,
     tokens_hash: u64,
+    #[serde(default)]
+    mm_extra_info: Option<serde_json::Value>,
 }
 
 #[cfg(test)]

@@ -596,6 +596,16 @@ fn dump_then_restore_answers_the_same() {
     assert_eq!(dump["n:t"]["block_size"], 4);
     let first = &dump["n:t"]["events"][0];
     assert_eq!(first["worker_id"], 3);
+    // Every field of Dynamo 1.6.1's RouterEvent.
+    assert_eq!(first["storage_tier"], "device");
+    assert_eq!(
+        first["event"]["data"]["stored"]["start_position"],
+        Value::Null
+    );
+    assert_eq!(
+        first["event"]["data"]["stored"]["blocks"][0],
+        json!({"block_hash": 7, "tokens_hash": first["event"]["data"]["stored"]["blocks"][0]["tokens_hash"], "mm_extra_info": null})
+    );
     assert_eq!(first["event"]["data"]["stored"]["parent_hash"], Value::Null);
     assert_eq!(
         first["event"]["data"]["stored"]["blocks"][0]["block_hash"],
