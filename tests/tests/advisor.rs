@@ -18,7 +18,8 @@ const LEN: u64 = 1000;
 
 /// Two tiers: 0 with a byte capacity, 1 without. Applies advice as the
 /// host must: unknown hashes, a last copy, a full tier refused. Logs the
-/// accesses the test reports and keeps the loop's decisions.
+/// accesses the test reports and the moves it makes, and keeps the loop's
+/// decisions.
 struct TwoTiers {
     capacity: u64,
     /// Which tiers hold each chunk.
@@ -102,6 +103,15 @@ impl AdvisedStore for TwoTiers {
 impl AdviceSink for TwoTiers {
     fn apply(&self, advice: Vec<Advice>) -> AdviceReport {
         let mut chunks = self.chunks.lock().unwrap();
+        let moved = |action, hash: &[u8], tier| {
+            self.log.lock().unwrap().push_back(Access {
+                kind: AccessKind::Moved(action),
+                hash: hash.to_vec(),
+                len: LEN,
+                tier,
+                manifest: None,
+            })
+        };
         let mut report = AdviceReport::default();
         let refuse = |report: &mut AdviceReport, why: &str| {
             report.refused += 1;
@@ -139,6 +149,7 @@ impl AdviceSink for TwoTiers {
                     }
                 }
                 report.applied += 1;
+                moved(a.action, &hash, a.tier);
             }
         }
         report
@@ -373,6 +384,63 @@ fn the_loop_runs_on_its_timer_and_ends_with_the_store() {
         assert!(Instant::now() < deadline, "the loop outlived its store");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// An advisor whose every `advise` traps, round after round (each round
+/// first observes fine, so no back-off): the losses cost the log at most
+/// one line per kind of line and second, each cut to the limit on guest
+/// text, and every failure is still counted and kept in the decisions.
+#[test]
+fn a_failing_advisor_logs_within_the_limit() {
+    kvwasm_tests::logs::capture();
+    let dir = tempfile::tempdir().unwrap();
+    let path = kvwasm_tests::write_config(
+        dir.path(),
+        &format!(
+            "[subscribers.noisy-advisor]\ncomponent = {:?}\n",
+            kvwasm_guest_artifacts::HOSTILE_ADVISOR_PATH
+        ),
+    );
+    let config = Config::load(&path).expect("config");
+    let advisor = Advisor::from_config(&config, "noisy-advisor").expect("start the advisor");
+    let store = TwoTiers::new(10 * LEN);
+    let looper = AdvisorLoop::start(
+        advisor,
+        store.weak(),
+        LoopConfig {
+            interval_ms: 3_600_000,
+            drain_ms: 3_600_000,
+            ..LoopConfig::default()
+        },
+    )
+    .unwrap();
+    store.put(&key(b'c', 0), "s");
+    let rounds = 100;
+    let started = Instant::now();
+    for _ in 0..rounds {
+        store.get(&key(b'c', 0), "!panic");
+        looper.round();
+    }
+    let elapsed = started.elapsed();
+    let status = looper.status();
+    assert_eq!(status.guest_errors, rounds, "{status:?}");
+    assert_eq!(status.restarts, rounds, "{status:?}");
+    let lines = kvwasm_tests::logs::lines_with("subscribers.noisy-advisor");
+    // The discarded instance and the failed call: two kinds of line.
+    let budget = 2 * (elapsed.as_secs() + 1);
+    assert!(
+        (1..=budget).contains(&(lines.len() as u64)),
+        "{} lines for {rounds} losses in {elapsed:?} (budget {budget}): {lines:#?}",
+        lines.len()
+    );
+    for line in &lines {
+        assert!(line.len() < 1024, "{} bytes: {line}", line.len());
+    }
+    let decisions = store.decisions.lock().unwrap();
+    assert!(
+        decisions.iter().all(|d| d.contains("guest failed")),
+        "{decisions:?}"
+    );
 }
 
 /// A subscriber that is not an advisor is refused up front; `inspect` and

@@ -205,6 +205,54 @@ fn a_fabric_that_keeps_trapping_backs_off_then_recovers() {
     round_trip(&f, Tier::ThinkComplete, b"again").unwrap();
 }
 
+/// The most log lines a guest's losses may cause in `elapsed`: one line
+/// per kind of line (`keys`) and second, as the limiter admits them (the
+/// first at once, then one per started second).
+fn log_budget(keys: u64, elapsed: std::time::Duration) -> u64 {
+    keys * (elapsed.as_secs() + 1)
+}
+
+/// A fabric that gets itself discarded on every other call, quoting 4 KiB
+/// of stderr each time, costs the log at most one line per kind of line
+/// (the discarded instance, the failed call) and second, each cut to the
+/// limit on guest text: 100 losses, not 100 lines of 4 KiB.
+#[test]
+fn lost_fabric_instances_log_within_the_limit() {
+    kvwasm_tests::logs::capture();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        &format!(
+            "[fabrics.noisy]\ncomponent = {:?}\n",
+            kvwasm_guest_artifacts::HOSTILE_FABRIC_PATH
+        ),
+    );
+    let policy = Config::load(&path).unwrap().fabric("noisy").unwrap();
+    let f = Fabric::start(Arc::new(policy)).unwrap();
+    let noisy = frame(Tier::ThinkActive, b"!noisy");
+    let losses = 100;
+    let started = std::time::Instant::now();
+    for _ in 0..losses {
+        let err = f.push(&noisy).expect_err("panics");
+        assert!(matches!(err, KvError::Trapped(_)), "{err}");
+        // A success in between: no back-off, every push is a loss.
+        round_trip(&f, Tier::ThinkComplete, b"fine").unwrap();
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(kvwasm_host::metrics::snapshot()[f.name()].traps, losses);
+    let lines = kvwasm_tests::logs::lines_with("\"fabrics.noisy\"");
+    let budget = log_budget(2, elapsed);
+    assert!(
+        (2..=budget).contains(&(lines.len() as u64)),
+        "{} lines for {losses} losses in {elapsed:?} (budget {budget}): {lines:#?}",
+        lines.len()
+    );
+    assert!(lines.iter().any(|l| l.contains("discarded")), "{lines:#?}");
+    for line in &lines {
+        assert!(line.len() < 1024, "{} bytes: {line}", line.len());
+    }
+}
+
 #[test]
 fn a_kv_store_backend_is_not_a_fabric_and_vice_versa() {
     let dir = tempfile::tempdir().unwrap();

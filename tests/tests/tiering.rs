@@ -453,3 +453,325 @@ fn a_promote_then_demote_cycle_keeps_the_middle_tier_within_capacity() {
         assert!(store.get_chunk(&xxh3_key(chunk)).unwrap().as_slice() == chunk.as_slice());
     }
 }
+
+/// When no chunk of a full tier can leave it (every read of one fails), a
+/// put that needs room is refused at once with its reason, after trying
+/// each chunk once. On the old code the same unreadable chunk was picked
+/// again and again until the hot tier's deadline (issue 38: ~345,000
+/// failing reads a second for 30 s). Counted, not timed: the store counts
+/// every chunk a move could not take out of its tier.
+#[test]
+fn a_put_into_a_tier_nothing_can_leave_is_refused_after_trying_each_chunk_once() {
+    const LEN: usize = 64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    // Only the put moves chunks: no background demoter.
+    let knobs = "demote_interval_ms = 3600000\nlow_water_pct = 100\n";
+    let path = config(dir.path(), 1, &fs_cold(dir.path()), knobs);
+    let store = open_tiered(&path, "kv", "stuck").unwrap();
+    // 16 chunks of 64 KiB: the 1 MiB hot tier is full.
+    let chunks: Vec<Vec<u8>> = (0..16).map(|i| pattern(LEN, 9_000 + i)).collect();
+    for chunk in &chunks {
+        assert!(!store.put_chunk(&xxh3_key(chunk), chunk).unwrap());
+    }
+    // Every hot chunk becomes unreadable: a directory where its file was.
+    let file_of = |chunk: &[u8]| {
+        let name = hex_name(&xxh3_key(chunk));
+        dir.path()
+            .join(format!("hot/stuck/chunks/{}/{name}", &name[..1]))
+    };
+    for chunk in &chunks {
+        std::fs::remove_file(file_of(chunk)).unwrap();
+        std::fs::create_dir(file_of(chunk)).unwrap();
+    }
+    let failures = || {
+        tiers(&store)
+            .metrics()
+            .move_failures
+            .load(Ordering::Relaxed)
+    };
+    let extra = pattern(LEN, 9_100);
+    match store.put_chunk(&xxh3_key(&extra), &extra) {
+        Err(KvError::Limit(why)) => {
+            assert!(
+                why.contains("none of its chunks could be moved out"),
+                "{why}"
+            )
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(failures(), 16, "each chunk is tried once per put");
+    // Again: each tried once more, no more.
+    assert!(store.put_chunk(&xxh3_key(&extra), &extra).is_err());
+    assert_eq!(failures(), 32);
+    // Once the chunks read again, the put demotes one and lands.
+    for chunk in &chunks {
+        std::fs::remove_dir(file_of(chunk)).unwrap();
+        std::fs::write(file_of(chunk), chunk).unwrap();
+    }
+    assert!(!store.put_chunk(&xxh3_key(&extra), &extra).unwrap());
+    assert_eq!(failures(), 32);
+    for chunk in chunks.iter().chain([&extra]) {
+        assert!(store.get_chunk(&xxh3_key(chunk)).unwrap().as_slice() == chunk.as_slice());
+    }
+}
+
+/// Set in the child process [`an_advisor_hoarding_descriptors_leaves_every_consumer_call_working`] runs in.
+const DESCRIPTOR_CHILD: &str = "KVWASM_TEST_DESCRIPTOR_CHILD";
+
+/// Descriptors the process holds now.
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// An advisor granted a directory opens files in `advise` until refused
+/// and keeps them (issue 38: it held the whole guest share at
+/// `RLIMIT_NOFILE` 1024, the store's own fs tiers could then open nothing,
+/// gets failed and a put spun). In a child process of its own at a soft
+/// limit of 1024 (the limits are per process): with its default cap the
+/// advisor holds at most 16 descriptors; with its caps raised as far as
+/// they go, it stops at the share of guests that serve no consumer (half
+/// of the guests' three quarters), and every consumer call still works:
+/// puts that demote through both fs tiers, gets from both, manifests.
+#[test]
+fn an_advisor_hoarding_descriptors_leaves_every_consumer_call_working() {
+    const NAME: &str = "an_advisor_hoarding_descriptors_leaves_every_consumer_call_working";
+    if std::env::var_os(DESCRIPTOR_CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+            .env(DESCRIPTOR_CHILD, "1")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        assert!(stdout.contains("1 passed"), "{stdout}\n{stderr}");
+        return;
+    }
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reads and writes one rlimit struct of this (child) process.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        assert!(limit.rlim_max >= 1024, "hard limit {}", limit.rlim_max);
+        limit.rlim_cur = 1024;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+    }
+    // The guests' share is 768 descriptors; guests that serve no consumer
+    // get half of it.
+    let auxiliary_share = 768 / 2;
+    const LEN: usize = 64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let advisor_dir = dir.path().join("advisor");
+    std::fs::create_dir_all(&advisor_dir).unwrap();
+    std::fs::write(advisor_dir.join("fd-target"), b"x").unwrap();
+    let store_entry = |name: &str, advisor: &str| {
+        format!(
+            "[backends.{name}-hot]\ncomponent = \"builtin:fs\"\ndir = {:?}\ncapacity_mib = 1\n\
+             [backends.{name}-cold]\ncomponent = \"builtin:fs\"\ndir = {:?}\n\
+             [backends.{name}]\ntiers = [\"{name}-hot\", \"{name}-cold\"]\n\
+             advisor = \"{advisor}\"\ndemote_interval_ms = 3600000\n\
+             advisor_loop = {{ interval_ms = 3600000, drain_ms = 3600000 }}\n",
+            dir.path().join(format!("{name}-hot")),
+            dir.path().join(format!("{name}-cold"))
+        )
+    };
+    let advisor_entry = |name: &str, caps: &str| {
+        format!(
+            "[subscribers.{name}]\ncomponent = {:?}\ndir = {advisor_dir:?}\n{caps}",
+            kvwasm_guest_artifacts::HOSTILE_ADVISOR_PATH
+        )
+    };
+    let text = [
+        store_entry("capped", "default-caps"),
+        store_entry("starved", "raised-caps"),
+        advisor_entry("default-caps", ""),
+        advisor_entry(
+            "raised-caps",
+            "max_descriptors = 1000000\nmax_resources = 1000000\n",
+        ),
+    ]
+    .concat();
+    let path = kvwasm_tests::write_config(dir.path(), &text);
+    // Tell the advisor to hoard, and let it act: one round.
+    let hoard = |store: &StoreHandle| {
+        assert!(matches!(store.get_manifest("!fds"), Err(KvError::NotFound)));
+        let first = pattern(LEN, 1);
+        store.put_chunk(&xxh3_key(&first), &first).unwrap();
+        let before = open_descriptors();
+        assert!(store.advisor_round());
+        open_descriptors() - before
+    };
+
+    let capped = open_tiered(&path, "capped", "ns").unwrap();
+    let held = hoard(&capped);
+    assert!((8..=16).contains(&held), "the advisor holds {held} more");
+
+    let starved = open_tiered(&path, "starved", "ns").unwrap();
+    let held = hoard(&starved);
+    let total = open_descriptors();
+    assert!(held > 200, "the attack did not run: {held} descriptors");
+    assert!(
+        total <= auxiliary_share + 2,
+        "{total} descriptors open, the advisor's share ends at {auxiliary_share}"
+    );
+    // Every consumer call works: 40 chunks through a 16-chunk hot tier
+    // (demotions open files in both tiers), every one read back, a
+    // manifest published and read.
+    let chunks: Vec<Vec<u8>> = (2..42).map(|i| pattern(LEN, i)).collect();
+    for chunk in &chunks {
+        store_ok(starved.put_chunk(&xxh3_key(chunk), chunk));
+    }
+    let keys: Vec<u8> = chunks.iter().flat_map(|c| xxh3_key(c)).collect();
+    store_ok(starved.put_manifest("after-the-flood", &keys));
+    assert_eq!(
+        starved.get_manifest("after-the-flood").unwrap().as_slice(),
+        keys.as_slice()
+    );
+    for chunk in &chunks {
+        let got = starved.get_chunk(&xxh3_key(chunk)).unwrap();
+        assert!(got.as_slice() == chunk.as_slice());
+    }
+    let status = tiers(&starved).status();
+    assert!(status.demotions >= 24, "{status:?}");
+    assert_eq!(status.misses, 0);
+    assert_eq!(
+        tiers(&starved)
+            .metrics()
+            .move_failures
+            .load(Ordering::Relaxed),
+        0
+    );
+}
+
+fn store_ok<T: std::fmt::Debug>(result: Result<T, KvError>) {
+    if let Err(e) = result {
+        panic!("a consumer call failed: {e}");
+    }
+}
+
+/// One run of the shared-prompt trace through a real tiered store (the
+/// simulation's shape, `guest-backends/advisor-core/src/sim.rs`, scaled to
+/// 11 KiB chunks so that 93 fit a 1 MiB hot tier, 30% of the sessions'
+/// data): 10 sessions of 72 shared and 24 own chunks saved, then 200
+/// restores in a seeded order, a one-off 24-chunk request every 2nd
+/// turn; after each turn the background demoter's pass and, with an
+/// advisor, its round. Everything runs on this thread, in order: the same
+/// store state for the same config every time. Returns the hot tier's hit
+/// ratio over the restores, and the store's figures.
+fn shared_prompt_trace(
+    dir: &Path,
+    advisor: Option<&str>,
+) -> (f64, kvwasm_host::tiering::TierStatus) {
+    const LEN: usize = 11 << 10;
+    let (prompt, own, sessions) = (72u64, 24u64, 10u64);
+    let advisor_knobs = match advisor {
+        Some(policy) => format!(
+            "advisor = \"policy\"\nadvisor_loop = {{ interval_ms = 3600000, drain_ms = 3600000 }}\n\
+             [subscribers.policy]\ncomponent = \"builtin:advisor\"\nsettings = {{ policy = \"{policy}\" }}\n"
+        ),
+        None => String::new(),
+    };
+    // No clock anywhere: the demoter's timer never fires (its pass runs
+    // below), and no advised move is over a rate limit.
+    let knobs = format!(
+        "demote_interval_ms = 3600000\nmax_moves_per_sec = 1000000000\n\
+         max_move_mib_per_sec = 1000000000\n{advisor_knobs}"
+    );
+    let path = config(dir, 1, &fs_cold(dir), &knobs);
+    let store = open_tiered(&path, "kv", "trace").unwrap();
+    let chunk = |kind: u64, owner: u64, i: u64| pattern(LEN, kind << 40 | owner << 20 | i);
+    let session = |s: u64| -> Vec<Vec<u8>> {
+        (0..prompt)
+            .map(|i| chunk(1, 0, i))
+            .chain((0..own).map(|i| chunk(2, s, i)))
+            .collect()
+    };
+    let end_of_turn = || {
+        tiers(&store).demote_to_low_water().unwrap();
+        if advisor.is_some() {
+            assert!(store.advisor_round());
+        }
+    };
+    for s in 0..sessions {
+        let chunks = session(s);
+        for c in &chunks {
+            store.put_chunk(&xxh3_key(c), c).unwrap();
+        }
+        store
+            .put_manifest(&format!("session-{s}"), &manifest(&chunks))
+            .unwrap();
+        end_of_turn();
+    }
+    let hot_hits = || {
+        tiers(&store).metrics().tiers[0]
+            .hits
+            .load(Ordering::Relaxed)
+    };
+    let (mut reads, mut hits) = (0u64, 0u64);
+    let mut rng = 0x5eed_u64 | 1;
+    for turn in 0..200u64 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let s = rng % sessions;
+        let name = format!("session-{s}");
+        store.get_manifest(&name).unwrap();
+        let before = hot_hits();
+        for c in session(s) {
+            assert!(store.get_chunk(&xxh3_key(&c)).unwrap().as_slice() == c.as_slice());
+            reads += 1;
+        }
+        hits += hot_hits() - before;
+        if turn % 2 == 0 {
+            store.get_manifest(&format!("oneoff-{turn}")).unwrap_err();
+            let scan: Vec<Vec<u8>> = (0..24).map(|i| chunk(3, turn, i)).collect();
+            for c in &scan {
+                store.put_chunk(&xxh3_key(c), c).unwrap();
+            }
+            for c in &scan {
+                store.get_chunk(&xxh3_key(c)).unwrap();
+            }
+        }
+        end_of_turn();
+    }
+    (hits as f64 / reads as f64, tiers(&store).status())
+}
+
+/// Issue 38: over this trace `policy = "lru"` scored a 0.44–0.49 hot hit
+/// ratio against 0.52 with no advisor, and thousands of its moves were
+/// refused ("chunk not in that tier", "target tier full") because it never
+/// learned what the store moved. Now the store reports its moves and
+/// deduplicated puts, LRU promotes into free room only, and over the same
+/// deterministic trace it scores at least what no advisor does, with no
+/// advice refused; the default policy scores more.
+#[test]
+fn plain_lru_advice_scores_at_least_the_hit_ratio_of_no_advisor() {
+    let runs: Vec<(&str, f64, kvwasm_host::tiering::TierStatus)> =
+        [None, Some("lru"), Some("frequency")]
+            .into_iter()
+            .map(|advisor| {
+                let dir = tempfile::tempdir().unwrap();
+                let (ratio, status) = shared_prompt_trace(dir.path(), advisor);
+                eprintln!("{advisor:?}: hot hit ratio {ratio:.3}, {status:?}");
+                (advisor.unwrap_or("none"), ratio, status)
+            })
+            .collect();
+    let [
+        (_, none, _),
+        (_, lru, lru_status),
+        (_, frequency, frequency_status),
+    ] = runs.as_slice()
+    else {
+        unreachable!()
+    };
+    assert!(lru >= none, "lru {lru:.3} < no advisor {none:.3}");
+    assert!(frequency > lru, "frequency {frequency:.3} <= lru {lru:.3}");
+    for status in [lru_status, frequency_status] {
+        assert_eq!(status.refused, 0, "{:?}", status.decisions);
+        assert_eq!(status.misses, 0);
+    }
+}

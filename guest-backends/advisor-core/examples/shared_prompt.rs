@@ -30,23 +30,26 @@ fn main() {
     ];
     for (name, w) in variants {
         println!("{name}: {w:?}");
-        for mode in [Mode::Frequency, Mode::Lru] {
+        let modes = [Some(Mode::Frequency), Some(Mode::Lru), None];
+        for mode in modes {
             let o = sim::run(
                 &w,
-                Knobs {
+                mode.map(|mode| Knobs {
                     mode,
                     ..Knobs::default()
-                },
+                }),
             );
+            let name = mode.map_or("no advisor".to_owned(), |m| format!("{m:?}"));
             println!(
-                "  {mode:?}: restore hit ratio {:.3} ({} of {} chunk reads), shared prompt hot \
-                 at end {}/{}, moves {}, max hot {} of {} bytes, lost {}",
+                "  {name}: restore hit ratio {:.3} ({} of {} chunk reads), shared prompt hot \
+                 at end {}/{}, moves {}, refused {}, max hot {} of {} bytes, lost {}",
                 o.hit_ratio(),
                 o.hot_hits,
                 o.restore_reads,
                 o.prefix_hot_at_end,
                 w.prefix_chunks,
                 o.moves,
+                o.refused,
                 o.max_hot_bytes,
                 o.capacity,
                 o.lost

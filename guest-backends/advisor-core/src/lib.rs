@@ -18,8 +18,14 @@
 //!   chunks.
 //!
 //! [`Mode::Lru`] is the baseline the benchmark compares against: the same
-//! mechanics ordered by recency only, no counts, no protection, and every
-//! chunk read from a lower tier promoted.
+//! mechanics ordered by recency only, no counts, no protection, and chunks
+//! read from a lower tier promoted into free room only (displacing others
+//! on every read from below thrashes a tier smaller than one restore, and
+//! scored below having no advisor at all).
+//!
+//! The policy learns where chunks are from the store itself: accesses name
+//! the tier read, and the store reports every move it makes, on its own or
+//! on advice ([`Policy::observe_moves`]). Advice is never assumed applied.
 
 use std::collections::HashMap;
 
@@ -42,6 +48,27 @@ pub struct Access {
     pub len: u64,
     pub tier: u32,
     pub manifest: Option<String>,
+}
+
+/// How the store moved a chunk between its tiers (the WIT `move-kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveKind {
+    /// Copied from `tier` one tier up; the copy in `tier` stays.
+    Promoted,
+    /// Moved from `tier` one tier down; the copy in `tier` is gone.
+    Demoted,
+    /// Removed from `tier`; a lower tier keeps a copy.
+    Evicted,
+}
+
+/// One move the store made, on its own or on advice (the WIT `chunk-move`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Move {
+    pub kind: MoveKind,
+    pub hash: Vec<u8>,
+    pub len: u64,
+    /// The tier the chunk moved from.
+    pub tier: u32,
 }
 
 /// What one tier holds (the WIT `tier-usage`).
@@ -72,7 +99,8 @@ pub struct Advice {
 pub enum Mode {
     /// Frequency-aware LRU with prefix protection (the default).
     Frequency,
-    /// Plain LRU: the baseline.
+    /// Plain LRU: the baseline. Promotes into free room only; never
+    /// worse than no advisor on the benchmark's traces (a test holds it).
     Lru,
 }
 
@@ -211,7 +239,7 @@ impl Policy {
             chunk.at = clock;
             chunk.last = clock;
             match access.kind {
-                AccessKind::Put => chunk.tier = 0,
+                AccessKind::Put => chunk.tier = access.tier,
                 _ => {
                     if access.tier > chunk.tier {
                         chunk.below = false;
@@ -230,8 +258,35 @@ impl Policy {
         self.forget_beyond_limit();
     }
 
-    /// Advice for tiers in `usage` (hottest first). The advice assumes it
-    /// is applied; a refusal shows up as the chunk's next access.
+    /// Take in the moves the store made, in order: where each chunk is now.
+    /// Moves change no chunk's heat. A chunk the policy does not track is
+    /// ignored (it learns it from its next access).
+    pub fn observe_moves(&mut self, moves: &[Move]) {
+        for m in moves {
+            let Some(chunk) = self.chunks.get_mut(&m.hash) else {
+                continue;
+            };
+            // `chunk.tier` is the hottest tier believed to hold the chunk;
+            // a move out of a colder tier than that changes nothing.
+            match m.kind {
+                MoveKind::Promoted if m.tier >= 1 && chunk.tier >= m.tier => {
+                    chunk.tier = m.tier - 1;
+                    chunk.below = true;
+                    chunk.wanted = false;
+                }
+                MoveKind::Demoted | MoveKind::Evicted if chunk.tier >= m.tier => {
+                    chunk.tier = m.tier + 1;
+                    chunk.below = false;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Advice for tiers in `usage` (hottest first). The advice is not
+    /// assumed applied: where each chunk ends up is learned from the
+    /// store's moves ([`Policy::observe_moves`]) and accesses, so a refused
+    /// or failed move leaves nothing wrong behind.
     pub fn advise(&mut self, usage: &[TierUsage]) -> Vec<Advice> {
         let mut advice: Vec<Advice> = Vec::new();
         let mut moves = 0usize;
@@ -258,16 +313,14 @@ impl Policy {
             victims.reverse(); // coldest last, for pop()
             let mut demoted: Vec<Vec<u8>> = Vec::new();
             let mut evicted: Vec<Vec<u8>> = Vec::new();
-            let mut leave = |p: &mut Policy, hash: Vec<u8>, room: &mut i128| {
-                let chunk = p.chunks.get_mut(&hash).expect("ranked from the map");
+            let mut leave = |p: &Policy, hash: Vec<u8>, room: &mut i128| {
+                let chunk = &p.chunks[&hash];
                 *room += chunk.len as i128;
                 if chunk.below {
                     evicted.push(hash);
                 } else {
                     demoted.push(hash);
                 }
-                chunk.tier = upper + 1;
-                chunk.below = false;
             };
             if over_high {
                 while room < 0 && moves < self.knobs.max_moves {
@@ -290,8 +343,12 @@ impl Policy {
                     continue;
                 }
                 let len = chunk.len as i128;
-                // Make room by displacing colder chunks, never a hotter one.
-                while room < len && moves + 1 < self.knobs.max_moves {
+                // Make room by displacing colder chunks, never a hotter one
+                // (plain LRU promotes into free room only, see [`Mode::Lru`]).
+                while room < len
+                    && moves + 1 < self.knobs.max_moves
+                    && self.knobs.mode == Mode::Frequency
+                {
                     let Some(victim) = victims.last() else { break };
                     if !self.colder(&self.chunks[victim], &self.chunks[&hash]) {
                         break;
@@ -305,10 +362,12 @@ impl Policy {
                 }
                 room -= len;
                 moves += 1;
-                let chunk = self.chunks.get_mut(&hash).expect("ranked from the map");
-                chunk.tier = upper;
-                chunk.below = true;
-                chunk.wanted = false;
+                // Asked for once: if the promotion is refused, the chunk's
+                // next read from below asks again.
+                self.chunks
+                    .get_mut(&hash)
+                    .expect("ranked from the map")
+                    .wanted = false;
                 promoted.push(hash);
             }
             for (action, tier, hashes) in [

@@ -1,14 +1,18 @@
 //! A two-tier store simulated in memory, driven by a shared-prompt trace,
 //! to measure a policy's restore hit ratio in the hot tier (docs/tiering.md,
-//! docs/benchmarks.md). The store applies advice under the host's rules
-//! (promote only into room, evict only where a copy is below) and, like
-//! the real store, never lets the hot tier exceed its capacity: a put that
-//! would overflow asks for advice first and, if that frees nothing,
-//! demotes the oldest hot chunk itself.
+//! docs/benchmarks.md). The store behaves as the real one
+//! (`kvwasm_host::tiering`): puts land in the hot tier, a put that would
+//! overflow it first demotes the least recently used hot chunks (puts and
+//! reads count as uses), reads never move anything by themselves, and
+//! after each turn the background demoter brings the hot tier down to its
+//! low-water mark (80% without an advisor, none with one) and the advisor,
+//! if any, has a round. Advice is applied under the host's rules (promote
+//! only into room, evict only where a copy is below), and every move the
+//! store makes, on its own or on advice, is reported to the policy.
 
 use std::collections::HashMap;
 
-use crate::{Access, AccessKind, Action, Advice, Knobs, Policy, TierUsage};
+use crate::{Access, AccessKind, Action, Advice, Knobs, Move, MoveKind, Policy, TierUsage};
 
 /// The trace: `sessions` sessions sharing `prefix_chunks` chunks of system
 /// prompt, each with `unique_chunks` of its own, saved once and then
@@ -59,8 +63,10 @@ pub struct Outcome {
     /// The hot tier's capacity and the most it ever held.
     pub capacity: u64,
     pub max_hot_bytes: u64,
-    /// Chunks moved between tiers (advised or forced).
+    /// Chunks moved between tiers (advised or the store's own).
     pub moves: u64,
+    /// Advised chunks the store refused (not in that tier, no room...).
+    pub refused: u64,
     /// Reads that found no tier with the chunk (must stay 0).
     pub lost: u64,
 }
@@ -71,16 +77,27 @@ impl Outcome {
     }
 }
 
-/// Run `workload` against a store advised by a policy with `knobs`.
-pub fn run(workload: &Workload, knobs: Knobs) -> Outcome {
+/// The store's background demoter target without an advisor (the tiered
+/// entry's `low_water_pct` default); with one it is 100.
+const LOW_WATER_PCT: u64 = 80;
+
+/// Run `workload` against a store advised by a policy with `knobs`, or
+/// with no advisor at all (`None`).
+pub fn run(workload: &Workload, knobs: Option<Knobs>) -> Outcome {
     let w = workload;
     let data = u64::from(w.prefix_chunks + w.sessions * w.unique_chunks) * w.chunk_bytes;
+    let capacity = data / 100 * w.hot_pct;
+    let low_water = match knobs {
+        Some(_) => capacity,
+        None => capacity / 100 * LOW_WATER_PCT,
+    };
     let mut store = Store {
-        policy: Policy::new(knobs),
-        capacity: data / 100 * w.hot_pct,
+        policy: knobs.map(Policy::new),
+        capacity,
+        low_water,
         chunks: HashMap::new(),
         used: 0,
-        inserted: 0,
+        clock: 0,
         pending: Vec::new(),
         outcome: Outcome::default(),
     };
@@ -95,7 +112,7 @@ pub fn run(workload: &Workload, knobs: Knobs) -> Outcome {
         for hash in session(s) {
             store.put(hash, w.chunk_bytes, &name);
         }
-        store.tick(0);
+        store.end_of_turn();
     }
     let mut rng = w.seed | 1;
     for turn in 0..w.turns {
@@ -119,7 +136,7 @@ pub fn run(workload: &Workload, knobs: Knobs) -> Outcome {
                 store.get(hash, &name);
             }
         }
-        store.tick(0);
+        store.end_of_turn();
     }
     store.outcome.prefix_hot_at_end = prefix_hot(&store, w.prefix_chunks);
     store.outcome
@@ -143,41 +160,48 @@ struct Place {
     len: u64,
     hot: bool,
     cold: bool,
-    /// Put order, for the store's own fallback demotion.
-    inserted: u64,
+    /// The store's clock at the last put or read (its LRU order).
+    last_use: u64,
+}
+
+/// What the policy has not been told yet, in order.
+enum Event {
+    Access(Access),
+    Move(Move),
 }
 
 struct Store {
-    policy: Policy,
+    policy: Option<Policy>,
     capacity: u64,
+    /// Where the background demoter brings the hot tier after each turn.
+    low_water: u64,
     chunks: HashMap<Vec<u8>, Place>,
     used: u64,
-    inserted: u64,
-    /// Accesses not yet handed to the policy.
-    pending: Vec<Access>,
+    clock: u64,
+    pending: Vec<Event>,
     outcome: Outcome,
 }
 
 impl Store {
     fn put(&mut self, hash: Vec<u8>, len: u64, manifest: &str) {
-        if self.chunks.contains_key(&hash) {
-            return; // dedup across tiers: nothing stored
+        self.clock += 1;
+        if let Some(place) = self.chunks.get_mut(&hash) {
+            // Deduplicated across tiers: nothing stored, but a use.
+            place.last_use = self.clock;
+            let (len, tier) = (place.len, u32::from(!place.hot));
+            self.access(AccessKind::Put, hash, len, tier, manifest);
+            return;
         }
         while self.used + len > self.capacity {
-            let before = self.used;
-            self.tick(len);
-            if self.used == before {
-                self.force_demotion();
-            }
+            self.demote_lru();
         }
-        self.inserted += 1;
         self.chunks.insert(
             hash.clone(),
             Place {
                 len,
                 hot: true,
                 cold: false,
-                inserted: self.inserted,
+                last_use: self.clock,
             },
         );
         self.used += len;
@@ -187,10 +211,12 @@ impl Store {
 
     /// Read `hash`; whether the hot tier served it.
     fn get(&mut self, hash: &[u8], manifest: &str) -> bool {
-        let Some(place) = self.chunks.get(hash) else {
+        self.clock += 1;
+        let Some(place) = self.chunks.get_mut(hash) else {
             self.outcome.lost += 1;
             return false;
         };
+        place.last_use = self.clock;
         let (hot, len) = (place.hot, place.len);
         self.access(
             AccessKind::Hit,
@@ -203,30 +229,99 @@ impl Store {
     }
 
     fn access(&mut self, kind: AccessKind, hash: Vec<u8>, len: u64, tier: u32, manifest: &str) {
-        self.pending.push(Access {
-            kind,
-            hash,
-            len,
-            tier,
-            manifest: Some(manifest.to_owned()),
-        });
+        if self.policy.is_some() {
+            self.pending.push(Event::Access(Access {
+                kind,
+                hash,
+                len,
+                tier,
+                manifest: Some(manifest.to_owned()),
+            }));
+        }
     }
 
-    /// One round of the advisor loop: observe, advise, apply. `waiting`
-    /// bytes of puts count as used, as the real store reports them.
-    fn tick(&mut self, waiting: u64) {
-        self.policy.observe(&std::mem::take(&mut self.pending));
+    /// The store's own demotion: the least recently used hot chunk.
+    fn demote_lru(&mut self) {
+        let victim = self
+            .chunks
+            .iter()
+            .filter(|(_, p)| p.hot)
+            .min_by_key(|(_, p)| p.last_use)
+            .map(|(h, _)| h.clone())
+            .expect("the hot tier is over capacity, so not empty");
+        self.move_down(&victim);
+    }
+
+    /// Take `hash` out of the hot tier: a copy below makes it an eviction.
+    fn move_down(&mut self, hash: &[u8]) {
+        let place = self.chunks.get_mut(hash).expect("a known chunk");
+        let kind = if place.cold {
+            MoveKind::Evicted
+        } else {
+            MoveKind::Demoted
+        };
+        place.hot = false;
+        place.cold = true;
+        self.used -= place.len;
+        let len = place.len;
+        self.moved(kind, hash, len, 0);
+    }
+
+    fn moved(&mut self, kind: MoveKind, hash: &[u8], len: u64, tier: u32) {
+        self.outcome.moves += 1;
+        if self.policy.is_some() {
+            self.pending.push(Event::Move(Move {
+                kind,
+                hash: hash.to_vec(),
+                len,
+                tier,
+            }));
+        }
+    }
+
+    /// After a turn: the background demoter, then the advisor's round
+    /// (everything the store logged handed over in order; advice; apply).
+    fn end_of_turn(&mut self) {
+        while self.used > self.low_water {
+            self.demote_lru();
+        }
+        let Some(mut policy) = self.policy.take() else {
+            return;
+        };
+        let pending = std::mem::take(&mut self.pending);
+        for run in
+            pending.chunk_by(|a, b| matches!(a, Event::Move(_)) == matches!(b, Event::Move(_)))
+        {
+            let accesses: Vec<Access> = run
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Access(a) => Some(a.clone()),
+                    Event::Move(_) => None,
+                })
+                .collect();
+            let moves: Vec<Move> = run
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Move(m) => Some(m.clone()),
+                    Event::Access(_) => None,
+                })
+                .collect();
+            policy.observe(&accesses);
+            policy.observe_moves(&moves);
+        }
         let usage = [
             TierUsage {
                 capacity_bytes: Some(self.capacity),
-                used_bytes: self.used + waiting,
+                used_bytes: self.used,
             },
             TierUsage {
                 capacity_bytes: None,
                 used_bytes: 0,
             },
         ];
-        for advice in self.policy.advise(&usage) {
+        let advice = policy.advise(&usage);
+        self.policy = Some(policy);
+        for advice in advice {
             self.apply(advice);
         }
     }
@@ -234,41 +329,21 @@ impl Store {
     fn apply(&mut self, advice: Advice) {
         for hash in advice.hashes {
             let Some(place) = self.chunks.get_mut(&hash) else {
+                self.outcome.refused += 1;
                 continue;
             };
+            let (hot, cold, len) = (place.hot, place.cold, place.len);
             match (advice.action, advice.tier) {
-                (Action::Demote, 0) | (Action::Evict, 0) if place.hot => {
-                    if advice.action == Action::Evict && !place.cold {
-                        continue; // the last copy stays
-                    }
-                    place.hot = false;
-                    place.cold = true;
-                    self.used -= place.len;
-                    self.outcome.moves += 1;
-                }
-                (Action::Promote, 1) if !place.hot && self.used + place.len <= self.capacity => {
+                (Action::Demote, 0) if hot => self.move_down(&hash),
+                (Action::Evict, 0) if hot && cold => self.move_down(&hash),
+                (Action::Promote, 1) if !hot && self.used + len <= self.capacity => {
                     place.hot = true;
-                    self.used += place.len;
-                    self.outcome.moves += 1;
+                    self.used += len;
+                    self.moved(MoveKind::Promoted, &hash, len, 1);
                 }
-                _ => {}
+                _ => self.outcome.refused += 1,
             }
         }
         self.outcome.max_hot_bytes = self.outcome.max_hot_bytes.max(self.used);
-    }
-
-    /// The store's own way out when advice freed nothing: the oldest put.
-    fn force_demotion(&mut self) {
-        let oldest = self
-            .chunks
-            .iter_mut()
-            .filter(|(_, p)| p.hot)
-            .min_by_key(|(_, p)| p.inserted)
-            .map(|(_, p)| p)
-            .expect("the hot tier is over capacity, so not empty");
-        oldest.hot = false;
-        oldest.cold = true;
-        self.used -= oldest.len;
-        self.outcome.moves += 1;
     }
 }

@@ -1,6 +1,7 @@
 //! `builtin:advisor`: the storage advisor guest (`kvwasm:events/storage-advisor`).
-//! The tiered store's accesses arrive through `observe`, and `advise`
-//! answers with moves; both go to one [`Policy`] (kvwasm-advisor-core),
+//! The tiered store's accesses arrive through `observe` and its own moves
+//! through `observe-moves`, and `advise` answers with moves; all go to one
+//! [`Policy`] (kvwasm-advisor-core),
 //! which lives as long as this instance. A replaced instance starts cold:
 //! advice only costs hit ratio, so nothing needs replaying.
 //!
@@ -11,9 +12,11 @@
 
 use std::cell::RefCell;
 
-use kvwasm_advisor_bindings::exports::kvwasm::events::{advisor, subscriber};
+use kvwasm_advisor_bindings::exports::kvwasm::events::{advisor, advisor_moves, subscriber};
 use kvwasm_advisor_bindings::kvwasm::events::types;
-use kvwasm_advisor_core::{Access, AccessKind, Action, Advice, Knobs, Policy, TierUsage};
+use kvwasm_advisor_core::{
+    Access, AccessKind, Action, Advice, Knobs, Move, MoveKind, Policy, TierUsage,
+};
 use kvwasm_guest_support::Settings;
 
 thread_local! {
@@ -110,6 +113,25 @@ impl advisor::Guest for Advisor {
                 },
             )
             .collect()
+    }
+}
+
+impl advisor_moves::Guest for Advisor {
+    fn observe_moves(moves: Vec<advisor_moves::ChunkMove>) {
+        let moves: Vec<Move> = moves
+            .into_iter()
+            .map(|m| Move {
+                kind: match m.kind {
+                    advisor_moves::MoveKind::Promoted => MoveKind::Promoted,
+                    advisor_moves::MoveKind::Demoted => MoveKind::Demoted,
+                    advisor_moves::MoveKind::Evicted => MoveKind::Evicted,
+                },
+                hash: m.hash,
+                len: m.len,
+                tier: m.tier,
+            })
+            .collect();
+        with_policy(|p| p.observe_moves(&moves));
     }
 }
 

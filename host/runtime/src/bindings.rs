@@ -88,12 +88,14 @@ pub(crate) mod events {
     });
 }
 
-/// Host bindings for the `storage-advisor` world of `wit/events`: what a
-/// storage advisor exports besides `subscriber` (`crate::tiering::advisor`).
+/// Host bindings for the `storage-advisor-moves` world of `wit/events`:
+/// what a storage advisor exports besides `subscriber`
+/// (`crate::tiering::advisor`); `advisor-moves` is optional (advisors built
+/// against the `storage-advisor` world of 0.1.0 do not export it).
 pub(crate) mod advisor {
     wasmtime::component::bindgen!({
         path: ["../../wit/events"],
-        world: "kvwasm:events/storage-advisor",
+        world: "kvwasm:events/storage-advisor-moves",
         exports: { default: async },
         require_store_data_send: true,
     });

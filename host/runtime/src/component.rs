@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use wasmtime::component::{HasSelf, Linker};
 
 use crate::artifact_cache::{self, Origin};
-use crate::bindings::advisor::exports::kvwasm::events::advisor;
+use crate::bindings::advisor::exports::kvwasm::events::{advisor, advisor_moves};
 use crate::bindings::events::exports::kvwasm::events::{http_api, subscriber};
 use crate::bindings::fabric::FabricPre;
 use crate::bindings::kvwasm::kv_store::{payload_io, payload_streams, types};
@@ -177,6 +177,8 @@ pub(crate) struct SubscriberExports {
     pub(crate) subscriber: subscriber::GuestIndices,
     pub(crate) http_api: Option<http_api::GuestIndices>,
     pub(crate) advisor: Option<advisor::GuestIndices>,
+    /// An advisor told the store's own moves (events 0.1.1).
+    pub(crate) advisor_moves: Option<advisor_moves::GuestIndices>,
 }
 
 impl SubscriberExports {
@@ -185,6 +187,7 @@ impl SubscriberExports {
             subscriber: subscriber::GuestIndices::new(&pre)?,
             http_api: http_api::GuestIndices::new(&pre).ok(),
             advisor: advisor::GuestIndices::new(&pre).ok(),
+            advisor_moves: advisor_moves::GuestIndices::new(&pre).ok(),
             pre,
         })
     }

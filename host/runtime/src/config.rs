@@ -20,6 +20,9 @@
 //! max_payload_mib = 1024
 //! fuel = 50000000                   # optional: instructions per call (metered engine)
 //! max_resources = 1024              # files, sockets, payloads... one instance may hold
+//! max_descriptors = 256             # files and sockets one instance may hold open
+//!                                   # (default: none for backends, 16 for fabrics
+//!                                   # and subscribers)
 //! publish_events = "tcp://127.0.0.1:5557"  # optional: stored chunks as KV events (ZMQ PUB)
 //! tls = true                        # TLS to the peers/origins (public roots), or:
 //! # [backends.acme.tls]             # ca_file, ca_mode = "replace"|"extend",
@@ -157,6 +160,9 @@ pub struct BackendConfig {
     pub fuel: Option<u64>,
     /// Resources (files, sockets, payloads...) one instance may hold.
     pub max_resources: Option<usize>,
+    /// Files, directories and TCP sockets one instance may hold open
+    /// (default: unset for backends, 16 for fabrics and subscribers).
+    pub max_descriptors: Option<usize>,
     /// Limits for tenants (the first component of the namespace).
     #[serde(default)]
     pub tenants: BTreeMap<String, LimitsConfig>,
@@ -426,6 +432,7 @@ impl BackendConfig {
             max_payload_mib: self.max_payload_mib,
             fuel: self.fuel,
             max_resources: self.max_resources,
+            max_descriptors: self.max_descriptors,
         }
         .over(&Limits::default())
     }

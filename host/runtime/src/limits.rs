@@ -36,6 +36,10 @@ pub struct Limits {
     /// Most resources (files, sockets, payloads, pollables, HTTP requests...)
     /// one instance may hold at once.
     pub max_resources: usize,
+    /// Most files, directories and TCP sockets one instance may hold open
+    /// at once; `None` for its kind's default
+    /// ([`Limits::max_descriptors_for`]).
+    pub max_descriptors: Option<usize>,
 }
 
 impl Default for Limits {
@@ -46,14 +50,34 @@ impl Default for Limits {
             max_payload_mib: 1024,
             fuel: None,
             max_resources: 1024,
+            max_descriptors: None,
         }
     }
 }
+
+/// Descriptors a fabric, event subscriber or storage advisor may hold by
+/// default: they serve no consumer's data, and the shipped ones open a
+/// socket or two at most.
+pub const AUXILIARY_MAX_DESCRIPTORS: usize = 16;
 
 impl Limits {
     /// [`Limits::max_payload_mib`] in bytes.
     pub fn max_payload_bytes(&self) -> u64 {
         self.max_payload_mib.saturating_mul(1 << 20)
+    }
+
+    /// The descriptor cap of an instance of a `kind` guest: the configured
+    /// one, else [`AUXILIARY_MAX_DESCRIPTORS`] for guests other than
+    /// kv-store backends, whose only default bound is `max_resources` (and
+    /// the process's share, `capabilities::descriptors`).
+    pub fn max_descriptors_for(&self, kind: crate::component::GuestKind) -> Option<usize> {
+        match kind {
+            _ if self.max_descriptors.is_some() => self.max_descriptors,
+            crate::component::GuestKind::KvStore => None,
+            crate::component::GuestKind::Fabric | crate::component::GuestKind::Subscriber => {
+                Some(AUXILIARY_MAX_DESCRIPTORS)
+            }
+        }
     }
 
     /// The limiter for one instance.
@@ -103,6 +127,8 @@ pub struct LimitsConfig {
     pub fuel: Option<u64>,
     /// Resources one instance may hold.
     pub max_resources: Option<usize>,
+    /// Files, directories and sockets one instance may hold open.
+    pub max_descriptors: Option<usize>,
 }
 
 impl LimitsConfig {
@@ -114,6 +140,7 @@ impl LimitsConfig {
             max_payload_mib: self.max_payload_mib.unwrap_or(base.max_payload_mib),
             fuel: self.fuel.or(base.fuel),
             max_resources: self.max_resources.unwrap_or(base.max_resources),
+            max_descriptors: self.max_descriptors.or(base.max_descriptors),
         }
     }
 }

@@ -207,6 +207,10 @@ pub struct TierMetrics {
     pub refused: AtomicU64,
     /// Access records dropped because nobody drained them in time.
     pub accesses_dropped: AtomicU64,
+    /// Chunks a move could not take out of their tier (the read of the
+    /// source or the copy failed): each is tried at most once per
+    /// reservation or demoter pass.
+    pub move_failures: AtomicU64,
 }
 
 /// One tier's figures.
@@ -288,7 +292,7 @@ fn tiered_text(out: &mut String) {
         }
     }
     type PerStore = (&'static str, &'static str, fn(&TierMetrics) -> &AtomicU64);
-    let per_store: [PerStore; 8] = [
+    let per_store: [PerStore; 9] = [
         ("tier_misses", "Chunk reads no tier could serve.", |m| {
             &m.misses
         }),
@@ -320,6 +324,11 @@ fn tiered_text(out: &mut String) {
             "tier_accesses_dropped",
             "Access records no advisor drained in time.",
             |m| &m.accesses_dropped,
+        ),
+        (
+            "tier_move_failures",
+            "Chunks a move could not take out of their tier (source kept).",
+            |m| &m.move_failures,
         ),
     ];
     for (name, help, value) in per_store {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use wasmtime::{Store, Trap};
 
 use crate::backend::Backend;
+use crate::capabilities::descriptors::{Headroom, Share};
 use crate::capabilities::http::HttpPolicy;
 use crate::deadline::{self, Deadline};
 use crate::engine::Metering;
@@ -43,8 +44,15 @@ pub(crate) fn new_store(
         .map_err(|e| KvError::host("cannot apply the grants", e))?;
     let mut table = wasmtime::component::ResourceTable::new();
     table.set_max_capacity(limits.max_resources);
+    let name: Arc<str> = backend.name.as_str().into();
+    let kind = backend.component.kind();
     let state = HostState {
-        backend: backend.name.as_str().into(),
+        headroom: Headroom::new(
+            name.clone(),
+            Share::of(kind),
+            limits.max_descriptors_for(kind),
+        ),
+        backend: name,
         list_dirs: backend.grants.list_dirs,
         wasi,
         http: wasmtime_wasi_http::WasiHttpCtx::new(),

@@ -139,7 +139,8 @@ impl<G: GuestKind> OneInstance<G> {
 
     /// Run one operation under the deadline and call gate, counted in the
     /// backend's metrics (`bytes_in`, and `bytes_out` of the result); a
-    /// failure other than a miss is logged, rate-limited.
+    /// failure other than a miss is logged, at most one line per guest and
+    /// code per second, its text cut to [`crate::log_limit::MAX_GUEST_TEXT`].
     pub(crate) fn operation<T>(
         &self,
         bytes_in: usize,
@@ -157,8 +158,13 @@ impl<G: GuestKind> OneInstance<G> {
             && !e.is_miss()
         {
             crate::log_limit::warn(
-                ("guest call failed", self.policy.name.as_str()),
-                format_args!("{} {:?}: {e}", G::KIND, self.policy.name),
+                ("guest call failed", self.policy.name.as_str(), e.code()),
+                format_args!(
+                    "{} {:?}: {}",
+                    G::KIND,
+                    self.policy.name,
+                    crate::log_limit::bounded(e.to_string())
+                ),
             );
         }
         let out = result.as_ref().map_or(0, bytes_out);
@@ -235,11 +241,22 @@ impl<G: GuestKind> Turn<'_, G> {
                 result
             }
             Outcome::Lost(err) => {
-                tracing::warn!(
-                    "{} {:?}: guest instance discarded after: {err}; a fresh one serves the \
-                     next call",
-                    G::KIND,
-                    self.policy.name
+                // The error quotes the guest's last stderr lines: cut, and
+                // at most one line per guest and code per second, however
+                // often a guest gets itself discarded.
+                crate::log_limit::warn(
+                    (
+                        "guest instance discarded",
+                        self.policy.name.as_str(),
+                        err.code(),
+                    ),
+                    format_args!(
+                        "{} {:?}: guest instance discarded after: {}; a fresh one serves the \
+                         next call",
+                        G::KIND,
+                        self.policy.name,
+                        crate::log_limit::bounded(err.to_string())
+                    ),
                 );
                 self.slot.instance = None;
                 self.slot.generation += 1;

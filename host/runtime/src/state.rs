@@ -18,6 +18,8 @@ use crate::limits::InstanceLimits;
 pub struct HostState {
     /// The backend's name, for log lines about what this guest was refused.
     pub(crate) backend: Arc<str>,
+    /// The descriptors the instance may open (its cap, its kind's share).
+    pub(crate) headroom: crate::capabilities::descriptors::Headroom,
     /// Whether `read-directory` is granted.
     pub(crate) list_dirs: bool,
     pub(crate) wasi: WasiCtx,

@@ -23,7 +23,7 @@ use kvwasm_kv_indexer_core::hash;
 use wasmtime::Store;
 
 use crate::backend::Backend;
-use crate::bindings::advisor::exports::kvwasm::events::advisor;
+use crate::bindings::advisor::exports::kvwasm::events::{advisor, advisor_moves};
 use crate::bindings::events::exports::kvwasm::events::{http_api, subscriber};
 use crate::deadline::Deadline;
 use crate::error::KvError;
@@ -166,6 +166,34 @@ impl Subscriber {
             },
         )
     }
+
+    /// Whether the guest exports `advisor-moves` (is told the tiered
+    /// store's own moves).
+    pub(crate) fn observes_moves(&self) -> bool {
+        self.guest
+            .policy()
+            .component
+            .subscriber_exports()
+            .is_ok_and(|e| e.advisor_moves.is_some())
+    }
+
+    /// As [`Subscriber::call_advisor`], on the `advisor-moves` export.
+    pub(crate) fn call_advisor_moves<T: Send>(
+        &self,
+        call: impl AsyncFnOnce(&advisor_moves::Guest, &mut Store<HostState>) -> wasmtime::Result<T>
+        + Send,
+    ) -> Result<T, KvError> {
+        self.guest.operation(
+            0,
+            |_| 0,
+            |turn| {
+                turn.call(async |s, guest| match &guest.advisor_moves {
+                    Some(moves) => call(moves, s).await.map(Ok::<_, KvError>),
+                    None => Ok(Err(KvError::NotFound)),
+                })
+            },
+        )
+    }
 }
 
 /// Replace each stored event's `token-ids` by their Dynamo block hashes
@@ -202,6 +230,7 @@ struct SubscriberExports {
     subscriber: subscriber::Guest,
     http_api: Option<http_api::Guest>,
     advisor: Option<advisor::Guest>,
+    advisor_moves: Option<advisor_moves::Guest>,
 }
 
 impl GuestKind for SubscriberExports {
@@ -224,10 +253,15 @@ impl GuestKind for SubscriberExports {
                 Some(indices) => Some(indices.load(&mut *s, &instance)?),
                 None => None,
             };
+            let advisor_moves = match &exports.advisor_moves {
+                Some(indices) => Some(indices.load(&mut *s, &instance)?),
+                None => None,
+            };
             Ok(SubscriberExports {
                 subscriber,
                 http_api,
                 advisor,
+                advisor_moves,
             })
         })
     }

@@ -23,6 +23,7 @@ use wasmtime_wasi::p2::bindings::sockets::network::{
 };
 use wasmtime_wasi::{FsPerms, OpenMode, WasiCtxBuilder};
 
+use super::descriptors::Headroom;
 use crate::state::HostState;
 
 /// Guest path of the default data directory (the fs backend's root).
@@ -129,13 +130,14 @@ pub(crate) enum Opened {
 /// what their drivers do; no deadline can interrupt a thread stuck there.
 /// So the file is opened `O_NONBLOCK` and `fstat`ed, and anything but a
 /// regular file or a directory is refused (`unsupported`). The descriptor
-/// must also fit the process's headroom (see [`super::descriptors`]).
+/// must also fit the guest's share of the process's descriptors (see
+/// [`super::descriptors`]).
 pub(crate) fn open_beneath(
     dir: &std::fs::File,
     path: &str,
     options: &mut cap_primitives::fs::OpenOptions,
     follow_symlinks: bool,
-    backend: &str,
+    headroom: &Headroom,
 ) -> Result<Opened, ErrorCode> {
     use cap_primitives::fs::OpenOptionsExt;
     let mut flags = libc::O_NONBLOCK;
@@ -145,7 +147,7 @@ pub(crate) fn open_beneath(
     options.custom_flags(flags);
     let file = keep_within_headroom(
         cap_primitives::fs::open(dir, std::path::Path::new(path), options),
-        backend,
+        headroom,
     )?;
     let meta = file.metadata().map_err(io_error_code)?;
     let kind = meta.file_type();
@@ -154,6 +156,7 @@ pub(crate) fn open_beneath(
     } else if kind.is_file() {
         Ok(Opened::File(file, meta.len()))
     } else {
+        let backend = &*headroom.backend;
         crate::log_limit::warn(
             ("non-regular file", backend),
             format_args!(
@@ -199,14 +202,14 @@ pub(crate) fn split_name(path: &str) -> Result<(&str, &str), ErrorCode> {
 pub(crate) fn open_dir_beneath(
     dir: &std::fs::File,
     path: &str,
-    backend: &str,
+    headroom: &Headroom,
 ) -> Result<Option<std::fs::File>, ErrorCode> {
     if path.is_empty() {
         return Ok(None);
     }
     keep_within_headroom(
         cap_primitives::fs::open_dir_nofollow(dir, std::path::Path::new(path)),
-        backend,
+        headroom,
     )
     .map(Some)
 }
@@ -227,7 +230,7 @@ impl<'a> NewFile<'a> {
     pub(crate) fn create(
         parent: &'a std::fs::File,
         name: &str,
-        backend: &str,
+        headroom: &Headroom,
     ) -> Result<NewFile<'a>, ErrorCode> {
         use cap_primitives::fs::OpenOptionsExt;
         use std::os::fd::AsRawFd;
@@ -244,8 +247,7 @@ impl<'a> NewFile<'a> {
             parent,
             name: c_name,
         };
-        if !super::descriptors::within_headroom(created.file.as_raw_fd()) {
-            super::descriptors::refused(backend, "creating a file");
+        if !headroom.keeps(created.file.as_raw_fd(), "creating a file") {
             created.remove();
             return Err(ErrorCode::InsufficientMemory);
         }
@@ -301,16 +303,15 @@ impl<'a> NewFile<'a> {
     }
 }
 
-/// A descriptor just opened, kept only if it fits the process's headroom
-/// (see [`super::descriptors`]).
+/// A descriptor just opened, kept only if it fits the guest's share of
+/// the process's descriptors (see [`super::descriptors`]).
 fn keep_within_headroom(
     opened: std::io::Result<std::fs::File>,
-    backend: &str,
+    headroom: &Headroom,
 ) -> Result<std::fs::File, ErrorCode> {
     use std::os::fd::AsRawFd;
     let file = opened.map_err(io_error_code)?;
-    if !super::descriptors::within_headroom(file.as_raw_fd()) {
-        super::descriptors::refused(backend, "opening a file");
+    if !headroom.keeps(file.as_raw_fd(), "opening a file") {
         return Err(ErrorCode::InsufficientMemory);
     }
     Ok(file)
@@ -341,7 +342,8 @@ pub(crate) fn io_error_code(e: std::io::Error) -> ErrorCode {
 /// versions could block past a deadline or reach outside a grant:
 ///
 /// * `open-at` opens through [`open_beneath`] (no FIFOs, no devices, within
-///   the descriptor headroom);
+///   the instance's `max_descriptors` and its share of the process's
+///   descriptors);
 /// * `symlink-at` is refused: a link the guest plants inside its grant is
 ///   harmless to the host (which never follows it out) but not to another
 ///   program sharing the directory, such as a native backend;
@@ -349,7 +351,7 @@ pub(crate) fn io_error_code(e: std::io::Error) -> ErrorCode {
 ///   wasmtime-wasi reads the whole listing (an `fstatat` per entry) into
 ///   host memory, inline, so a guest that filled its grant with entries
 ///   could hold host memory past its caps and overrun its deadline;
-/// * `create-tcp-socket` first checks the descriptor headroom.
+/// * `create-tcp-socket` first checks the same two limits.
 pub(crate) fn add_guards_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
     let mut fs = linker.instance(FILESYSTEM_TYPES)?;
@@ -415,8 +417,8 @@ pub(crate) fn add_guards_to_linker(linker: &mut Linker<HostState>) -> wasmtime::
             use wasmtime_wasi::p2::bindings::sockets::tcp_create_socket::Host;
             use wasmtime_wasi::sockets::WasiSocketsView;
             let state = store.data_mut();
-            if !super::descriptors::has_headroom() {
-                super::descriptors::refused(&state.backend, "creating a socket");
+            let what = "creating a socket";
+            if !state.headroom.may_open(&mut state.table, what) || !state.headroom.has_room(what) {
                 return Ok((Err(SocketErrorCode::NewSocketLimit),));
             }
             match state.sockets().create_tcp_socket(family) {
@@ -496,8 +498,11 @@ fn open_at(
     if dir.perms.write_not_permitted() && mode.contains(OpenMode::WRITE) {
         return Ok(Err(ErrorCode::NotPermitted));
     }
+    if !state.headroom.may_open(&mut state.table, "opening a file") {
+        return Ok(Err(ErrorCode::InsufficientMemory));
+    }
     let follow = path_flags.contains(PathFlags::SYMLINK_FOLLOW);
-    let opened = match open_beneath(&dir.dir, &path, &mut options, follow, &state.backend) {
+    let opened = match open_beneath(&dir.dir, &path, &mut options, follow, &state.headroom) {
         Ok(opened) => opened,
         Err(code) => return Ok(Err(code)),
     };

@@ -10,6 +10,7 @@ use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
 
 use super::{MallocBuffer, Payload};
 use crate::bindings::kvwasm::kv_store::payload_io;
+use crate::capabilities::descriptors::Headroom;
 use crate::capabilities::dirs::{
     NewFile, Opened, io_error_code, open_beneath, open_dir_beneath, split_name,
 };
@@ -71,7 +72,7 @@ impl payload_io::Host for HostState {
         };
         let mut options = cap_primitives::fs::OpenOptions::new();
         options.read(true);
-        let (file, len) = match open_beneath(&dir.dir, &path, &mut options, true, &self.backend) {
+        let (file, len) = match open_beneath(&dir.dir, &path, &mut options, true, &self.headroom) {
             Ok(Opened::File(file, len)) => (file, len),
             Ok(Opened::Dir(_)) => return Ok(Err(ErrorCode::IsDirectory)),
             Err(code) => return Ok(Err(code)),
@@ -111,10 +112,10 @@ fn write_new<'a>(
     name: &str,
     bytes: &[u8],
     sync: bool,
-    backend: &str,
+    headroom: &Headroom,
 ) -> Result<NewFile<'a>, ErrorCode> {
     use std::io::Write;
-    let mut new = NewFile::create(parent, name, backend)?;
+    let mut new = NewFile::create(parent, name, headroom)?;
     let written = new
         .file
         .write_all(bytes)
@@ -156,9 +157,9 @@ impl HostState {
                 Some(_) => return Err(ErrorCode::Invalid),
                 None => None,
             };
-            let opened = open_dir_beneath(dir, sub, &self.backend)?;
+            let opened = open_dir_beneath(dir, sub, &self.headroom)?;
             let parent = opened.as_ref().unwrap_or(dir);
-            let new = write_new(parent, name, bytes, sync, &self.backend)?;
+            let new = write_new(parent, name, bytes, sync, &self.headroom)?;
             target.map_or(Ok(()), |target| new.rename(target))
         })())
     }

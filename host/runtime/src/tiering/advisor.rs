@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
 use crate::bindings::advisor::exports::kvwasm::events::advisor as wit;
+use crate::bindings::advisor::exports::kvwasm::events::advisor_moves as wit_moves;
 use crate::error::KvError;
 use crate::subscriber::Subscriber;
 
@@ -76,11 +77,26 @@ impl Advisor {
         self.subscriber.generation()
     }
 
-    /// Hand `accesses` to the guest.
+    /// Hand `accesses` to the guest (moves among them are left out: see
+    /// [`Advisor::observe_moves`]).
     pub fn observe(&self, accesses: &[Access]) -> Result<(), KvError> {
-        let accesses: Vec<wit::ChunkAccess> = accesses.iter().map(to_wit).collect();
+        let accesses: Vec<wit::ChunkAccess> = accesses.iter().filter_map(to_wit).collect();
         self.subscriber
             .call_advisor(async |guest, store| guest.call_observe(store, &accesses).await)
+    }
+
+    /// Whether the guest is told the store's own moves (it exports
+    /// `advisor-moves`, events 0.1.1).
+    pub fn observes_moves(&self) -> bool {
+        self.subscriber.observes_moves()
+    }
+
+    /// Hand the moves among `accesses` to the guest (a guest that is not
+    /// told them: [`KvError::NotFound`]).
+    pub fn observe_moves(&self, accesses: &[Access]) -> Result<(), KvError> {
+        let moves: Vec<wit_moves::ChunkMove> = accesses.iter().filter_map(move_to_wit).collect();
+        self.subscriber
+            .call_advisor_moves(async |guest, store| guest.call_observe_moves(store, &moves).await)
     }
 
     /// Ask the guest for advice on the store as `usage` describes it.
@@ -186,19 +202,43 @@ fn bound(raw: Vec<wit::Advice>, tiers: usize, config: &LoopConfig) -> (Vec<Advic
     (advice, report)
 }
 
-fn to_wit(access: &Access) -> wit::ChunkAccess {
-    wit::ChunkAccess {
-        kind: match access.kind {
-            AccessKind::Put => wit::AccessKind::Put,
-            AccessKind::Hit => wit::AccessKind::Hit,
-            AccessKind::Miss => wit::AccessKind::Miss,
-            AccessKind::Gone => wit::AccessKind::Gone,
-        },
+/// A consumer's access as the guest sees it; `None` for a move.
+fn to_wit(access: &Access) -> Option<wit::ChunkAccess> {
+    let kind = match access.kind {
+        AccessKind::Put => wit::AccessKind::Put,
+        AccessKind::Hit => wit::AccessKind::Hit,
+        AccessKind::Miss => wit::AccessKind::Miss,
+        AccessKind::Gone => wit::AccessKind::Gone,
+        AccessKind::Moved(_) => return None,
+    };
+    Some(wit::ChunkAccess {
+        kind,
         hash: access.hash.clone(),
         len: access.len,
         tier: access.tier,
         manifest: access.manifest.clone(),
-    }
+    })
+}
+
+/// A move of the store's as the guest sees it; `None` for an access.
+fn move_to_wit(access: &Access) -> Option<wit_moves::ChunkMove> {
+    let AccessKind::Moved(action) = access.kind else {
+        return None;
+    };
+    Some(wit_moves::ChunkMove {
+        kind: match action {
+            Action::Promote => wit_moves::MoveKind::Promoted,
+            Action::Demote => wit_moves::MoveKind::Demoted,
+            Action::Evict => wit_moves::MoveKind::Evicted,
+        },
+        hash: access.hash.clone(),
+        len: access.len,
+        tier: access.tier,
+    })
+}
+
+fn is_move(access: &Access) -> bool {
+    matches!(access.kind, AccessKind::Moved(_))
 }
 
 /// What the loop needs of a tiered store besides applying advice: its
@@ -420,10 +460,14 @@ impl Worker {
     /// Hand the store's logged accesses to the guest, in `observe_batch`
     /// pieces, at most `max_batches` of them (64 times more before a forced
     /// round, which wants everything logged before it, yet must end under
-    /// constant traffic). A failed call loses its piece, counted.
+    /// constant traffic). Within a piece, consumer accesses go to
+    /// `observe` and the store's moves to `observe-moves` (to a guest that
+    /// exports it), run by run in the order they happened. A failed call
+    /// loses its run, counted.
     fn observe(&mut self, store: &dyn AdvisedStore, all: bool) {
         let size = self.config.observe_batch.max(1);
         let limit = self.config.max_batches.max(1) * if all { 64 } else { 1 };
+        let moves_wanted = self.advisor.observes_moves();
         let mut batches = 0;
         while batches < limit {
             let batch = store.drain_accesses(size);
@@ -431,13 +475,19 @@ impl Worker {
                 return;
             }
             batches += 1;
-            let result = self.advisor.observe(&batch);
-            let mut status = lock(&self.status);
-            match result {
-                Ok(()) => status.observed += batch.len() as u64,
-                Err(e) => {
-                    status.guest_errors += 1;
-                    tracing::warn!("advisor {}: observe failed: {e}", self.advisor.name());
+            for run in batch.chunk_by(|a, b| is_move(a) == is_move(b)) {
+                let result = match is_move(&run[0]) {
+                    true if !moves_wanted => continue,
+                    true => self.advisor.observe_moves(run),
+                    false => self.advisor.observe(run),
+                };
+                let mut status = lock(&self.status);
+                match result {
+                    Ok(()) if !is_move(&run[0]) => status.observed += run.len() as u64,
+                    Ok(()) => {}
+                    // Logged by the subscriber's call (one line per guest
+                    // and code per second); counted here.
+                    Err(_) => status.guest_errors += 1,
                 }
             }
         }
@@ -469,10 +519,9 @@ impl Worker {
                 }
                 decision.report = report;
             }
-            Err(e) => {
-                tracing::warn!("advisor {}: advise failed: {e}", self.advisor.name());
-                decision.error = Some(e.to_string());
-            }
+            // Logged by the subscriber's call, rate-limited; kept in the
+            // decisions for `kvwasm tier status`.
+            Err(e) => decision.error = Some(crate::log_limit::bounded(e.to_string())),
         }
         if !decision.advised.is_empty() || decision.report.refused > 0 || decision.error.is_some() {
             store.record_decisions(vec![decision.line()]);

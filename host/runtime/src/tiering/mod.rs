@@ -58,7 +58,9 @@ pub struct AdviceReport {
 /// Where the store's consumer traffic went, as the advisor sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccessKind {
-    /// A new chunk was stored (in tier 0).
+    /// A chunk was stored: a new one (in tier 0, or the first tier that
+    /// can hold it), or one the store already held (deduplicated; `tier`
+    /// is then the hottest tier holding it).
     Put,
     /// A chunk was read, from the tier given in [`Access::tier`].
     Hit,
@@ -66,6 +68,11 @@ pub enum AccessKind {
     Miss,
     /// The chunk left the store's last tier (it no longer exists).
     Gone,
+    /// The store moved the chunk, on its own or on advice: copied it from
+    /// `tier` one tier up ([`Action::Promote`]), moved it from `tier` one
+    /// tier down ([`Action::Demote`]), or removed the copy in `tier`
+    /// where a colder tier keeps one ([`Action::Evict`]).
+    Moved(Action),
 }
 
 /// One chunk-level event of the tiered store's own traffic.
@@ -75,7 +82,8 @@ pub struct Access {
     pub hash: Vec<u8>,
     /// The chunk's length in bytes.
     pub len: u64,
-    /// The tier involved (the tier read for `Hit`, 0 for `Put`).
+    /// The tier involved (the tier read for `Hit`, the one stored into or
+    /// holding the chunk for `Put`, the one moved from for `Moved`).
     pub tier: u32,
     /// The manifest read or written just before, when the store knows it:
     /// lets a policy see which sessions share a chunk.

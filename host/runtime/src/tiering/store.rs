@@ -19,7 +19,7 @@
 //! lazily (a chunk unknown to the index is looked up there).
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak, mpsc};
@@ -148,13 +148,18 @@ impl Index {
         }
     }
 
-    /// The least recently used idle chunks of `tier`, adding up to at
-    /// least `bytes` (at most [`BATCH`]), marked busy.
-    fn pick_victims(&mut self, tier: usize, bytes: u64) -> Vec<(Vec<u8>, u64)> {
+    /// The least recently used idle chunks of `tier` not in `tried`,
+    /// adding up to at least `bytes` (at most [`BATCH`]), marked busy.
+    fn pick_victims(
+        &mut self,
+        tier: usize,
+        bytes: u64,
+        tried: &HashSet<Vec<u8>>,
+    ) -> Vec<(Vec<u8>, u64)> {
         let mut idle: Vec<(u64, &Vec<u8>)> = self
             .chunks
             .iter()
-            .filter(|(_, e)| e.tiers & (1 << tier) != 0 && !e.busy)
+            .filter(|(h, e)| e.tiers & (1 << tier) != 0 && !e.busy && !tried.contains(*h))
             .map(|(h, e)| (e.last_use, h))
             .collect();
         idle.sort_unstable();
@@ -174,6 +179,17 @@ impl Index {
             }
         }
         picked
+    }
+
+    /// Whether room in `tier` may still free up without this thread: a
+    /// chunk there is being moved, or a write into it is in flight (and
+    /// its chunk will be a victim no one has tried yet).
+    fn in_flight(&self, tier: usize) -> bool {
+        self.reserved[tier] > 0
+            || self
+                .chunks
+                .values()
+                .any(|e| e.busy && e.tiers & (1 << tier) != 0)
     }
 }
 
@@ -446,12 +462,7 @@ impl TieredStore {
         if self.config.advisor.is_none() {
             return;
         }
-        let mut log = lock(&self.accesses);
-        if log.len() == MAX_ACCESSES {
-            log.pop_front();
-            self.metrics.accesses_dropped.fetch_add(1, Relaxed);
-        }
-        log.push_back(Access {
+        self.log_access(Access {
             kind,
             hash: hash.to_vec(),
             len,
@@ -462,6 +473,34 @@ impl TieredStore {
                     .map(|(_, name)| name.clone())
             }),
         });
+    }
+
+    /// Tell the advisor (if any) that the store moved `hash` out of (or,
+    /// promoting, up from) `tier`: without it, the advisor believes its
+    /// chunks are where it last saw them, and advises moves the store
+    /// must refuse.
+    fn record_move(&self, action: Action, hash: &[u8], len: u64, tier: usize) {
+        if self.config.advisor.is_none() {
+            return;
+        }
+        self.log_access(Access {
+            kind: AccessKind::Moved(action),
+            hash: hash.to_vec(),
+            len,
+            tier: tier as u32,
+            manifest: None,
+        });
+    }
+
+    /// Keep `access` for the advisor: the oldest is dropped (and counted)
+    /// beyond [`MAX_ACCESSES`].
+    fn log_access(&self, access: Access) {
+        let mut log = lock(&self.accesses);
+        if log.len() == MAX_ACCESSES {
+            log.pop_front();
+            self.metrics.accesses_dropped.fetch_add(1, Relaxed);
+        }
+        log.push_back(access);
     }
 
     /// A manifest was read or written on this thread: the chunk calls that
@@ -484,13 +523,19 @@ impl TieredStore {
 
     pub(crate) fn put_chunk(&self, hash: &[u8], data: &[u8]) -> Result<bool, KvError> {
         let len = data.len() as u64;
-        {
+        let held = {
             let mut index = lock(&self.index);
             let now = index.tick();
-            if let Some(entry) = index.chunks.get_mut(hash) {
+            index.chunks.get_mut(hash).map(|entry| {
                 entry.last_use = now;
-                return Ok(true);
-            }
+                (entry.len, entry.tiers.trailing_zeros() as usize)
+            })
+        };
+        if let Some((held_len, tier)) = held {
+            // Nothing stored, but a use all the same (the store's LRU
+            // clock counts it; so must the advisor's).
+            self.record(AccessKind::Put, hash, held_len, tier);
+            return Ok(true);
         }
         let last = self.last();
         if !self.last_listed {
@@ -499,6 +544,7 @@ impl TieredStore {
                 Ok(found) => {
                     lock(&self.index).add(hash, found.len() as u64, last);
                     self.publish_usage();
+                    self.record(AccessKind::Put, hash, found.len() as u64, last);
                     return Ok(true);
                 }
                 Err(KvError::NotFound) => {}
@@ -529,7 +575,7 @@ impl TieredStore {
         }
         self.room.notify_all();
         self.publish_usage();
-        if let Ok(false) = result {
+        if result.is_ok() {
             self.record(AccessKind::Put, hash, len, tier);
         }
         result
@@ -649,11 +695,13 @@ impl TieredStore {
             drop(index);
             self.lost.store(true, Relaxed);
             self.publish_usage();
-            tracing::warn!(
-                "{}: flushing tier {:?} failed: {e}; its unflushed chunks are no longer \
-                 counted as stored",
-                self.label,
-                self.tiers[tier].name
+            crate::log_limit::warn(
+                ("tier flush failed", self.label.as_str(), e.code()),
+                format_args!(
+                    "{}: flushing tier {:?} failed: {e}; its unflushed chunks are no longer \
+                     counted as stored",
+                    self.label, self.tiers[tier].name
+                ),
             );
         }
         result
@@ -664,10 +712,18 @@ impl TieredStore {
     }
 
     /// Reserve `len` bytes in `tier` (which has a capacity), demoting its
-    /// least recently used chunks first if they would not fit; waits (until
-    /// `deadline`) while everything there is being moved or written.
+    /// least recently used chunks first if they would not fit.
+    ///
+    /// Each chunk is tried at most once per reservation: one that cannot
+    /// be moved (its read or its copy failed) is not picked again, so when
+    /// nothing can leave the tier the write is refused at once, with the
+    /// reason logged, rather than retried until its deadline. It waits
+    /// (until `deadline`, never polling) only while room may still free up
+    /// without it: chunks there being moved, writes into it in flight.
     fn reserve(&self, tier: usize, len: u64, deadline: Instant) -> Result<(), KvError> {
         let capacity = self.tiers[tier].capacity.expect("a tier with a capacity");
+        let mut tried = HashSet::new();
+        let mut stuck = 0u64;
         loop {
             let victims = {
                 let mut index = lock(&self.index);
@@ -676,14 +732,12 @@ impl TieredStore {
                     index.reserved[tier] += len;
                     return Ok(());
                 }
-                let victims = index.pick_victims(tier, over);
+                let victims = index.pick_victims(tier, over, &tried);
                 if victims.is_empty() {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(KvError::Limit(format!(
-                            "tier {:?} of {} is full and nothing in it can be demoted",
-                            self.tiers[tier].name, self.label
-                        )));
+                    if !index.in_flight(tier) || left.is_zero() {
+                        drop(index);
+                        return Err(self.full(tier, len, stuck));
                     }
                     let wait = left.min(Duration::from_millis(20));
                     drop(self.room.wait_timeout(index, wait));
@@ -691,14 +745,32 @@ impl TieredStore {
                 }
                 victims
             };
+            tried.extend(victims.iter().map(|(hash, _)| hash.clone()));
+            let picked = victims.len() as u64;
             let moved = self.demote(tier, victims, deadline)?;
-            if moved == 0 && Instant::now() >= deadline {
-                return Err(KvError::Limit(format!(
-                    "tier {:?} of {} is full and its chunks could not be demoted in time",
-                    self.tiers[tier].name, self.label
-                )));
-            }
+            stuck += picked.saturating_sub(moved);
         }
+    }
+
+    /// The refusal of a write of `len` bytes into `tier`, which is full and
+    /// from which `stuck` chunks could not be moved; logged (rate-limited).
+    fn full(&self, tier: usize, len: u64, stuck: u64) -> KvError {
+        let name = &self.tiers[tier].name;
+        let why = if stuck > 0 {
+            format!(
+                "tier {name:?} of {} is full and none of its chunks could be moved out \
+                 ({stuck} tried failed; see the log): a write of {len} bytes is refused",
+                self.label
+            )
+        } else {
+            format!(
+                "tier {name:?} of {} is full and nothing in it can be demoted: a write of \
+                 {len} bytes is refused",
+                self.label
+            )
+        };
+        crate::log_limit::warn(("tier full", self.label.as_str()), format_args!("{why}"));
+        KvError::Limit(why)
     }
 
     /// Move `victims` (marked busy) from `tier` one tier down: copy, flush
@@ -740,6 +812,7 @@ impl TieredStore {
             if below {
                 // A lower tier keeps a copy: drop this one.
                 self.remove_copy(hash, tier)?;
+                self.record_move(Action::Evict, hash, *len, tier);
                 moved += 1;
                 continue;
             }
@@ -796,6 +869,7 @@ impl TieredStore {
             }
             lock(&self.index).add(hash, data.len() as u64, to);
             self.remove_copy(hash, tier)?;
+            self.record_move(Action::Demote, hash, data.len() as u64, tier);
             self.metrics.demotions.fetch_add(1, Relaxed);
             self.metrics
                 .moved_bytes
@@ -805,9 +879,11 @@ impl TieredStore {
         Ok(moved)
     }
 
-    /// A chunk that could not be moved out of `tier`: logged, and made the
-    /// most recently used so the next pass picks other victims first.
+    /// A chunk that could not be moved out of `tier`: counted, logged, and
+    /// made the most recently used so the next pass picks other victims
+    /// first.
     fn skip_victim(&self, hash: &[u8], tier: usize, error: &KvError) {
+        self.metrics.move_failures.fetch_add(1, Relaxed);
         crate::log_limit::warn(
             ("tier move failed", self.label.as_str()),
             format_args!(
@@ -872,6 +948,8 @@ impl TieredStore {
                 continue;
             };
             let low = capacity * self.config.low_water_pct / 100;
+            // Each chunk once per pass: one that cannot move waits for the next.
+            let mut tried = HashSet::new();
             loop {
                 let victims = {
                     let mut index = lock(&self.index);
@@ -879,11 +957,12 @@ impl TieredStore {
                     if over == 0 {
                         break;
                     }
-                    index.pick_victims(tier, over)
+                    index.pick_victims(tier, over, &tried)
                 };
                 if victims.is_empty() {
                     break;
                 }
+                tried.extend(victims.iter().map(|(hash, _)| hash.clone()));
                 let done = self.demote(tier, victims, self.deadline(tier))?;
                 if done == 0 {
                     break;
@@ -1047,6 +1126,7 @@ impl TieredStore {
         self.flush_tier(to)?;
         if self.verify(to, hash, data.as_slice())? {
             lock(&self.index).add(hash, data.len() as u64, to);
+            self.record_move(Action::Promote, hash, data.len() as u64, tier);
             self.metrics.promotions.fetch_add(1, Relaxed);
             self.metrics
                 .moved_bytes
@@ -1087,6 +1167,7 @@ impl TieredStore {
             )));
         }
         self.remove_copy(hash, tier)?;
+        self.record_move(Action::Evict, hash, len, tier);
         self.metrics.evictions.fetch_add(1, Relaxed);
         Ok(())
     }

@@ -13,15 +13,17 @@
 //! | `!tier`     | advice on tier 4 000 000 000                               |
 //! | `!panic`    | panics (trap)                                              |
 //! | `!loop`     | spins forever (deadline)                                   |
+//! | `!fds`      | opens `/data/fd-target` until refused and keeps every descriptor; no advice |
 //!
-//! No command: no advice. No settings.
+//! No command: no advice. No settings. The store's moves (`observe-moves`)
+//! are ignored.
 
 use std::cell::RefCell;
 
 use kvwasm_advisor_bindings::exports::kvwasm::events::advisor::{
     self, Action, Advice, ChunkAccess, TierUsage,
 };
-use kvwasm_advisor_bindings::exports::kvwasm::events::subscriber;
+use kvwasm_advisor_bindings::exports::kvwasm::events::{advisor_moves, subscriber};
 use kvwasm_advisor_bindings::kvwasm::events::types;
 
 /// Hashes remembered at most.
@@ -32,6 +34,8 @@ struct State {
     /// Known hashes with the tier each was last seen in.
     known: Vec<(Vec<u8>, u32)>,
     command: String,
+    /// Descriptors opened by `!fds`, kept for the instance's life.
+    files: Vec<std::fs::File>,
 }
 
 thread_local! {
@@ -61,7 +65,16 @@ impl advisor::Guest for Hostile {
     }
 
     fn advise(_usage: Vec<TierUsage>, _now_ms: u64) -> Vec<Advice> {
-        STATE.with_borrow(|state| {
+        STATE.with_borrow_mut(|state| {
+            if state.command == "!fds" {
+                // Everything the host lets it open, held: the share of the
+                // process's descriptors it could starve others of.
+                while let Ok(file) = std::fs::File::open("/data/fd-target") {
+                    state.files.push(file);
+                }
+                eprintln!("hostile advisor: holding {} descriptors", state.files.len());
+                return Vec::new();
+            }
             let known = || {
                 state
                     .known
@@ -121,6 +134,10 @@ impl advisor::Guest for Hostile {
             }
         })
     }
+}
+
+impl advisor_moves::Guest for Hostile {
+    fn observe_moves(_moves: Vec<advisor_moves::ChunkMove>) {}
 }
 
 kvwasm_advisor_bindings::export_advisor!(Hostile);

@@ -8,6 +8,7 @@
 //! | `!loop`          | `push` spins forever (deadline)                            |
 //! | `!hog`           | `push` allocates without bound (memory limit, trap)        |
 //! | `!panic`         | `push` panics (trap)                                       |
+//! | `!noisy`         | `push` writes 4 KiB to stderr, then panics (trap)          |
 //! | `!sleep`         | `push` sleeps 60 s in `std::thread::sleep` (deadline)      |
 //! | `!flip`          | `pull` returns the frame with one body bit flipped         |
 //! | `!truncate`      | `pull` returns the frame minus its last byte               |
@@ -32,6 +33,7 @@ enum Command {
     Loop,
     Hog,
     Panic,
+    Noisy,
     Sleep,
     Flip,
     Truncate,
@@ -52,6 +54,7 @@ fn command(frame: &[u8]) -> Option<Command> {
         b"loop" => Command::Loop,
         b"hog" => Command::Hog,
         b"panic" => Command::Panic,
+        b"noisy" => Command::Noisy,
         b"sleep" => Command::Sleep,
         b"flip" => Command::Flip,
         b"truncate" => Command::Truncate,
@@ -105,6 +108,13 @@ impl Fabric for HostileFabric {
                 }
             }
             Some(Command::Panic) => panic!("hostile fabric panics on purpose"),
+            Some(Command::Noisy) => {
+                // Last words the host quotes when the instance is lost.
+                for line in 0..4 {
+                    eprintln!("{line}: {}", "noise ".repeat(170));
+                }
+                panic!("hostile fabric panics after {}", "noise ".repeat(170));
+            }
             Some(Command::Sleep) => std::thread::sleep(std::time::Duration::from_secs(60)),
             _ => {}
         }
