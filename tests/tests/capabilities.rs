@@ -232,14 +232,15 @@ fn metrics_are_served_as_prometheus_text() {
     let probe = Probe::new(PROBE, "wasm://hostile/t")
         .config(&config)
         .env("KVWASM_METRICS_ADDR", &addr);
-    let child = std::thread::spawn(move || {
-        probe.run(&[
-            "get-manifest:ping",
-            "get-manifest:panic",
-            "get-manifest:loop",
-            "sleep:3000",
-        ])
-    });
+    // Paused after the three calls, its metrics endpoint up until resumed
+    // (not for a fixed time a loaded machine might let pass unpolled).
+    let mut child = probe.spawn(&[
+        "get-manifest:ping",
+        "get-manifest:panic",
+        "get-manifest:loop",
+        "pause",
+    ]);
+    let calls = child.until_pause();
     // Poll until the three calls are counted.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let text = loop {
@@ -262,8 +263,9 @@ fn metrics_are_served_as_prometheus_text() {
     ] {
         assert!(text.contains(line), "{line} missing:\n{text}");
     }
-    let (out, _) = child.join().unwrap();
-    assert_eq!(out.len(), 5);
+    child.resume();
+    let (rest, _) = child.finish();
+    assert_eq!((calls.len(), rest.len()), (4, 0), "{calls:?} {rest:?}");
 }
 
 fn http_get(addr: &str, path: &str) -> Option<String> {

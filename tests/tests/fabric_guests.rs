@@ -182,23 +182,21 @@ fn a_fabric_that_keeps_trapping_backs_off_then_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let f = hostile(dir.path(), "");
     let panic = frame(Tier::ThinkActive, b"!panic");
-    for _ in 0..3 {
-        let err = f.push(&panic).expect_err("panics");
-        assert!(matches!(err, KvError::Trapped(_)), "{err}");
-    }
-    let at = std::time::Instant::now();
-    match f.push(&frame(Tier::ThinkComplete, b"refused")) {
-        Err(KvError::Unavailable(why)) => {
-            assert!(
-                why.contains("fabric \"fabrics.f\" lost 3 instances in a row"),
-                "{why}"
-            );
-            assert!(why.contains("panic"), "{why}");
+    let why = kvwasm_tests::backoff::refused_while_backing_off(|| {
+        let mut began = std::time::Instant::now();
+        for _ in 0..3 {
+            began = std::time::Instant::now();
+            let err = f.push(&panic).expect_err("panics");
+            assert!(matches!(err, KvError::Trapped(_)), "{err}");
         }
-        other => panic!("expected a back-off refusal, got {:?}", other.map(drop)),
-    }
-    assert!(at.elapsed() < std::time::Duration::from_millis(40));
-    std::thread::sleep(std::time::Duration::from_millis(80));
+        (began, f.push(&frame(Tier::ThinkComplete, b"refused")))
+    });
+    assert!(
+        why.contains("fabric \"fabrics.f\" lost 3 instances in a row"),
+        "{why}"
+    );
+    assert!(why.contains("panic"), "{why}");
+    std::thread::sleep(kvwasm_tests::backoff::FIRST_BACKOFF + std::time::Duration::from_millis(30));
     round_trip(&f, Tier::ThinkComplete, b"after").unwrap();
     // A success resets the count: one more trap is just a trap.
     assert!(matches!(f.push(&panic), Err(KvError::Trapped(_))));

@@ -12,8 +12,10 @@ const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
 /// The hostile config's `call_timeout_ms`.
 const TIMEOUT_MS: u64 = 300;
 /// What a call may take beyond its deadline (epoch tick, thread wake-ups,
-/// a loaded 2-core machine).
-const SLACK_MS: u64 = 700;
+/// a loaded 2-core machine, where a thread may wait seconds to run). That
+/// the deadline cut the call is its result (-8); the bound shows it was
+/// not what the guest asked for (an hour, 10 s).
+const SLACK_MS: u64 = 5000;
 
 fn probe(config: &Path) -> Probe {
     Probe::new(PROBE, "wasm://hostile/").config(config)
@@ -95,7 +97,9 @@ fn a_fifo_in_the_grant_is_refused_without_blocking() {
     for line in &out[1..3] {
         let (rc, _, ms) = timed(line);
         assert!(rc < 0, "{line}");
-        assert!(ms < 1000, "{line}");
+        // A blocked open would never return; the bound is loose for a
+        // loaded machine.
+        assert!(ms < TIMEOUT_MS + SLACK_MS, "{line}");
     }
     assert_eq!(out[3], "get-manifest ping -> 0 pong");
     assert!(
@@ -116,8 +120,10 @@ fn a_slow_destructor_does_not_hold_close() {
         out[1], "get-manifest slowclose:3600000 -> 0 armed",
         "{stderr}"
     );
+    // Not the hour asked for: bounded by the deadline (the log says the
+    // destructor ran past it); the bound leaves a loaded machine room.
     let took = started.elapsed();
-    assert!(took < Duration::from_secs(5), "close took {took:?}");
+    assert!(took < Duration::from_secs(30), "close took {took:?}");
     assert!(stderr.contains("destructor ran past"), "{stderr}");
 }
 
@@ -138,9 +144,10 @@ fn calls_waiting_for_a_busy_instance_give_up_at_their_deadline_and_close_is_safe
         assert!(thread.ends_with(":-10"), "every thread ends on -10: {line}");
     }
     assert!(stderr.contains("deadline of 300 ms"), "{stderr}");
-    // Close waits for calls in flight (each bounded by its deadline).
+    // Close waits for calls in flight (each bounded by its deadline, not
+    // the hour asked for; the bound leaves a loaded machine room).
     assert!(
-        started.elapsed() < Duration::from_secs(8),
+        started.elapsed() < Duration::from_secs(30),
         "{:?}",
         started.elapsed()
     );

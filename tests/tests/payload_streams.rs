@@ -17,6 +17,12 @@ use kvwasm_tests::{Probe, hostile_config};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
 
+/// How long a peer keeps its connection open after writing: far longer than
+/// any call here takes on a loaded machine, so what a call answers is never
+/// the peer closing early, and a call that returned within half of it did
+/// not wait for the close.
+const HELD: Duration = Duration::from_secs(120);
+
 /// A peer on loopback that writes `chunks`, pausing between them so the
 /// host has to wait on the stream, then keeps the connection open for
 /// `linger` (or closes it at once).
@@ -72,7 +78,7 @@ fn a_value_arriving_in_pieces_is_read_exactly_after_its_head() {
     // More than the value follows: nothing past `len` may be taken.
     let mut with_tail = chunks;
     with_tail.push(b"NEXT-REPLY".to_vec());
-    let addr = peer(with_tail, Duration::from_secs(2));
+    let addr = peer(with_tail, HELD);
     let (line, stderr) = read_exact(&addr, 2 + body.len(), 250, "HD", "");
     let expected = format!("HD{}", String::from_utf8(body).unwrap());
     assert!(
@@ -91,14 +97,14 @@ fn a_stream_that_ends_early_is_closed_and_a_silent_one_times_out() {
 
     // The guest's own timeout, well inside the call's 300 ms deadline: an
     // answer, not a lost instance.
-    let addr = peer(vec![letters(10)], Duration::from_secs(2));
+    let addr = peer(vec![letters(10)], HELD);
     let started = Instant::now();
     let (line, stderr) = read_exact(&addr, 5000, 100, "", "");
     assert!(
         line.ends_with("-> 0 ReadError::TimedOut"),
         "{line} {stderr}"
     );
-    assert_within(started, Duration::from_secs(2));
+    assert_within(started, HELD / 2);
 }
 
 /// A guest that asks to wait longer than its call may is cut at the
@@ -106,18 +112,18 @@ fn a_stream_that_ends_early_is_closed_and_a_silent_one_times_out() {
 /// for the next.
 #[test]
 fn the_call_deadline_ends_a_read_exact_that_waits_longer() {
-    let addr = peer(vec![letters(10)], Duration::from_secs(3));
+    let addr = peer(vec![letters(10)], HELD);
     let started = Instant::now();
     let op = format!("get-manifest:readexact:{addr},5000,60000,");
     let (out, stderr) = run(&addr, "", &[&op, "get-manifest:ping"]);
     assert!(out[0].ends_with("-> -8"), "{out:?} {stderr}");
     assert_eq!(out[1], "get-manifest ping -> 0 pong", "{stderr}");
-    assert_within(started, Duration::from_secs(3));
+    assert_within(started, HELD / 2);
 }
 
 #[test]
 fn the_payload_limits_refuse_before_a_byte_is_read() {
-    let addr = peer(vec![letters(10)], Duration::from_secs(1));
+    let addr = peer(vec![letters(10)], HELD);
     // Over the size of one payload.
     let (line, stderr) = read_exact(&addr, 3 << 20, 250, "", "max_payload_mib = 2\n");
     assert!(
@@ -125,7 +131,7 @@ fn the_payload_limits_refuse_before_a_byte_is_read() {
         "{line} {stderr}"
     );
     // A head longer than the value.
-    let addr = peer(vec![letters(10)], Duration::from_secs(1));
+    let addr = peer(vec![letters(10)], HELD);
     let (line, stderr) = read_exact(&addr, 2, 250, "head", "");
     assert!(
         line.contains("-> 0 ReadError::Limit(") && line.contains("longer than"),
@@ -138,7 +144,7 @@ fn the_payload_limits_refuse_before_a_byte_is_read() {
 /// other plain-text read, and the refusal is logged and counted.
 #[test]
 fn a_tls_only_socket_yields_no_plain_text_through_read_exact() {
-    let addr = peer(vec![letters(1000)], Duration::from_secs(1));
+    let addr = peer(vec![letters(1000)], HELD);
     let (line, stderr) = read_exact(&addr, 1000, 250, "", "tls = true\n");
     assert!(line.contains("-> 0 ReadError::Failed("), "{line} {stderr}");
     assert!(!line.contains("abcdef"), "{line}");
@@ -191,7 +197,7 @@ fn a_lent_payload_and_a_kept_copy_reach_the_peer_byte_for_byte() {
             "{mode}: {} {stderr}",
             &out[0][..100]
         );
-        let got = received.recv_timeout(Duration::from_secs(5)).unwrap();
+        let got = received.recv_timeout(Duration::from_secs(30)).unwrap();
         assert_eq!(got.len(), 3 * data.len(), "{mode}");
         assert!(
             got.chunks(data.len()).all(|c| c == data.as_bytes()),
@@ -206,14 +212,14 @@ fn a_lent_payload_and_a_kept_copy_reach_the_peer_byte_for_byte() {
 #[test]
 fn a_peer_that_stops_reading_times_the_write_out() {
     let data = String::from_utf8(letters(100_000)).unwrap();
-    let addr = peer(vec![], Duration::from_secs(3));
+    let addr = peer(vec![], HELD);
     let started = Instant::now();
     let (out, stderr) = write_all(&addr, 100, "copy", 500, &data, "", &["get-manifest:ping"]);
     assert!(!out[0].ends_with("-> 0"), "{stderr}");
     assert!(stderr.contains("WriteError::TimedOut"), "{stderr}");
     assert!(!stderr.contains("abcdefghij"), "the bytes are not logged");
     assert_eq!(out[1], "get-manifest ping -> 0 pong", "{stderr}");
-    assert_within(started, Duration::from_secs(3));
+    assert_within(started, HELD / 2);
 }
 
 /// Waiting longer than the call may is cut at the call's deadline: one
@@ -221,7 +227,7 @@ fn a_peer_that_stops_reading_times_the_write_out() {
 #[test]
 fn the_call_deadline_ends_a_write_all_that_waits_longer() {
     let data = String::from_utf8(letters(100_000)).unwrap();
-    let addr = peer(vec![], Duration::from_secs(3));
+    let addr = peer(vec![], HELD);
     let (out, stderr) = write_all(
         &addr,
         60_000,
@@ -281,7 +287,7 @@ fn a_tls_only_socket_takes_no_plain_text_through_write_all() {
     assert!(!out[0].ends_with("-> 0"), "{stderr}");
     assert!(stderr.contains("WriteError::Failed("), "{stderr}");
     assert!(stderr.contains("plain text refused"), "{stderr}");
-    let got = received.recv_timeout(Duration::from_secs(5)).unwrap();
+    let got = received.recv_timeout(Duration::from_secs(30)).unwrap();
     assert!(got.is_empty(), "{got:?}");
 }
 

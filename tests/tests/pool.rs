@@ -25,20 +25,22 @@ fn put_manifest_flushes_chunks_buffered_in_other_instances() {
         .map(|i| (vec![i; 8], vec![i; 1000 + i as usize]))
         .collect();
 
-    std::thread::scope(|s| {
-        for part in chunks.chunks(4) {
-            let writer = &writer;
-            s.spawn(move || {
-                for (hash, data) in part {
-                    assert!(!writer.put_chunk(hash, data).unwrap(), "fresh chunk stored");
-                }
-            });
+    // Over four instances: while the instances that took earlier parts
+    // are held, the next part needs another one (threads that happen to
+    // overlap do not guarantee this).
+    let mut held = Vec::new();
+    for part in chunks.chunks(4) {
+        for (hash, data) in part {
+            assert!(!writer.put_chunk(hash, data).unwrap(), "fresh chunk stored");
         }
-    });
-    assert!(
-        writer.live_instances() > 1,
-        "concurrent puts should use several instances"
+        held.push(writer.hold_instance().unwrap());
+    }
+    assert_eq!(
+        writer.live_instances(),
+        4,
+        "puts should use several instances"
     );
+    drop(held);
 
     // Nothing is visible yet: every instance still buffers its chunks.
     let reader = StoreHandle::open(backend, "").unwrap();
@@ -127,10 +129,18 @@ fn a_manifest_is_never_published_over_chunks_lost_in_a_trap() {
         assert!(!handle.put_chunk(b"chunk-1", b"payload").unwrap());
         assert_eq!(handle.live_instances(), 1);
         std::thread::scope(|s| {
-            // That instance sleeps in a get, then traps.
+            // That instance sleeps in a get (it holds the instance once the
+            // guest wrote its mark), then traps.
             let trap = s.spawn(|| handle.get_chunk(b"sleep-then-trap"));
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            // Meanwhile the manifest waits for it, to flush it.
+            let armed = dir.path().join("data/trap-armed");
+            let since = std::time::Instant::now();
+            while !armed.exists() {
+                assert!(since.elapsed() < std::time::Duration::from_secs(30));
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            std::fs::remove_file(&armed).unwrap();
+            // Meanwhile (the guest sleeps 1 s before it traps: room for a
+            // loaded machine) the manifest waits for it, to flush it.
             let published = handle.put_manifest("m", b"names chunk-1");
             assert!(trap.join().unwrap().is_err());
             assert!(

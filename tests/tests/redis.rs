@@ -335,8 +335,10 @@ fn a_killed_server_fails_calls_fast_and_the_same_handle_recovers_after_restart()
     for line in &down {
         assert!(line.ends_with("-> -6"), "unavailable while down: {down:?}");
     }
-    // Refused connections fail at once; nothing waits for a deadline.
-    assert!(took < Duration::from_secs(3), "3 calls took {took:?}");
+    // Refused connections fail at once; nothing waits for a deadline (the
+    // log below names no reply deadline; the time is only shown: a loaded
+    // machine may take seconds for three calls).
+    eprintln!("3 calls while down took {took:?}");
 
     server.restart();
     run.resume();
@@ -353,6 +355,7 @@ fn a_killed_server_fails_calls_fast_and_the_same_handle_recovers_after_restart()
         "the acknowledged save survived the kill (AOF) and the handle works again: {stderr}"
     );
     assert!(stderr.contains("cannot connect"), "{stderr}");
+    assert!(!stderr.contains("no reply within"), "{stderr}");
 }
 
 #[test]
@@ -375,9 +378,11 @@ fn a_hung_server_costs_one_deadline_not_a_hang() {
     let hung = run.until_pause();
     let took = started.elapsed();
     assert_eq!(hung, ["get-manifest m -> -6"]);
+    // At its deadline, not before; and not a hang (the server stays frozen
+    // until after this): the upper bound leaves a loaded machine room.
     let deadline = Duration::from_millis(TIMEOUT_MS);
     assert!(
-        took >= deadline && took < deadline * 3,
+        took >= deadline && took < deadline * 20,
         "failed after {took:?}, deadline {deadline:?}"
     );
 
@@ -403,20 +408,22 @@ fn chunks_staged_in_any_instance_are_read_back_and_published_by_the_manifest() {
     let chunks: Vec<(Vec<u8>, Vec<u8>)> = (0..32u8)
         .map(|i| (vec![i; 8], vec![i; 4096 + usize::from(i)]))
         .collect();
-    std::thread::scope(|s| {
-        for part in chunks.chunks(8) {
-            let writer = &writer;
-            s.spawn(move || {
-                for (hash, data) in part {
-                    assert!(!writer.put_chunk(hash, data).unwrap(), "fresh chunk");
-                }
-            });
+    // Spread over four instances, each staging eight chunks: while the
+    // instances that staged earlier parts are held, the next part needs
+    // another one (threads that happen to overlap do not guarantee this).
+    let mut held = Vec::new();
+    for part in chunks.chunks(8) {
+        for (hash, data) in part {
+            assert!(!writer.put_chunk(hash, data).unwrap(), "fresh chunk");
         }
-    });
-    assert!(
-        writer.live_instances() > 1,
+        held.push(writer.hold_instance().unwrap());
+    }
+    assert_eq!(
+        writer.live_instances(),
+        4,
         "puts were spread over instances"
     );
+    drop(held);
     assert_eq!(server.calls("set"), 0, "chunks are staged until a manifest");
     let reader = StoreHandle::open(backend, "pool").unwrap();
     assert!(reader.get_chunk(&chunks[0].0).is_err(), "not published yet");

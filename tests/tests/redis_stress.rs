@@ -12,7 +12,7 @@
 //! get decided whether to flush other instances *after* its miss, when a
 //! flush that completed during the get had already cleared them.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kvwasm_tests::servers::RedisServer;
 use kvwasm_tests::{Probe, write_config};
@@ -45,7 +45,7 @@ fn eight_threads_on_one_handle_read_back_every_byte() {
             "run {run}: {stderr}"
         );
     }
-    let took = started.elapsed();
-    eprintln!("{RUNS} runs in {took:?}");
-    assert!(took < Duration::from_secs(60), "{RUNS} runs took {took:?}");
+    // Shown, not asserted: what this test checks is every byte, and a
+    // loaded machine's time says nothing about the code.
+    eprintln!("{RUNS} runs in {:?}", started.elapsed());
 }

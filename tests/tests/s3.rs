@@ -203,7 +203,9 @@ fn a_stopped_server_fails_calls_within_the_deadline() {
     run.resume();
     let (out, stderr) = run.finish();
     assert_eq!(out, ["get-manifest m -> -6"], "{stderr}");
-    assert!(started.elapsed() < Duration::from_secs(3), "no hang");
+    // Refused at once, no deadline waited for (the reason says so); the
+    // bound only rules out a hang, loose for a loaded machine.
+    assert!(started.elapsed() < Duration::from_secs(30), "no hang");
     assert!(stderr.contains("ConnectionRefused"), "{stderr}");
 }
 

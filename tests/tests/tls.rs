@@ -91,6 +91,53 @@ fn mutual_tls_works_with_the_client_certificate_and_fails_open_without_it() {
     );
 }
 
+/// A `client_cert` that names the key file (or a `client_key` that names
+/// the certificate) is a configuration error naming the file and what it
+/// holds, when the backend loads: not a handshake that sends no
+/// certificate and fails with "peer sent no certificates".
+#[test]
+fn a_client_cert_naming_the_key_file_is_a_clear_configuration_error() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let load = |cert: &Path, key: &Path| {
+        let tls = format!(
+            "{}\nclient_cert = \"{}\"\nclient_key = \"{}\"",
+            ca_only(&pki.ca),
+            cert.display(),
+            key.display()
+        );
+        let path = config(dir.path(), "127.0.0.1:6380", &tls);
+        kvwasm_host::config::Config::load(&path)
+            .unwrap()
+            .backend("redis")
+            .map(drop)
+    };
+    let (cert, key) = (&pki.client.cert, &pki.client.key);
+    assert_eq!(load(cert, key), Ok(()));
+    let err = load(key, key).unwrap_err();
+    assert_eq!(
+        err,
+        format!(
+            "backend \"redis\": tls: client_cert {} holds no PEM certificate (it holds a \
+             private key); it must be the client's certificate chain, its key goes in client_key",
+            key.display()
+        )
+    );
+    let err = load(cert, cert).unwrap_err();
+    assert_eq!(
+        err,
+        format!(
+            "backend \"redis\": tls: client_key {} holds no PEM private key (it holds a \
+             certificate)",
+            cert.display()
+        )
+    );
+    // The key's text is never echoed.
+    let key_text = std::fs::read_to_string(key).unwrap();
+    let body = key_text.lines().nth(1).unwrap();
+    assert!(!load(key, key).unwrap_err().contains(body));
+}
+
 #[test]
 fn a_wrong_ca_an_expired_certificate_and_a_wrong_name_each_fail_open() {
     let pki = Pki::new();
@@ -175,9 +222,11 @@ fn plain_text_and_tls_never_mix_and_a_silent_peer_costs_one_timeout() {
     // A peer that accepts and never answers the handshake.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_addr = silent.local_addr().unwrap().to_string();
+    // Held until the run is over, however long a loaded machine takes.
+    let (done, over) = std::sync::mpsc::channel::<()>();
     let holder = std::thread::spawn(move || {
         let held = silent.accept();
-        std::thread::sleep(std::time::Duration::from_secs(3));
+        let _ = over.recv();
         drop(held);
     });
     let started = Instant::now();
@@ -187,6 +236,7 @@ fn plain_text_and_tls_never_mix_and_a_silent_peer_costs_one_timeout() {
         &["get-manifest:m"],
     );
     let took = started.elapsed();
+    drop(done);
     assert!(took.as_millis() >= 900, "took {took:?}");
     assert_open_refused(
         outcome,

@@ -2,13 +2,15 @@
 
 use std::path::PathBuf;
 
+use kvwasm_host::component::GuestKind;
 use kvwasm_host::config::{self, Config};
 use kvwasm_host::limits::Limits;
 
 /// Validate a config file and print the effective grants of every backend, fabric and event subscriber.
 ///
 /// Components are loaded and their pins checked, peers resolved, limits and
-/// tenant limits shown.
+/// tenant limits shown. Nothing is created or changed: a missing directory
+/// is reported.
 /// Environment variables are shown by name and whether they are set, never
 /// by value. Exit status 1 if any of them is broken.
 #[derive(clap::Args)]
@@ -31,18 +33,26 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
         config.fabrics.len(),
         config.subscribers.len()
     );
-    let backends = config
-        .backends
-        .iter()
-        .map(|(name, spec)| ("backends", name, spec, config.backend(name)));
-    let fabrics = config
-        .fabrics
-        .iter()
-        .map(|(name, spec)| ("fabrics", name, spec, config.fabric(name)));
-    let subscribers = config
-        .subscribers
-        .iter()
-        .map(|(name, spec)| ("subscribers", name, spec, config.subscriber(name)));
+    let backends = config.backends.iter().map(|(name, spec)| {
+        (
+            "backends",
+            name,
+            spec,
+            config.inspect(GuestKind::KvStore, name),
+        )
+    });
+    let fabrics = config.fabrics.iter().map(|(name, spec)| {
+        (
+            "fabrics",
+            name,
+            spec,
+            config.inspect(GuestKind::Fabric, name),
+        )
+    });
+    let subscribers = config.subscribers.iter().map(|(name, spec)| {
+        let built = config.inspect(GuestKind::Subscriber, name);
+        ("subscribers", name, spec, built)
+    });
     let mut broken = 0;
     for (table, name, spec, built) in backends.chain(fabrics).chain(subscribers) {
         println!("\n[{table}.{name}]");
@@ -72,7 +82,20 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
             println!("  world      kvwasm:events/storage-advisor (a tiered store's advisor)");
         }
         let g = &backend.grants;
-        let dirs: Vec<String> = g.dirs.iter().map(|d| d.describe()).collect();
+        // Validation changes nothing: a missing writable directory is
+        // reported, and created only when the guest is loaded to run.
+        let dirs: Vec<String> = g
+            .dirs
+            .iter()
+            .map(|d| match (d.host.is_dir(), d.read_only) {
+                (true, _) => d.describe(),
+                (false, false) => format!(
+                    "{}; missing: created when the guest is loaded",
+                    d.describe()
+                ),
+                (false, true) => format!("{}; missing", d.describe()),
+            })
+            .collect();
         let origins: Vec<String> = g.http.origins.iter().map(|o| o.to_string()).collect();
         grant("dirs", &dirs);
         if g.list_dirs {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
-use kvwasm_fabric::{Key, Limits, SendOptions, Server};
+use kvwasm_fabric::{ChunkHash, Key, Limits, SendOptions, Server};
 use kvwasm_mrdn::Tier;
 
 /// Hand slots between stores over an MRDN fabric.
@@ -55,6 +55,25 @@ struct ServeArgs {
     /// variable; the sender needs the same key. Without it, any client may store.
     #[arg(long, value_name = "NAME")]
     key_env: Option<String>,
+    /// Check that each chunk's bytes are what its name says before storing it, for senders
+    /// whose chunks are named this way (xxh3-64: 8 bytes, little-endian, as llama.cpp slots and
+    /// `kvwasm demo` name them); a chunk that does not match is refused.
+    #[arg(long, value_enum, value_name = "HASH")]
+    verify_hash: Option<VerifyHashArg>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum VerifyHashArg {
+    #[value(name = "xxh3-64")]
+    Xxh3_64,
+}
+
+impl From<VerifyHashArg> for ChunkHash {
+    fn from(hash: VerifyHashArg) -> ChunkHash {
+        match hash {
+            VerifyHashArg::Xxh3_64 => ChunkHash::Xxh3_64,
+        }
+    }
 }
 
 /// Send a slot: ask the receiver which chunks it lacks, send those, then the manifest, over
@@ -126,6 +145,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         idle_timeout: Duration::from_secs(args.idle_timeout_s),
         io_timeout: Duration::from_millis(args.io_timeout_ms),
         min_bytes_per_s: args.min_kib_per_s << 10,
+        verify_hash: args.verify_hash.map(ChunkHash::from),
         ..Limits::default()
     };
     let server = Server::bind_keyed(&args.listen, store, limits, key)

@@ -42,10 +42,16 @@ impl Receiver {
     }
 
     fn start_keyed(into: &Path, log: &Path, key: Option<&str>) -> Receiver {
+        Receiver::start_with(into, log, key, &[])
+    }
+
+    /// [`Receiver::start_keyed`] with more flags.
+    fn start_with(into: &Path, log: &Path, key: Option<&str>, flags: &[&str]) -> Receiver {
         let mut command = Command::new(KVWASM);
         command
             .args(["fabric", "serve", "--listen", "127.0.0.1:0", "--into"])
-            .arg(fs_uri(into));
+            .arg(fs_uri(into))
+            .args(flags);
         let mut child = keyed(&mut command, key)
             .env_remove("KVWASM_CONFIG")
             .env("KVWASM_LOG", "info")
@@ -270,7 +276,8 @@ fn a_keyed_slot_crosses_two_processes_and_missing_or_other_keys_fail_clearly() {
     let key = "5a".repeat(32);
     let other = "a5".repeat(32);
     let log = scratch.path().join("serve.log");
-    let receiver = Receiver::start_keyed(&b, &log, Some(&key));
+    // Checking each chunk's xxh3-64 name too: the demo slot's chunks are named so.
+    let receiver = Receiver::start_with(&b, &log, Some(&key), &["--verify-hash", "xxh3-64"]);
     let keyed_config = config(scratch.path(), &receiver.addr, true);
 
     // Another key, or none, on the sender: refused at the first exchange, nothing stored.

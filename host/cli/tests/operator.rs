@@ -115,6 +115,37 @@ fn check_config_prints_effective_grants_without_secret_values() {
     assert!(out.status.success());
 }
 
+/// Validating a config changes nothing: the writable directory a backend
+/// names is reported missing, not created (it was, by loading the backend
+/// as for a run), for a fabric's and a subscriber's too.
+#[test]
+fn check_config_creates_nothing_it_validates() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("kvwasm.toml");
+    std::fs::write(
+        &config,
+        "[backends.kv]\ncomponent = \"builtin:fs\"\ndir = \"srv/kv\"\n\
+         [fabrics.mem]\ncomponent = \"builtin:synthetic\"\ndir = \"srv/fabric\"\n\
+         [subscribers.idx]\ncomponent = \"builtin:kv-indexer\"\n\
+         dirs = [{ host = \"srv/idx\", guest = \"/data\" }]\n",
+    )
+    .unwrap();
+    let (out, text) = kvwasm(&["check-config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{text}");
+    for name in ["kv", "fabric", "idx"] {
+        let missing = format!(
+            "{} → /data (read-write); missing: created when the guest is loaded",
+            dir.path().join("srv").join(name).display()
+        );
+        assert!(text.contains(&missing), "{missing:?} missing:\n{text}");
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["kvwasm.toml"], "check-config created something");
+}
+
 #[test]
 fn inspect_and_check_config_know_fabrics() {
     let (out, text) = kvwasm(&["inspect", "builtin:tcp"]);

@@ -4,14 +4,17 @@
 //!
 //! `KVS1` | sender_nonce[16] | server_nonce[16] | tag[32] | inner message (KVQ1/KVA1/KVC1/KVM1)
 //!
-//! tag = keyed Blake3 over `kvwasm-fabric-v1`, the direction (`S` sender → server, `R` server →
-//! sender), both nonces and the inner message. The sender picks a fresh sender nonce per send;
+//! tag = keyed Blake3 over `kvwasm-fabric-v2`, the direction (`S` sender → server, `R` server →
+//! sender), the MRDN frame's tier byte, both nonces and the inner message. The sender picks a fresh sender nonce per send;
 //! the server a fresh server nonce per connection, first sent back in its answers. Chunks and
 //! manifests must carry the connection's server nonce (no replay from another connection) and
 //! replies the send's sender nonce (no replay from another send), so neither a guest nor any
-//! other client of the server can make up, alter or replay a message the other side accepts.
+//! other client of the server can make up, alter or replay a message the other side accepts,
+//! nor relabel its tier.
 
 use std::fmt;
+
+use kvwasm_mrdn::Tier;
 
 use crate::handoff::MessageError;
 
@@ -25,8 +28,10 @@ pub const NONCE_LEN: usize = 16;
 pub const TAG_LEN: usize = 32;
 /// Bytes the wrapper adds before the inner message.
 pub const WRAP_LEN: usize = 4 + 2 * NONCE_LEN + TAG_LEN;
-/// What every tag covers first, so these tags mean nothing to any other use of the key.
-const CONTEXT: &[u8] = b"kvwasm-fabric-v1";
+/// What every tag covers first, so these tags mean nothing to any other use of the key. `v2`:
+/// the tag covers the frame's tier byte (`v1` tags did not), so a `v1` peer fails with "bad
+/// tag" rather than accepting tags of another layout.
+const CONTEXT: &[u8] = b"kvwasm-fabric-v2";
 
 /// A nonce; all zeros is "no server nonce yet" (a query's).
 pub type Nonce = [u8; NONCE_LEN];
@@ -92,17 +97,18 @@ impl Key {
         Key::from_hex(text).map_err(|why| format!("--key-env: environment variable {name} {why}"))
     }
 
-    /// The tag of `inner` going `direction` with these nonces.
+    /// The tag of `inner` going `direction` in a frame of `tier`, with these nonces.
     pub fn tag(
         &self,
         direction: Direction,
+        tier: Tier,
         sender: &Nonce,
         server: &Nonce,
         inner: &[u8],
     ) -> blake3::Hash {
         blake3::Hasher::new_keyed(&self.0)
             .update(CONTEXT)
-            .update(&[direction.byte()])
+            .update(&[direction.byte(), tier.as_byte()])
             .update(sender)
             .update(server)
             .update(inner)
@@ -124,6 +130,8 @@ pub struct Envelope<'k> {
     pub key: &'k Key,
     /// Which way they go.
     pub direction: Direction,
+    /// The tier of the frames they go in (the MRDN header's byte, outside the body).
+    pub tier: Tier,
     /// The send's nonce.
     pub sender: Nonce,
     /// The connection's nonce (zeros in a query).
@@ -151,7 +159,9 @@ impl Envelope<'_> {
             return Err(e);
         }
         let (head, inner) = out[start..].split_at_mut(WRAP_LEN);
-        let tag = env.key.tag(env.direction, &env.sender, &env.server, inner);
+        let tag = env
+            .key
+            .tag(env.direction, env.tier, &env.sender, &env.server, inner);
         head[WRAP_LEN - TAG_LEN..].copy_from_slice(tag.as_bytes());
         Ok(())
     }
@@ -193,9 +203,11 @@ impl<'a> Sealed<'a> {
         }))
     }
 
-    /// Whether its tag is `key`'s for `direction` (compared in constant time).
-    pub fn verify(&self, key: &Key, direction: Direction) -> bool {
-        key.tag(direction, self.sender, self.server, self.inner) == blake3::Hash::from(*self.tag)
+    /// Whether its tag is `key`'s for `direction` in a frame of `tier` (compared in constant
+    /// time).
+    pub fn verify(&self, key: &Key, direction: Direction, tier: Tier) -> bool {
+        key.tag(direction, tier, self.sender, self.server, self.inner)
+            == blake3::Hash::from(*self.tag)
     }
 }
 
@@ -212,6 +224,7 @@ mod tests {
         let env = Envelope {
             key: &key(7),
             direction: Direction::ToServer,
+            tier: Tier::ThinkActive,
             sender: [1; NONCE_LEN],
             server: [2; NONCE_LEN],
         };
@@ -221,7 +234,7 @@ mod tests {
             Ok::<_, ()>(())
         })
         .unwrap();
-        let mut input = b"kvwasm-fabric-v1S".to_vec();
+        let mut input = b"kvwasm-fabric-v2S\x01".to_vec();
         input.extend_from_slice(&[1; NONCE_LEN]);
         input.extend_from_slice(&[2; NONCE_LEN]);
         input.extend_from_slice(b"KVC1\x01hdata");
@@ -238,14 +251,27 @@ mod tests {
 
         let sealed = Sealed::parse(&body).unwrap().unwrap();
         assert_eq!(sealed.inner, b"KVC1\x01hdata");
-        assert!(sealed.verify(&key(7), Direction::ToServer));
-        assert!(!sealed.verify(&key(7), Direction::ToSender), "direction");
-        assert!(!sealed.verify(&key(8), Direction::ToServer), "key");
+        let active = Tier::ThinkActive;
+        assert!(sealed.verify(&key(7), Direction::ToServer, active));
+        assert!(
+            !sealed.verify(&key(7), Direction::ToSender, active),
+            "direction"
+        );
+        assert!(!sealed.verify(&key(8), Direction::ToServer, active), "key");
+        for other in [Tier::ThinkComplete, Tier::OutputCritical] {
+            assert!(
+                !sealed.verify(&key(7), Direction::ToServer, other),
+                "{other:?}"
+            );
+        }
         for at in [4, 4 + NONCE_LEN, WRAP_LEN - 1, body.len() - 1] {
             let mut altered = body.clone();
             altered[at] ^= 1;
             let sealed = Sealed::parse(&altered).unwrap().unwrap();
-            assert!(!sealed.verify(&key(7), Direction::ToServer), "byte {at}");
+            assert!(
+                !sealed.verify(&key(7), Direction::ToServer, active),
+                "byte {at}"
+            );
         }
         assert_eq!(Sealed::parse(b"KVC1\x01h"), Ok(None));
         assert!(Sealed::parse(&body[..WRAP_LEN - 1]).is_err());
@@ -256,6 +282,7 @@ mod tests {
         let env = Envelope {
             key: &key(1),
             direction: Direction::ToSender,
+            tier: Tier::OutputCritical,
             sender: [0; NONCE_LEN],
             server: [0; NONCE_LEN],
         };

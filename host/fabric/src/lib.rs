@@ -15,4 +15,4 @@ pub mod serve;
 
 pub use auth::Key;
 pub use send::{SendError, SendOptions, SendReport, Transport, send, send_keyed};
-pub use serve::{Limits, Server, Stats};
+pub use serve::{ChunkHash, Limits, Server, Stats};

@@ -268,6 +268,7 @@ pub fn send_keyed<T: Transport>(
 
     let mut replies = Replies {
         key,
+        tier,
         sender: match key {
             Some(_) => auth::nonce().map_err(SendError::Random)?,
             None => [0; auth::NONCE_LEN],
@@ -434,6 +435,8 @@ fn frame<E: std::error::Error>(
 /// What a send expects of the receiver's replies.
 struct Replies<'k> {
     key: Option<&'k Key>,
+    /// The tier this send labels its frames with, which the receiver's replies repeat.
+    tier: Tier,
     /// This send's nonce (zeros without a key).
     sender: Nonce,
     /// The connection's nonce, from the first answer.
@@ -446,6 +449,7 @@ impl<'k> Replies<'k> {
         self.key.map(|key| Envelope {
             key,
             direction: Direction::ToServer,
+            tier: self.tier,
             sender: self.sender,
             server,
         })
@@ -469,7 +473,7 @@ impl<'k> Replies<'k> {
             let sealed = Sealed::parse(body)
                 .map_err(|e| bad(&e.to_string()))?
                 .ok_or_else(|| bad("not wrapped (KVS1), but this send has a key"))?;
-            if !sealed.verify(key, Direction::ToSender) {
+            if !sealed.verify(key, Direction::ToSender, frame.tier) {
                 return Err(bad(
                     "its tag is not the receiver's under this send's key: forged or altered \
                      by the fabric, or the receiver has another key",

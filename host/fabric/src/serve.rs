@@ -21,7 +21,7 @@ use crate::auth::{self, Direction, Envelope, Key, Nonce, Sealed};
 use crate::handoff::{self, Message};
 use crate::link::{self, LinkError, Request, Status};
 
-/// The server's limits (the flags of `kvwasm fabric serve`).
+/// The server's limits and checks (the flags of `kvwasm fabric serve`).
 #[derive(Debug, Clone)]
 pub struct Limits {
     /// Largest frame a PUSH may carry; a larger one is refused and its connection closed
@@ -41,6 +41,55 @@ pub struct Limits {
     /// be done within `io_timeout` + its length at this rate, so a client trickling bytes
     /// (each gap under the I/O timeout) cannot hold a thread for longer.
     pub min_bytes_per_s: u64,
+    /// How chunks are named, when the server checks that each chunk's bytes are what its name
+    /// says before storing it (`--verify-hash`); `None` takes the sender's word.
+    pub verify_hash: Option<ChunkHash>,
+}
+
+/// A way of naming chunks by their content that the receiver can check (`--verify-hash`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkHash {
+    /// 8 bytes, the xxh3-64 of the chunk (seed 0) little-endian: how llama.cpp slots
+    /// (`examples/llama-slot`), `kvwasm demo` and the C consumer's default keys name chunks.
+    Xxh3_64,
+}
+
+impl ChunkHash {
+    /// The name `--verify-hash` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChunkHash::Xxh3_64 => "xxh3-64",
+        }
+    }
+
+    /// `Err` with the reason unless `hash` is this scheme's name of `data`.
+    pub fn check(self, hash: &[u8], data: &[u8]) -> Result<(), String> {
+        let name = self.name();
+        match self {
+            ChunkHash::Xxh3_64 => {
+                let computed = xxhash_rust::xxh3::xxh3_64(data).to_le_bytes();
+                if hash.len() != computed.len() {
+                    return Err(format!(
+                        "chunk {} is named by {} bytes, but {name} names are {} \
+                         (--verify-hash {name})",
+                        hex::encode(hash),
+                        hash.len(),
+                        computed.len()
+                    ));
+                }
+                if hash != computed {
+                    return Err(format!(
+                        "chunk {}: its {} bytes hash to {} ({name}): corrupted or altered on \
+                         the way (--verify-hash {name})",
+                        hex::encode(hash),
+                        data.len(),
+                        hex::encode(computed)
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 impl Default for Limits {
@@ -52,6 +101,7 @@ impl Default for Limits {
             io_timeout: Duration::from_millis(30_000),
             max_live_handles: 1 << 20,
             min_bytes_per_s: 1 << 20,
+            verify_hash: None,
         }
     }
 }
@@ -643,7 +693,7 @@ impl<'a> Connection<'a> {
     fn act(&mut self, bytes: &[u8]) -> Result<Kept, Refusal> {
         let frame = kvwasm_mrdn::decode_with(bytes, DecodeMode::Strict)
             .map_err(|e| refused(format!("bad frame: {e}")))?;
-        let (body, sender) = self.authenticate(frame.body)?;
+        let (body, sender) = self.authenticate(frame.body, frame.tier)?;
         let message = handoff::parse(body).map_err(|e| refused(format!("bad message: {e}")))?;
         let shared = self.shared;
         let store = &shared.store;
@@ -657,14 +707,20 @@ impl<'a> Connection<'a> {
                     .try_into()
                     .expect("a verified frame has a header");
                 let mut answer = Vec::with_capacity(len);
-                sealed(frame.tier, &mut answer, reply(sender).as_ref(), |body| {
-                    handoff::encode_answer(checksum, present.len(), |i| present[i], body)
-                })?;
+                sealed(
+                    frame.tier,
+                    &mut answer,
+                    reply(sender, frame.tier).as_ref(),
+                    |body| handoff::encode_answer(checksum, present.len(), |i| present[i], body),
+                )?;
                 self.record(Event::Query);
                 Ok(Kept::Answer(answer))
             }
             Message::Chunk { hash, data } => {
                 self.room(hash.len())?;
+                if let Some(names) = shared.limits.verify_hash {
+                    names.check(hash, data).map_err(refused)?;
+                }
                 let already = store.put_chunk(hash, data).map_err(failed("put_chunk"))?;
                 if !already {
                     self.record(Event::ChunkStored(data.len() as u64));
@@ -706,10 +762,14 @@ impl<'a> Connection<'a> {
     }
 
     /// The handoff message a pushed body carries and the nonce of the send that pushed it.
-    /// With a key: only a wrapped message whose tag is the key's, bound to this connection (its
-    /// server nonce, or zeros in a query, which is how a send learns the nonce). Without one:
-    /// only an unwrapped message.
-    fn authenticate<'b>(&mut self, body: &'b [u8]) -> Result<(&'b [u8], Nonce), Refusal> {
+    /// With a key: only a wrapped message whose tag is the key's for the frame's `tier`, bound
+    /// to this connection (its server nonce, or zeros in a query, which is how a send learns the
+    /// nonce). Without one: only an unwrapped message.
+    fn authenticate<'b>(
+        &mut self,
+        body: &'b [u8],
+        tier: Tier,
+    ) -> Result<(&'b [u8], Nonce), Refusal> {
         let sealed = Sealed::parse(body).map_err(|e| refused(format!("bad message: {e}")));
         let checked = match (&self.shared.key, sealed) {
             (_, Err(refusal)) => Err(refusal),
@@ -723,10 +783,10 @@ impl<'a> Connection<'a> {
                 let bound = sealed.server == &self.nonce
                     || (sealed.server == &[0; auth::NONCE_LEN]
                         && sealed.inner.starts_with(&handoff::QUERY_MAGIC));
-                if !sealed.verify(key, Direction::ToServer) {
+                if !sealed.verify(key, Direction::ToServer, tier) {
                     Err(refused(
                         "bad tag: the sender's key is not this server's (--key-env), or the \
-                         message was altered on the way",
+                         message or its tier was altered on the way",
                     ))
                 } else if !bound {
                     Err(refused(
@@ -808,14 +868,14 @@ impl<'a> Connection<'a> {
             }
             Some(Kept::Chunk { tier, hash, sender }) => {
                 let data = store.get_chunk(hash).map_err(failed("get_chunk"))?;
-                sealed(*tier, out, reply(*sender).as_ref(), |body| {
+                sealed(*tier, out, reply(*sender, *tier).as_ref(), |body| {
                     handoff::encode_chunk(hash, data.as_slice(), body)
                 })?;
             }
             Some(Kept::Manifest { tier, name, sender }) => {
                 // Its chunk list is not echoed: the store keeps none.
                 let data = store.get_manifest(name).map_err(failed("get_manifest"))?;
-                sealed(*tier, out, reply(*sender).as_ref(), |body| {
+                sealed(*tier, out, reply(*sender, *tier).as_ref(), |body| {
                     handoff::encode_manifest(name, std::iter::empty(), data.as_slice(), body)
                 })?;
             }
@@ -842,15 +902,16 @@ fn holds(store: &StoreHandle, hash: &[u8]) -> Result<bool, Refusal> {
 }
 
 /// How a connection with server nonce `nonce` wraps its replies to the send with nonce `sender`
-/// (nothing without a key).
+/// in frames of `tier` (nothing without a key).
 fn reply_envelope<'k>(
     key: Option<&'k Key>,
     nonce: Nonce,
-) -> impl Fn(Nonce) -> Option<Envelope<'k>> + use<'k> {
-    move |sender| {
+) -> impl Fn(Nonce, Tier) -> Option<Envelope<'k>> + use<'k> {
+    move |sender, tier| {
         key.map(|key| Envelope {
             key,
             direction: Direction::ToSender,
+            tier,
             sender,
             server: nonce,
         })

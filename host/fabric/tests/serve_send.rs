@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use kvwasm_fabric::auth::{self, Direction, Envelope, Sealed};
 use kvwasm_fabric::handoff;
-use kvwasm_fabric::{Key, Limits, SendOptions, Server, Transport, send, send_keyed};
+use kvwasm_fabric::{ChunkHash, Key, Limits, SendOptions, Server, Transport, send, send_keyed};
 use kvwasm_host::{KvError, StoreHandle};
 use kvwasm_mrdn::{HEADER_LEN, Tier};
 use kvwasm_tests::{fs_uri, pattern};
@@ -991,6 +991,7 @@ fn keyed_frame(key: &Key, sender: auth::Nonce, server: auth::Nonce, body: &[u8])
     let envelope = Envelope {
         key,
         direction: Direction::ToServer,
+        tier: Tier::ThinkActive,
         sender,
         server,
     };
@@ -1230,7 +1231,7 @@ fn a_chunk_reframed_by_the_fabric_is_refused_with_a_key() {
         assert_eq!(
             err,
             "fabric: push chunk: status 2: bad tag: the sender's key is not this server's \
-             (--key-env), or the message was altered on the way",
+             (--key-env), or the message or its tier was altered on the way",
             "{what}"
         );
         assert_eq!((pushes, live), (2, 0), "{what}");
@@ -1263,8 +1264,8 @@ fn keyed_messages_are_bound_to_their_connection_and_replies_to_their_send() {
     let answer = link.pull(handle).unwrap();
     let body = kvwasm_mrdn::decode(&answer).unwrap().body;
     let sealed = Sealed::parse(body).unwrap().unwrap();
-    assert!(sealed.verify(&key(1), Direction::ToSender));
-    assert!(!sealed.verify(&key(1), Direction::ToServer));
+    assert!(sealed.verify(&key(1), Direction::ToSender, Tier::ThinkActive));
+    assert!(!sealed.verify(&key(1), Direction::ToServer, Tier::ThinkActive));
     assert_eq!(sealed.sender, &sender);
     let nonce = *sealed.server;
     assert_ne!(nonce, [0; 16]);
@@ -1284,7 +1285,7 @@ fn keyed_messages_are_bound_to_their_connection_and_replies_to_their_send() {
     let (head, inner) = unwrap(&echo);
     let body = [&head[..], &inner].concat();
     let sealed = Sealed::parse(&body).unwrap().unwrap();
-    assert!(sealed.verify(&key(1), Direction::ToSender));
+    assert!(sealed.verify(&key(1), Direction::ToSender, Tier::ThinkActive));
     assert_eq!((sealed.sender, sealed.server), (&sender, &nonce));
     assert_eq!(inner, chunk);
     // The same frame on another connection, which has another nonce: refused, not stored.
@@ -1361,7 +1362,7 @@ fn a_key_on_one_side_only_or_another_key_fails_the_first_exchange() {
             Some(key(1)),
             Some(key(2)),
             "fabric: push query: status 2: bad tag: the sender's key is not this server's \
-             (--key-env), or the message was altered on the way",
+             (--key-env), or the message or its tier was altered on the way",
         ),
         (
             Some(key(1)),
@@ -1388,4 +1389,138 @@ fn a_key_on_one_side_only_or_another_key_fails_the_first_exchange() {
             "{expected}"
         );
     }
+}
+
+/// The frame `frame` with its header's tier byte set to `tier`, the body (and so the Blake3
+/// checksum) untouched: valid MRDN, as a man in the middle can make it.
+fn relabel(frame: &[u8], tier: Tier) -> Vec<u8> {
+    let mut out = frame.to_vec();
+    out[12] = tier.as_byte();
+    out
+}
+
+#[test]
+fn a_keyed_frame_relabelled_to_another_tier_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, server) = start_keyed(dir.path(), Limits::default(), Some(key(1)));
+    let store = open(dir.path());
+    let mut query = Vec::new();
+    handoff::encode_query([&b"c"[..]].into_iter(), &mut query).unwrap();
+    let mut link = Link::connect(addr);
+    let sender = [3; auth::NONCE_LEN];
+    // Tagged for ThinkActive, as sent: answered, the reply tagged for its own tier.
+    let honest = keyed_frame(&key(1), sender, [0; 16], &query);
+    let handle = u64::from_le_bytes(link.push(&honest).unwrap().try_into().unwrap());
+    let answer = link.pull(handle).unwrap();
+    let decoded = kvwasm_mrdn::decode(&answer).unwrap();
+    assert_eq!(decoded.tier, Tier::ThinkActive);
+    let sealed = Sealed::parse(decoded.body).unwrap().unwrap();
+    assert!(sealed.verify(&key(1), Direction::ToSender, Tier::ThinkActive));
+    assert!(!sealed.verify(&key(1), Direction::ToSender, Tier::OutputCritical));
+    let nonce = *sealed.server;
+    // The same frames with the tier byte flipped: the tag covers it.
+    let mut chunk = Vec::new();
+    handoff::encode_chunk(b"c", b"bytes", &mut chunk).unwrap();
+    let bound = keyed_frame(&key(1), sender, nonce, &chunk);
+    for tier in [Tier::ThinkComplete, Tier::OutputCritical] {
+        for frame in [&honest, &bound] {
+            let (status, why) = link.push(&relabel(frame, tier)).unwrap_err();
+            assert_eq!(status, REFUSED);
+            assert!(why.starts_with("bad tag:"), "{why}");
+        }
+    }
+    assert!(absent(&store, b"c"));
+    assert_eq!(server.stats().frames_refused, 4);
+    // Unaltered, it lands.
+    assert!(link.push(&bound).is_ok());
+    assert_eq!(store.get_chunk(b"c").unwrap().as_slice(), b"bytes");
+
+    // A sender refuses a reply relabelled on its way back.
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = source_slot(a.path(), 2, 100, 91);
+    let (addr, _server) = start_keyed(b.path(), Limits::default(), Some(key(1)));
+    let tamper = Tamper::connect(addr, |f: Vec<u8>| relabel(&f, Tier::OutputCritical));
+    let (err, pushes, live) = tamper.send_keyed_fails(&source, &options("slot"), Some(&key(1)));
+    assert_eq!(
+        err,
+        "pull answer: unexpected reply: its tag is not the receiver's under this send's key: \
+         forged or altered by the fabric, or the receiver has another key"
+    );
+    assert_eq!((pushes, live), (1, 0));
+}
+
+/// Without a key, a man in the middle (the fabric) that replaces a chunk's bytes and
+/// recomputes the frame's Blake3 lands them under the honest name, and a later clean send
+/// skips that chunk. With `--verify-hash xxh3-64` the receiver checks every chunk's bytes
+/// against its name: the altered chunk is refused, nothing lands, and a clean send delivers
+/// the slot.
+#[test]
+fn a_chunk_altered_with_its_blake3_recomputed_is_refused_with_verify_hash() {
+    let scratch = tempfile::tempdir().unwrap();
+    let source = source_slot(&scratch.path().join("a"), 3, 1000, 95);
+    let slot = chunks(3, 1000, 95);
+    let corrupt = |f: &[u8]| -> Option<Vec<u8>> {
+        let body = kvwasm_mrdn::decode(f).unwrap().body;
+        let Ok(handoff::Message::Chunk { hash, data }) = handoff::parse(body) else {
+            return Some(f.to_vec());
+        };
+        let mut altered = data.to_vec();
+        altered[0] ^= 0xff;
+        let mut out = Vec::new();
+        handoff::encode_chunk(hash, &altered, &mut out).unwrap();
+        Some(reframe(f, |_| out))
+    };
+    let checked = Limits {
+        verify_hash: Some(ChunkHash::Xxh3_64),
+        ..Limits::default()
+    };
+    for (what, limits) in [("unchecked", Limits::default()), ("checked", checked)] {
+        let dir = scratch.path().join(what);
+        let (addr, server) = start(&dir, limits);
+        let tampered = Tamper::connect(addr, |f: Vec<u8>| f).pushing(corrupt);
+        let result = send(&source, &tampered, &options("slot"));
+        let target = open(&dir);
+        let clean = send(&source, &LinkTransport::connect(addr), &options("slot")).unwrap();
+        if what == "unchecked" {
+            // The lie lands, and sticks.
+            assert!(result.is_ok(), "{result:?}");
+            assert_eq!(clean.sent, 0);
+            let landed = target.get_chunk(&slot[0].0).unwrap();
+            assert_ne!(landed.as_slice(), &slot[0].1[..]);
+            continue;
+        }
+        let err = result.unwrap_err().to_string();
+        let expected = format!(
+            "fabric: push chunk: status 2: chunk {}: its 1000 bytes hash to ",
+            hex::encode(slot[0].0)
+        );
+        assert!(err.starts_with(&expected), "{err}");
+        assert!(
+            err.ends_with("(xxh3-64): corrupted or altered on the way (--verify-hash xxh3-64)"),
+            "{err}"
+        );
+        assert_eq!(server.stats().chunks_stored, clean.sent as u64);
+        assert_eq!(clean.sent, 3, "nothing altered was kept");
+        for (hash, data) in &slot {
+            assert_eq!(target.get_chunk(hash).unwrap().as_slice(), &data[..]);
+        }
+    }
+    // A name of another length than xxh3-64's is refused too.
+    let dir = scratch.path().join("length");
+    let (addr, _server) = start(
+        &dir,
+        Limits {
+            verify_hash: Some(ChunkHash::Xxh3_64),
+            ..Limits::default()
+        },
+    );
+    let (status, why) = Link::connect(addr)
+        .push(&chunk_frame(b"short", b"bytes"))
+        .unwrap_err();
+    assert_eq!(status, REFUSED);
+    assert!(
+        why.contains("is named by 5 bytes, but xxh3-64 names are 8"),
+        "{why}"
+    );
+    assert!(absent(&open(&dir), b"short"));
 }

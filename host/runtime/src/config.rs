@@ -233,11 +233,54 @@ impl Config {
     }
 
     /// Build the backend called `name`: load its component (checking its
-    /// pin), resolve paths and peers.
+    /// pin), resolve paths and peers, create its missing writable
+    /// directories.
     pub fn backend(&self, name: &str) -> Result<Backend, String> {
-        let spec = self.backends.get(name).ok_or_else(|| {
-            let known: Vec<_> = self.backends.keys().map(String::as_str).collect();
-            format!("no backend {name:?} in the config (configured: {known:?})")
+        self.opened(GuestKind::KvStore, name)
+    }
+
+    /// Build the fabric called `name`, in the same sandbox as a backend. Its
+    /// [`Backend::name`] is `fabrics.<name>` (logs and metrics).
+    pub fn fabric(&self, name: &str) -> Result<Backend, String> {
+        self.opened(GuestKind::Fabric, name)
+    }
+
+    /// Build the event subscriber called `name`, in the same sandbox as a
+    /// backend. Its [`Backend::name`] is `subscribers.<name>`.
+    pub fn subscriber(&self, name: &str) -> Result<Backend, String> {
+        self.opened(GuestKind::Subscriber, name)
+    }
+
+    /// [`Config::inspect`], then the guest's missing writable directories
+    /// created: it is about to run.
+    fn opened(&self, kind: GuestKind, name: &str) -> Result<Backend, String> {
+        let backend = self.inspect(kind, name)?;
+        for dir in backend.grants.dirs.iter().filter(|d| !d.read_only) {
+            std::fs::create_dir_all(&dir.host).map_err(|e| {
+                format!(
+                    "{} {name:?}: cannot create {}: {e}",
+                    kind_word(kind),
+                    dir.host.display()
+                )
+            })?;
+        }
+        Ok(backend)
+    }
+
+    /// The guest `name` of `kind`'s table built as [`Config::backend`],
+    /// [`Config::fabric`] and [`Config::subscriber`] build it, except that
+    /// nothing is created: a writable directory that does not exist yet is
+    /// left missing. For `kvwasm check-config`, which must change nothing.
+    pub fn inspect(&self, kind: GuestKind, name: &str) -> Result<Backend, String> {
+        let table = match kind {
+            GuestKind::KvStore => &self.backends,
+            GuestKind::Fabric => &self.fabrics,
+            GuestKind::Subscriber => &self.subscribers,
+        };
+        let word = kind_word(kind);
+        let spec = table.get(name).ok_or_else(|| {
+            let known: Vec<_> = table.keys().map(String::as_str).collect();
+            format!("no {word} {name:?} in the config (configured: {known:?})")
         })?;
         if !spec.tiers.is_empty() {
             return Err(format!(
@@ -245,34 +288,16 @@ impl Config {
                 spec.tiers
             ));
         }
-        self.guest(name, spec, GuestKind::KvStore)
-            .map_err(|e| format!("backend {name:?}: {e}"))
-    }
-
-    /// Build the fabric called `name`, in the same sandbox as a backend. Its
-    /// [`Backend::name`] is `fabrics.<name>` (logs and metrics).
-    pub fn fabric(&self, name: &str) -> Result<Backend, String> {
-        let spec = self.fabrics.get(name).ok_or_else(|| {
-            let known: Vec<_> = self.fabrics.keys().map(String::as_str).collect();
-            format!("no fabric {name:?} in the config (configured: {known:?})")
-        })?;
-        self.guest(&format!("fabrics.{name}"), spec, GuestKind::Fabric)
-            .map_err(|e| format!("fabric {name:?}: {e}"))
-    }
-
-    /// Build the event subscriber called `name`, in the same sandbox as a
-    /// backend. Its [`Backend::name`] is `subscribers.<name>`.
-    pub fn subscriber(&self, name: &str) -> Result<Backend, String> {
-        let spec = self.subscribers.get(name).ok_or_else(|| {
-            let known: Vec<_> = self.subscribers.keys().map(String::as_str).collect();
-            format!("no subscriber {name:?} in the config (configured: {known:?})")
-        })?;
-        self.guest(&format!("subscribers.{name}"), spec, GuestKind::Subscriber)
-            .map_err(|e| format!("subscriber {name:?}: {e}"))
+        let label = match kind {
+            GuestKind::KvStore => name.to_owned(),
+            _ => format!("{}.{name}", kind.config_table()),
+        };
+        self.guest(&label, spec, kind)
+            .map_err(|e| format!("{word} {name:?}: {e}"))
     }
 
     /// Load `spec`'s component (checking its pin and its kind), resolve its
-    /// grants and limits.
+    /// grants and limits. Creates nothing.
     fn guest(&self, name: &str, spec: &BackendConfig, kind: GuestKind) -> Result<Backend, String> {
         let source = self.component_source(spec)?;
         let component = LoadedComponent::load_for(&source, spec.metering())
@@ -289,10 +314,6 @@ impl Config {
             return Err(format!("{source} is a {}, not a {kind}", component.kind()));
         }
         let grants = self.grants(spec)?;
-        for dir in grants.dirs.iter().filter(|d| !d.read_only) {
-            std::fs::create_dir_all(&dir.host)
-                .map_err(|e| format!("cannot create {}: {e}", dir.host.display()))?;
-        }
         let limits = spec.limits();
         let kv_indexer = source == ComponentSource::Builtin(crate::component::Builtin::KvIndexer);
         let mut backend = Backend::new(name, source, component, grants);
@@ -590,6 +611,15 @@ pub(crate) fn cached_config(path: &Path) -> Result<Arc<Config>, String> {
         .entry(path.to_owned())
         .or_insert(config)
         .clone())
+}
+
+/// How errors name a guest of `kind`: `backend "x"`, `fabric "x"`.
+fn kind_word(kind: GuestKind) -> &'static str {
+    match kind {
+        GuestKind::KvStore => "backend",
+        GuestKind::Fabric => "fabric",
+        GuestKind::Subscriber => "subscriber",
+    }
 }
 
 #[cfg(test)]

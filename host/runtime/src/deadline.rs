@@ -169,9 +169,11 @@ mod tests {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
             });
             assert!(out.is_none());
+            // At the deadline, not before; the upper bound only rules out
+            // the hour asked for, with room for a loaded machine.
             let took = started.elapsed();
             assert!(
-                took >= Duration::from_millis(50) && took < Duration::from_millis(1000),
+                took >= Duration::from_millis(50) && took < Duration::from_secs(30),
                 "{took:?}"
             );
         });

@@ -200,7 +200,9 @@ mod tests {
         for i in 0..5u64 {
             out.stored(&i.to_be_bytes());
         }
-        assert!(started.elapsed() < std::time::Duration::from_millis(100));
+        // A send that waited would wait forever (nobody drains the queue);
+        // the bound is loose for a loaded machine.
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
         assert_eq!(metrics.snapshot().events_dropped, 3);
     }
 

@@ -60,6 +60,7 @@ pub(crate) fn new_store(
             grant: backend.grants.http.clone(),
             metrics: backend.metrics.clone(),
             tls: backend.grants.tls.clone(),
+            https_without_grant: None,
         },
         tls: backend.grants.tls_ctx(&backend.name, &backend.metrics),
         sealed_streams: Default::default(),

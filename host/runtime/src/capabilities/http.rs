@@ -10,10 +10,11 @@
 //! An `https` request of a backend with a `tls` grant is sent with the
 //! grant's client config (its roots, client certificate and server name;
 //! see [`super::tls`]), through that grant's own pooled client (keep-alive
-//! connections per origin, `TCP_NODELAY`); without one, wasmtime-wasi-http's
-//! default (the public roots, a connection per request). A plain-http
-//! request goes through one pooled client for the process, after the same
-//! check.
+//! connections per origin, `TCP_NODELAY`). Without one it goes through the
+//! process's https client ([`public_https`]), which verifies the server
+//! against the public roots (webpki-roots) and the origin's host, and
+//! presents no certificate. A plain-http request goes through one pooled
+//! client for the process. Every request passes the same check first.
 
 use std::sync::Arc;
 
@@ -131,6 +132,11 @@ pub(crate) struct HttpPolicy {
     pub grant: Arc<HttpGrant>,
     pub metrics: Arc<BackendMetrics>,
     pub tls: Option<Arc<TlsGrant>>,
+    /// The client for `https` without a `tls` grant: `None` is the
+    /// process's, trusting the public roots ([`public_https`]). A test
+    /// gives one trusting its own CA ([`https_trusting`]), made the way
+    /// the public one is.
+    pub https_without_grant: Option<HttpsClient>,
 }
 
 type ResponseFuture = Box<dyn Future<Output = Result<Sent, HttpError>> + Send>;
@@ -170,12 +176,18 @@ impl WasiHttpHooks for HttpPolicy {
             Ok(request) => request,
             Err(e) => return Box::new(std::future::ready(Err(e))),
         };
-        if let Some(tls) = &self.tls
-            && request.uri().scheme() == Some(&http::uri::Scheme::HTTPS)
-        {
-            let (tls, metrics) = (tls.clone(), self.metrics.clone());
+        if request.uri().scheme() == Some(&http::uri::Scheme::HTTPS) {
+            let (tls, metrics) = (self.tls.clone(), self.metrics.clone());
+            let without_grant = self.https_without_grant.clone();
             return Box::new(crate::io::on_shared(async move {
-                let sent = send_https(request, options, tls).await;
+                let sent = match (tls, without_grant) {
+                    (Some(tls), _) => send_https(request, options, tls).await,
+                    (None, Some(client)) => send_pooled(&client, request, options).await,
+                    (None, None) => match public_https() {
+                        Ok(client) => send_pooled(client, request, options).await,
+                        Err(why) => Err(HttpError::Tls(std::io::Error::other(why.clone()))),
+                    },
+                };
                 if let Err(e) = &sent {
                     crate::log_limit::warn(
                         ("https", Arc::as_ptr(&metrics) as usize),
@@ -342,23 +354,55 @@ where
 /// A new TLS handshake per request, as before, cost a native client's
 /// whole request time over again, and left thousands of connections in
 /// `TIME_WAIT` (with a TLS proxy in between, twice as many).
-pub(crate) type HttpsClient = hyper_util::client::legacy::Client<GrantConnector, WasiBody>;
+pub(crate) type HttpsClient = hyper_util::client::legacy::Client<HttpsConnector, WasiBody>;
 
 fn https_client(grant: &Arc<TlsGrant>) -> &HttpsClient {
     grant.https.get_or_init(|| {
-        pooled().build(GrantConnector {
+        pooled().build(HttpsConnector {
             // Weak: the client lives in the grant.
-            grant: Arc::downgrade(grant),
+            verify: Verify::Grant(Arc::downgrade(grant)),
         })
     })
 }
 
-/// Connects to an https origin as its grant says: TCP (`TCP_NODELAY`),
-/// then a rustls handshake with the grant's config, verifying the server
-/// against the grant's server name ([`TlsGrant::server_name`]).
+/// The process's keep-alive https client for backends without a `tls`
+/// grant: the public roots, the origin's host as the server name, no
+/// client certificate. Shared by every such backend, as the plain-http
+/// pool is: its connections carry nothing of one backend's (no
+/// certificate, no other roots), and a request reaches it only after its
+/// own backend's `http` grant allowed the origin.
+pub(crate) fn public_https() -> Result<&'static HttpsClient, &'static String> {
+    static CLIENT: std::sync::OnceLock<Result<HttpsClient, String>> = std::sync::OnceLock::new();
+    CLIENT
+        .get_or_init(|| https_trusting(super::tls::public_roots()))
+        .as_ref()
+}
+
+/// A keep-alive https client verifying servers against `roots` and the
+/// request's host: [`public_https`] with the public roots.
+pub(crate) fn https_trusting(roots: rustls::RootCertStore) -> Result<HttpsClient, String> {
+    let config = super::tls::client_config(roots)?.with_no_client_auth();
+    Ok(pooled().build(HttpsConnector {
+        verify: Verify::Roots(Arc::new(config)),
+    }))
+}
+
+/// Connects to an https origin: TCP (`TCP_NODELAY`), then a rustls
+/// handshake verifying the server as [`Verify`] says.
 #[derive(Clone)]
-pub(crate) struct GrantConnector {
-    grant: std::sync::Weak<TlsGrant>,
+pub(crate) struct HttpsConnector {
+    verify: Verify,
+}
+
+/// How an [`HttpsConnector`] verifies the server.
+#[derive(Clone)]
+enum Verify {
+    /// With the grant's config, against the grant's server name
+    /// ([`TlsGrant::server_name`]).
+    Grant(std::sync::Weak<TlsGrant>),
+    /// With this config (its roots, no client certificate), against the
+    /// host of the request's origin, which the `http` grant allowed.
+    Roots(Arc<rustls::ClientConfig>),
 }
 
 /// Why a connection could not be made, for the guest's error code.
@@ -436,7 +480,7 @@ impl hyper::rt::Write for TlsConnection {
     }
 }
 
-impl tower_service::Service<http::Uri> for GrantConnector {
+impl tower_service::Service<http::Uri> for HttpsConnector {
     type Response = TlsConnection;
     type Error = ConnectError;
     type Future =
@@ -453,17 +497,29 @@ impl tower_service::Service<http::Uri> for GrantConnector {
         // What the handshake needs, taken now: the attempt holds no
         // reference to the grant (or its pool) while it waits.
         let prepared = (|| {
-            let grant = self
-                .grant
-                .upgrade()
-                .ok_or_else(|| ConnectError::Tls("the backend's TLS grant is gone".into()))?;
             let host = uri
                 .host()
                 .ok_or_else(|| ConnectError::Tls(format!("no host in {uri}")))?
                 .trim_matches(['[', ']'])
                 .to_owned();
-            let name = grant.server_name(&host).map_err(ConnectError::Tls)?;
-            Ok((grant.config.clone(), host, name))
+            match &self.verify {
+                Verify::Grant(grant) => {
+                    let grant = grant.upgrade().ok_or_else(|| {
+                        ConnectError::Tls("the backend's TLS grant is gone".into())
+                    })?;
+                    let name = grant.server_name(&host).map_err(ConnectError::Tls)?;
+                    Ok((grant.config.clone(), host, name))
+                }
+                Verify::Roots(config) => {
+                    let name =
+                        rustls::pki_types::ServerName::try_from(host.clone()).map_err(|_| {
+                            ConnectError::Tls(format!(
+                                "TLS server name {host:?} is not a DNS name or an IP"
+                            ))
+                        })?;
+                    Ok((config.clone(), host, name))
+                }
+            }
         })();
         let port = uri.port_u16().unwrap_or(443);
         Box::pin(async move {
@@ -583,6 +639,7 @@ mod tests {
             }),
             metrics: Arc::default(),
             tls: None,
+            https_without_grant: None,
         }
     }
 
@@ -640,7 +697,8 @@ mod tests {
     /// Plain-http requests to a granted origin reuse a keep-alive
     /// connection instead of connecting for each request (the pool may
     /// not have taken a connection back yet when the next request starts:
-    /// a pause between requests, and one spare connection allowed).
+    /// a pause between requests, long for a loaded machine, and one spare
+    /// connection allowed).
     #[test]
     fn plain_http_requests_reuse_connections() {
         let (port, accepts) = counting_server();
@@ -650,7 +708,7 @@ mod tests {
             for _ in 0..6 {
                 let body = get(&mut policy, &format!("{origin}/object")).await.unwrap();
                 assert_eq!(body, b"ok");
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
         });
         let accepted = accepts.load(Ordering::SeqCst);
@@ -658,6 +716,92 @@ mod tests {
             (1..=2).contains(&accepted),
             "{accepted} connections for 6 requests"
         );
+    }
+
+    /// A CA made now, and an https server on loopback with a certificate
+    /// it signed for 127.0.0.1, answering one request per connection `ok`.
+    /// Returns the port and a root store holding only that CA.
+    fn https_server() -> (u16, rustls::RootCertStore) {
+        use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+            .unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.der().clone()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap();
+        let config = Arc::new(config);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let config = config.clone();
+                std::thread::spawn(move || {
+                    let session = rustls::ServerConnection::new(config).unwrap();
+                    let mut tls = rustls::StreamOwned::new(session, stream);
+                    let mut head = Vec::new();
+                    let mut byte = [0];
+                    // A handshake the client refuses ends here, with an error.
+                    while !head.ends_with(b"\r\n\r\n") {
+                        match std::io::Read::read(&mut tls, &mut byte) {
+                            Ok(1) => head.push(byte[0]),
+                            _ => return,
+                        }
+                    }
+                    let _ = tls.write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    );
+                    tls.conn.send_close_notify();
+                    let _ = tls.flush();
+                });
+            }
+        });
+        (port, roots)
+    }
+
+    /// An `https` origin without a `tls` grant goes over TLS, verified
+    /// against the roots the client for grantless https was made with: a
+    /// server whose CA is in them is reached (a test CA, in a client made
+    /// by [`https_trusting`] as [`public_https`] is with the public
+    /// roots), and the public roots themselves refuse that server's
+    /// certificate (a certificate error, not "scheme is not http").
+    #[test]
+    fn https_without_a_tls_grant_is_verified_against_the_public_roots() {
+        let (port, test_ca) = https_server();
+        let origin = format!("https://127.0.0.1:{port}");
+        let url = format!("{origin}/object");
+        let mut trusting = policy(&origin);
+        trusting.https_without_grant = Some(https_trusting(test_ca).unwrap());
+        let mut public = policy(&origin);
+        runtime().block_on(async {
+            assert_eq!(get(&mut trusting, &url).await.unwrap(), b"ok");
+            match get(&mut public, &url).await {
+                Err(HttpError::Tls(e)) => {
+                    let why = e.to_string();
+                    assert!(
+                        why.contains("invalid peer certificate") && why.contains("UnknownIssuer"),
+                        "{why}"
+                    );
+                }
+                other => panic!("expected a certificate error, got {other:?}"),
+            }
+        });
     }
 
     /// A request to an origin outside the grant fails before any connect,

@@ -140,6 +140,56 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// The public roots (webpki-roots): what `tls = true` trusts, and an
+/// `https` origin of a backend without a `tls` entry
+/// ([`super::http::public_https`]).
+pub(crate) fn public_roots() -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    roots
+}
+
+/// A client config verifying servers against `roots` (ring, the safe
+/// default protocol versions), waiting for its client certificate choice.
+pub(crate) fn client_config(
+    roots: rustls::RootCertStore,
+) -> Result<rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>, String> {
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("tls: {e}"))?
+    .with_root_certificates(roots))
+}
+
+/// What the PEM file `bytes` holds, by section kind (never its contents),
+/// for an error about a file of the wrong kind: "it holds a private key".
+fn pem_contents(bytes: &[u8]) -> String {
+    use rustls::pki_types::pem::SectionKind;
+    let mut kinds: Vec<&str> = Vec::new();
+    for section in <(SectionKind, Vec<u8>)>::pem_slice_iter(bytes) {
+        let kind = match section {
+            Ok((SectionKind::Certificate, _)) => "a certificate",
+            Ok((
+                SectionKind::PrivateKey | SectionKind::RsaPrivateKey | SectionKind::EcPrivateKey,
+                _,
+            )) => "a private key",
+            Ok((SectionKind::PublicKey, _)) => "a public key",
+            Ok((SectionKind::Csr, _)) => "a certificate request",
+            Ok((SectionKind::Crl, _)) => "a revocation list",
+            Ok(_) => "another PEM section",
+            Err(_) => "malformed PEM",
+        };
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    match kinds.as_slice() {
+        [] => "it holds no PEM section".to_owned(),
+        kinds => format!("it holds {}", kinds.join(", ")),
+    }
+}
+
 fn read(what: &str, path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("tls: cannot read {what} {}: {e}", path.display()))
 }
@@ -148,10 +198,10 @@ impl TlsGrant {
     /// Read the files of `table` (relative to `base`) and build the client
     /// config. `hosts` are the hosts of the backend's peers and origins.
     pub fn load(table: &TlsTable, base: &Path, hosts: Vec<String>) -> Result<TlsGrant, String> {
-        let mut roots = rustls::RootCertStore::empty();
-        if table.ca_file.is_none() || table.ca_mode == CaMode::Extend {
-            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        }
+        let mut roots = match table.ca_file.is_none() || table.ca_mode == CaMode::Extend {
+            true => public_roots(),
+            false => rustls::RootCertStore::empty(),
+        };
         let ca = match &table.ca_file {
             Some(path) => {
                 let path = base.join(path);
@@ -161,8 +211,9 @@ impl TlsGrant {
                     .map_err(|e| format!("tls: ca_file {}: {e}", path.display()))?;
                 if certs.is_empty() {
                     return Err(format!(
-                        "tls: ca_file {} holds no PEM certificate",
-                        path.display()
+                        "tls: ca_file {} holds no PEM certificate ({})",
+                        path.display(),
+                        pem_contents(&bytes)
                     ));
                 }
                 for cert in certs {
@@ -174,12 +225,7 @@ impl TlsGrant {
             }
             None => None,
         };
-        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("tls: {e}"))?
-        .with_root_certificates(roots);
+        let builder = client_config(roots)?;
         let (config, client_cert) = match (&table.client_cert, &table.client_key) {
             (Some(cert), Some(key)) => {
                 let (cert, key) = (base.join(cert), base.join(key));
@@ -187,9 +233,25 @@ impl TlsGrant {
                 let chain = CertificateDer::pem_slice_iter(&cert_bytes)
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| format!("tls: client_cert {}: {e}", cert.display()))?;
+                // Without this, an empty chain is sent and the server reports
+                // "peer sent no certificates", which names neither file.
+                if chain.is_empty() {
+                    return Err(format!(
+                        "tls: client_cert {} holds no PEM certificate ({}); it must be the \
+                         client's certificate chain, its key goes in client_key",
+                        cert.display(),
+                        pem_contents(&cert_bytes)
+                    ));
+                }
                 // Not echoed: the key's text.
-                let key_der = PrivateKeyDer::from_pem_slice(&read("client_key", &key)?)
-                    .map_err(|_| format!("tls: client_key {} is no PEM key", key.display()))?;
+                let key_bytes = read("client_key", &key)?;
+                let key_der = PrivateKeyDer::from_pem_slice(&key_bytes).map_err(|_| {
+                    format!(
+                        "tls: client_key {} holds no PEM private key ({})",
+                        key.display(),
+                        pem_contents(&key_bytes)
+                    )
+                })?;
                 let config = builder
                     .with_client_auth_cert(chain, key_der)
                     .map_err(|e| format!("tls: client certificate: {e}"))?;

@@ -171,6 +171,16 @@ impl StoreHandle {
         self.pool.live()
     }
 
+    /// Take an instance out of this handle's pool (the idle one used last,
+    /// else a new one) and keep it, unused, until the guard drops: calls
+    /// made meanwhile run on other instances. For tests that need calls
+    /// spread over instances, which threads happening to overlap in time
+    /// does not guarantee.
+    #[doc(hidden)]
+    pub fn hold_instance(&self) -> Result<impl Drop + '_, KvError> {
+        self.checkout(Deadline::after_ms(self.limits().call_timeout_ms))
+    }
+
     /// `put_chunk`: `Ok(true)` when the hash was already present.
     pub fn put_chunk(&self, hash: &[u8], data: &[u8]) -> Result<bool, KvError> {
         if let Some(tiers) = &self.tiered {
