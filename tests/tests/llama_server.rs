@@ -44,10 +44,7 @@ fn llama_server_saves_and_restores_slots_through_the_shim() {
         .arg(&script)
         .arg("--server")
         .env("KVWASM_SHIM_DIR", shim_dir())
-        .env(
-            "KVWASM_HOSTILE_GUEST",
-            kvwasm_guest_artifacts::HOSTILE_PATH,
-        )
+        .env("KVWASM_HOSTILE_GUEST", kvwasm_guest_artifacts::HOSTILE_PATH)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
