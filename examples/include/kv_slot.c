@@ -201,7 +201,6 @@ int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
             result = fail(err, rc, "put_manifest", "put_manifest returned %d: %s", rc, kv_slot_rc_meaning(rc));
     }
     stats->chunks = sp.n;
-    stats->bytes = size;
     free(m);
     free(sp.s);
     return result;

@@ -36,7 +36,6 @@ typedef struct {
     size_t stored;       /* put_chunk returned 0 */
     size_t deduplicated; /* put_chunk returned 1: already stored */
     size_t bytes_stored; /* bytes of the stored chunks */
-    size_t bytes;        /* the whole state */
     int rows_layout;     /* 1: cut along KV rows; 0: the layout was not recognised, cut every 1 MiB */
 } kv_slot_save_stats;
 
