@@ -12,15 +12,28 @@
 #     the chunks that differ (exact counts);
 #   - examples/native-backend (libkv_store_cfs.so) on the same directory
 #     restores what the fs guest wrote with the same logits, and the reverse.
+#
+# --server: the same tests for llama-server itself, patched with
+# examples/llama-server (scripts/llama-build.sh --server), through its HTTP
+# API (scripts/llama-server-e2e.py: restarts, backends, shared prefixes, bad
+# stores). KVWASM_HOSTILE_GUEST: the hostile test guest's component (its
+# trap case is skipped without it; tests/tests/llama_server.rs passes it).
+# --bench: the patched llama-server saving through kvwasm side by side with
+# upstream's plain slot files, on a generated 16-layer model (docs/llama.md);
+# KVWASM_BENCH_DIR: where the stores go (default: the system temp dir).
+#
 # KVWASM_SHIM_DIR: directory holding libkv_store_wasm.so (default: built
 # with cargo into target/release). Prints one JSON line per run, then a
 # summary of restore times.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
+mode=${1:-}
+case "$mode" in "" | --server | --bench) ;; *) echo "usage: $0 [--server | --bench]" >&2 && exit 2 ;; esac
 
-# The model's sha256: scripts/llama-make-model.py with gguf 0.19.0.
+# The models' sha256: scripts/llama-make-model.py [--bench] with gguf 0.19.0.
 MODEL_SHA256=3c69ed62aa0fbf3854e08ac7eb1c1179996dbc147670f0aee37e8462346d1635
+BENCH_MODEL_SHA256=18d2406047218a045e9f849a48e99de636ee6d4bae82f70c7b561dca4af9e861
 GGUF_PINS=(gguf==0.19.0 numpy==2.4.6)
 ROWS=32 # rows (cells) per chunk
 N_LAYER=4
@@ -30,8 +43,8 @@ fail() {
     exit 1
 }
 
-prefix=$(bash scripts/llama-build.sh)
-cache=$(dirname "$prefix")
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/kvwasm-tools"
+mkdir -p "$cache"
 
 work=$(mktemp -d)
 pids=()
@@ -44,15 +57,22 @@ trap cleanup EXIT
 
 # The model: generated (never committed), its bytes checked.
 venv="$cache/gguf-venv"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import gguf' 2>/dev/null; then
-    python3 -m venv "$venv" >&2
-    "$venv/bin/pip" install -q "${GGUF_PINS[@]}" >&2
+(
+    flock 9
+    if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import gguf' 2>/dev/null; then
+        python3 -m venv "$venv" >&2
+        "$venv/bin/pip" install -q "${GGUF_PINS[@]}" >&2
+    fi
+) 9>"$venv.lock"
+model="$work/model.gguf"
+if [ "$mode" = --bench ]; then
+    "$venv/bin/python" scripts/llama-make-model.py --bench "$model"
+    echo "$BENCH_MODEL_SHA256  $model" | sha256sum -c --quiet - || fail "the generated model's sha256 changed"
+else
+    "$venv/bin/python" scripts/llama-make-model.py "$model"
+    echo "$MODEL_SHA256  $model" | sha256sum -c --quiet - || fail "the generated model's sha256 changed"
 fi
-model="$work/tiny-llama.gguf"
-"$venv/bin/python" scripts/llama-make-model.py "$model"
-echo "$MODEL_SHA256  $model" | sha256sum -c --quiet - || fail "the generated model's sha256 changed"
 
-make -s -C examples/llama-slot LLAMA="$prefix" OUT="$work"
 mkdir -p "$work/native"
 make -s -C examples/native-backend OUT="$work/native"
 if [ -z "${KVWASM_SHIM_DIR:-}" ]; then
@@ -60,6 +80,16 @@ if [ -z "${KVWASM_SHIM_DIR:-}" ]; then
     KVWASM_SHIM_DIR="$root/target/release"
 fi
 [ -f "$KVWASM_SHIM_DIR/libkv_store_wasm.so" ] || fail "no libkv_store_wasm.so in $KVWASM_SHIM_DIR"
+
+if [ -n "$mode" ]; then
+    server_prefix=$(bash scripts/llama-build.sh --server)
+    LLAMA_SERVER="$server_prefix/bin/llama-server" LLAMA_MODEL="$model" KVWASM_SHIM_DIR="$KVWASM_SHIM_DIR" \
+        KVWASM_NATIVE_DIR="$work/native" python3 scripts/llama-server-e2e.py ${mode/--server/}
+    exit 0
+fi
+
+prefix=$(bash scripts/llama-build.sh)
+make -s -C examples/llama-slot LLAMA="$prefix" OUT="$work"
 
 # A real redis-server on a free loopback port, with a password that reaches
 # the guest only through a granted environment variable.

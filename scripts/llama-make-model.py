@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes a tiny llama-architecture GGUF with random weights (fixed seed).
 
-    llama-make-model.py OUT.gguf
+    llama-make-model.py [--bench] OUT.gguf
 
 4 layers, n_embd 64, 4 heads (2 KV heads, head size 16), n_ff 128, a
 259-token SentencePiece-style vocabulary (3 specials + 256 byte tokens),
@@ -9,6 +9,11 @@ F16 matrices and F32 norms: about 400 KB. The weights come from a
 splitmix64 stream computed here (not numpy's generators, whose output may
 change between numpy releases), so the file's bytes depend only on this
 script and the pinned `gguf` package; scripts/llama-e2e.sh checks its sha256.
+
+--bench writes the benchmark's model instead (scripts/llama-e2e.sh --bench):
+16 layers, n_embd 512, 8 heads and 8 KV heads (head size 64, so K and V rows
+of 1 KiB per cell and layer: 32 KiB of state per token), n_ff 1024, a
+4096-token context; about 80 MB.
 """
 
 import sys
@@ -24,6 +29,8 @@ N_HEAD_KV = 2
 N_LAYER = 4
 N_FF = 128
 N_CTX_TRAIN = 1024
+# --bench: (N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, N_FF, N_CTX_TRAIN)
+BENCH = (512, 8, 8, 16, 1024, 4096)
 
 _MASK = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
 
@@ -54,14 +61,20 @@ class Stream:
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        sys.exit("usage: llama-make-model.py OUT.gguf")
+    global N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, N_FF, N_CTX_TRAIN
+    args = sys.argv[1:]
+    bench = args[:1] == ["--bench"]
+    if bench:
+        args = args[1:]
+        N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, N_FF, N_CTX_TRAIN = BENCH
+    if len(args) != 1:
+        sys.exit("usage: llama-make-model.py [--bench] OUT.gguf")
     rng = Stream(SEED)
     head_dim = N_EMBD // N_HEAD
     n_embd_kv = head_dim * N_HEAD_KV
 
-    w = gguf.GGUFWriter(sys.argv[1], "llama")
-    w.add_name("kvwasm-tiny-random")
+    w = gguf.GGUFWriter(args[0], "llama")
+    w.add_name("kvwasm-bench-random" if bench else "kvwasm-tiny-random")
     w.add_context_length(N_CTX_TRAIN)
     w.add_embedding_length(N_EMBD)
     w.add_block_count(N_LAYER)

@@ -9,6 +9,7 @@ bash scripts/test-servers.sh
 # llama.cpp for tests/tests/llama_e2e.rs, built once into the tool cache
 # (~12 min on an empty cache, 2 cores; a no-op afterwards).
 bash scripts/llama-build.sh >/dev/null
+bash scripts/llama-build.sh --server >/dev/null # tests/tests/llama_server.rs (examples/llama-server)
 
 step() { printf '\n== %s\n' "$*"; }
 

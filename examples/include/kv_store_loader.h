@@ -41,8 +41,9 @@ static inline const kv_store_vtable *kv_store_load(const char *uri, char *err, s
         return NULL;
     }
     const kv_store_vtable *vt = get();
-    if (!vt || vt->version < 1) {
-        snprintf(err, err_len, "%s: unusable vtable", lib);
+    if (!vt || vt->version < 1 || !vt->open || !vt->close || !vt->put_chunk || !vt->get_chunk ||
+        !vt->put_manifest || !vt->get_manifest || !vt->delete_manifest) {
+        snprintf(err, err_len, "%s: unusable vtable (NULL, version < 1 or a NULL v1 entry)", lib);
         return NULL;
     }
     return vt;

@@ -33,16 +33,10 @@
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 
+#include "kv_slot.h"
 #include "kv_store_loader.h"
 #include "llama.h"
 
-#define HASH_LEN 8
-#define MANIFEST_MAGIC 0x534c564bu /* "KVLS" little-endian */
-#define MANIFEST_VERSION 1u
-#define MANIFEST_HEAD 24 /* magic, version, rows per chunk, chunk count, state bytes */
-#define MANIFEST_ENTRY (HASH_LEN + 4)
-#define GGSQ_HEAD 12 /* magic, version, token count */
-#define SEQ_IO_MAGIC 0xaf143cd8u /* first word of llama_state_seq_get_data */
 
 static void die(const char *fmt, ...) {
     va_list ap;
@@ -60,20 +54,9 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
 static uint32_t get_u32(const uint8_t *p) {
     uint32_t v = 0;
     for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
     return v;
 }
 
@@ -164,64 +147,7 @@ static float *decode_next(struct llama_context *ctx, const tokens_t *next, int32
     return out;
 }
 
-/* ---- chunking ---- */
-
-typedef struct {
-    size_t off, len;
-} span_t;
-
-/* Splits a saved state (ggsq header + llama_state_seq_get_data) into spans:
- * [0] everything before the first layer's K rows (the ggsq header with the
- * tokens, llama.cpp's io magic and sequence id, the stream and cell counts,
- * the cell metadata, the data header), then for each layer's K and
- * then V: its 12-byte descriptor (type, row size) with its first `rows`
- * rows, then the following rows `rows` at a time. Rows are cells in
- * position order, so two prompts sharing a prefix share every span that
- * lies inside it. Dies unless the layout accounts for every byte. */
-static span_t *cut(const uint8_t *st, size_t size, uint32_t rows, uint32_t n_layer_model, size_t *n_out) {
-    size_t cap = 64, n = 0, o = GGSQ_HEAD + 4 * (size_t)get_u32(st + 8);
-    span_t *s = malloc(cap * sizeof *s);
-#define NEED(k)                                                                \
-    do {                                                                       \
-        if (o + (k) > size) die("state shorter than its layout (at %zu)", o);  \
-    } while (0)
-    NEED(16); /* llama.cpp's io magic and the sequence id, then the KV cache */
-    if (get_u32(st + o) != SEQ_IO_MAGIC) die("sequence state has an unknown magic");
-    uint32_t n_stream = get_u32(st + o + 8), n_cell = get_u32(st + o + 12);
-    o += 16;
-    if (n_stream != 1) die("expected 1 KV stream, found %u", n_stream);
-    for (uint32_t c = 0; c < n_cell; c++) { /* pos, n_seq_id, seq ids */
-        NEED(8);
-        o += 8 + 4 * (size_t)get_u32(st + o + 4);
-    }
-    NEED(16);
-    uint32_t v_trans = get_u32(st + o), n_layer = get_u32(st + o + 4);
-    o += 16;
-    if (v_trans) die("V is transposed (flash attention off): rows would not be per cell");
-    if (n_layer != n_layer_model) die("state has %u layers, the model %u", n_layer, n_layer_model);
-    s[n++] = (span_t){0, o};
-    for (uint32_t r = 0; r < 2 * n_layer; r++) { /* K of each layer, then V */
-        NEED(12);
-        size_t row = get_u64(st + o + 4), start = o;
-        o += 12;
-        for (uint32_t c = 0; c < n_cell; c += rows) {
-            size_t k = (n_cell - c < rows ? n_cell - c : rows) * row;
-            NEED(k);
-            o += k;
-            if (n == cap) s = realloc(s, (cap *= 2) * sizeof *s);
-            s[n++] = (span_t){start, o - start};
-            start = o;
-        }
-    }
-#undef NEED
-    if (o != size) die("state has %zu bytes, its layout %zu", size, o);
-    *n_out = n;
-    return s;
-}
-
-static void key_of(const uint8_t *data, size_t len, uint8_t key[HASH_LEN]) {
-    put_u64(key, XXH3_64bits(data, len));
-}
+/* ---- save and restore, through the shared kv_slot code ---- */
 
 typedef struct {
     size_t chunks, stored, dedup, bytes;
@@ -229,46 +155,25 @@ typedef struct {
 } save_stats;
 
 static save_stats save(const kv_store_vtable *vt, const char *uri, const char *name, struct llama_context *ctx,
-                       const tokens_t *prompt, uint32_t rows, uint32_t n_layer) {
+                       const tokens_t *prompt, uint32_t rows) {
     size_t seq = llama_state_seq_get_size(ctx, 0);
-    size_t head = GGSQ_HEAD + 4 * prompt->n, size = head + seq;
+    size_t head = KV_SLOT_GGSQ_HEAD + 4 * prompt->n, size = head + seq;
     uint8_t *st = malloc(size);
-    put_u32(st, LLAMA_STATE_SEQ_MAGIC);
-    put_u32(st + 4, LLAMA_STATE_SEQ_VERSION);
-    put_u32(st + 8, (uint32_t)prompt->n);
-    for (size_t i = 0; i < prompt->n; i++) put_u32(st + GGSQ_HEAD + 4 * i, (uint32_t)prompt->ids[i]);
+    kv_slot_write_head(st, LLAMA_STATE_SEQ_MAGIC, LLAMA_STATE_SEQ_VERSION, prompt->ids, prompt->n);
     if (llama_state_seq_get_data(ctx, st + head, seq, 0) != seq) die("llama_state_seq_get_data failed");
 
-    save_stats r = {0, 0, 0, size, 0};
     double t0 = now_ms();
-    size_t n;
-    span_t *sp = cut(st, size, rows, n_layer, &n);
     kv_store_v1 *store = vt->open(uri);
     if (!store) die("open(%s) failed", uri);
-    size_t mlen = MANIFEST_HEAD + n * MANIFEST_ENTRY;
-    uint8_t *m = malloc(mlen);
-    put_u32(m, MANIFEST_MAGIC);
-    put_u32(m + 4, MANIFEST_VERSION);
-    put_u32(m + 8, rows);
-    put_u32(m + 12, (uint32_t)n);
-    put_u64(m + 16, size);
-    for (size_t i = 0; i < n; i++) {
-        uint8_t *e = m + MANIFEST_HEAD + i * MANIFEST_ENTRY;
-        key_of(st + sp[i].off, sp[i].len, e);
-        put_u32(e + HASH_LEN, (uint32_t)sp[i].len);
-        int rc = vt->put_chunk(store, e, HASH_LEN, st + sp[i].off, sp[i].len);
-        if (rc < 0) die("put_chunk %zu returned %d", i, rc);
-        rc == 1 ? r.dedup++ : r.stored++;
-    }
-    int rc = vt->put_manifest(store, name, m, mlen);
-    if (rc != 0) die("put_manifest returned %d", rc);
+    kv_slot_save_stats s;
+    kv_slot_error err;
+    if (kv_slot_save(vt, store, name, st, size, rows, &s, &err) != 0) die("save %s: %s", name, err.msg);
+    /* The layout must account for every byte: a state this program cannot
+     * cut along its KV rows would not show the prefix dedup it tests. */
+    if (!s.rows_layout) die("the sequence state's layout was not recognised (flash attention off?)");
     vt->close(store);
-    r.ms = now_ms() - t0;
-    r.chunks = n;
-    free(m);
-    free(sp);
     free(st);
-    return r;
+    return (save_stats){s.chunks, s.stored, s.deduplicated, size, now_ms() - t0};
 }
 
 typedef struct {
@@ -281,42 +186,18 @@ static restore_stats restore(const kv_store_vtable *vt, const char *uri, const c
     double t0 = now_ms();
     kv_store_v1 *store = vt->open(uri);
     if (!store) die("open(%s) failed", uri);
-    uint8_t *m = NULL;
-    size_t mlen = 0;
-    if (vt->get_manifest(store, name, &m, &mlen) < 0) die("get_manifest(%s) failed", name);
-    if (mlen < MANIFEST_HEAD || get_u32(m) != MANIFEST_MAGIC || get_u32(m + 4) != MANIFEST_VERSION)
-        die("manifest %s is not a llama-slot manifest", name);
-    size_t n = get_u32(m + 12), size = get_u64(m + 16);
-    if (mlen != MANIFEST_HEAD + n * MANIFEST_ENTRY) die("manifest %s has a bad length", name);
-    uint8_t *keys = malloc(n ? n * HASH_LEN : 1);
-    for (size_t i = 0; i < n; i++) memcpy(keys + i * HASH_LEN, m + MANIFEST_HEAD + i * MANIFEST_ENTRY, HASH_LEN);
-    if (vt->version >= 2 && vt->prefetch_chunks) vt->prefetch_chunks(store, keys, HASH_LEN, n); /* a hint */
-    uint8_t *st = malloc(size ? size : 1);
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        const uint8_t *e = m + MANIFEST_HEAD + i * MANIFEST_ENTRY;
-        uint8_t *data = NULL, key[HASH_LEN];
-        size_t len = 0;
-        if (vt->get_chunk(store, e, HASH_LEN, &data, &len) < 0) die("get_chunk %zu failed", i);
-        key_of(data, len, key);
-        if (len != get_u32(e + HASH_LEN) || o + len > size || memcmp(key, e, HASH_LEN) != 0)
-            die("chunk %zu does not match its manifest entry", i);
-        memcpy(st + o, data, len);
-        o += len;
-        free(data); /* backend outputs come from malloc */
-    }
-    if (o != size) die("chunks hold %zu bytes, the manifest says %zu", o, size);
+    uint8_t *st = NULL;
+    size_t size = 0;
+    kv_slot_error err;
+    if (kv_slot_load(vt, store, name, &st, &size, &r.chunks, &err) != 0) die("restore %s: %s", name, err.msg);
     vt->close(store);
-    free(keys);
-    free(m);
-    if (size < GGSQ_HEAD || get_u32(st) != LLAMA_STATE_SEQ_MAGIC || get_u32(st + 4) != LLAMA_STATE_SEQ_VERSION)
+    if (size < KV_SLOT_GGSQ_HEAD || get_u32(st) != LLAMA_STATE_SEQ_MAGIC || get_u32(st + 4) != LLAMA_STATE_SEQ_VERSION)
         die("restored state has no ggsq v%d header", LLAMA_STATE_SEQ_VERSION);
-    size_t head = GGSQ_HEAD + 4 * (size_t)get_u32(st + 8);
+    size_t head = KV_SLOT_GGSQ_HEAD + 4 * (size_t)get_u32(st + 8);
     if (head > size) die("restored state's token count exceeds its size");
     if (llama_state_seq_set_data(ctx, st + head, size - head, 0) != size - head)
         die("llama_state_seq_set_data failed");
     r.ms = now_ms() - t0;
-    r.chunks = n;
     r.bytes = size;
     r.tokens = get_u32(st + 8);
     free(st);
@@ -375,7 +256,7 @@ int main(int argc, char **argv) {
         tokens_t prompt = parse_tokens(argv[optind + 3], n_vocab);
         struct llama_context *a = new_context(model);
         decode(a, prompt.ids, prompt.n);
-        save_stats s = save(vt, uri, name, a, &prompt, rows, n_layer);
+        save_stats s = save(vt, uri, name, a, &prompt, rows);
         float *want = decode_next(a, &next, n_vocab);
         llama_free(a);
 

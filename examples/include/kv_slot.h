@@ -1,0 +1,68 @@
+/* kv_slot: a llama.cpp sequence state saved into a kv_store_v1 backend as
+ * content-addressed xxh3-64 chunks plus a small manifest, and loaded back.
+ * One source shared by examples/llama-slot (a libllama program) and the
+ * llama-server patch (examples/llama-server); docs/llama.md describes the
+ * chunking and the manifest.
+ *
+ * A "state" here is what llama_state_seq_save_file would write, with
+ * llama_state_seq_get_data's own io header: the ggsq header (magic, version,
+ * token count, tokens) followed by llama_state_seq_get_data(ctx, ..., seq). */
+#ifndef KV_SLOT_H
+#define KV_SLOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_store_abi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KV_SLOT_HASH_LEN 8
+#define KV_SLOT_GGSQ_HEAD 12 /* magic, version, token count */
+
+/* What went wrong, for a log line or an HTTP answer. `store_rc` is the
+ * backend's negative return when the store failed (0 otherwise: a format
+ * or integrity failure); `what` names the call that failed. */
+typedef struct {
+    int store_rc;
+    const char *what;
+    char msg[512];
+} kv_slot_error;
+
+typedef struct {
+    size_t chunks;       /* chunks in the manifest */
+    size_t stored;       /* put_chunk returned 0 */
+    size_t deduplicated; /* put_chunk returned 1: already stored */
+    size_t bytes_stored; /* bytes of the stored chunks */
+    int rows_layout;     /* 1: cut along KV rows; 0: the layout was not recognised, cut every 1 MiB */
+} kv_slot_save_stats;
+
+/* Writes the ggsq header for `n_tokens` tokens (KV_SLOT_GGSQ_HEAD + 4 * n
+ * bytes at `out`). */
+void kv_slot_write_head(uint8_t *out, uint32_t magic, uint32_t version, const int32_t *tokens, size_t n_tokens);
+
+/* Saves `state` (`size` bytes) under manifest `name`: its chunks, `rows`
+ * KV rows (cells) each, every one put_chunk'd under its xxh3-64, then the
+ * manifest. 0 on success; -1 with `err` filled. */
+int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, const uint8_t *state, size_t size,
+                 uint32_t rows, kv_slot_save_stats *stats, kv_slot_error *err);
+
+/* Loads manifest `name` and its chunks (prefetch_chunks first on a v2
+ * vtable), checking each chunk's length and xxh3-64 against the manifest.
+ * On success returns 0, `*state` (malloc'd, the caller frees it) holding
+ * `*size` bytes and `*chunks` the chunk count; -1 with `err` filled, and
+ * nothing allocated, otherwise. */
+int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, uint8_t **state, size_t *size,
+                 size_t *chunks, kv_slot_error *err);
+
+/* What a negative return of libkv_store_wasm.so means (README, "Return
+ * codes"); other backends' codes are unspecified. */
+const char *kv_slot_rc_meaning(int rc);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

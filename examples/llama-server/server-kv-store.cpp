@@ -1,0 +1,134 @@
+#include "server-kv-store.h"
+
+#include "kv_slot.h"
+#include "kv_store_loader.h"
+
+#include <cstdlib>
+#include <cstring>
+
+// Rows (KV cells) per chunk: two saves of prompts sharing a prefix share
+// every chunk inside it, so smaller chunks deduplicate more of a prefix
+// that ends mid-chunk; larger ones cost fewer backend calls.
+static constexpr uint32_t CHUNK_ROWS = 256;
+
+// The one store of this process: opened at start-up, used by the server's
+// task loop (one task at a time), left open for the process's lifetime.
+static const kv_store_vtable * g_vt    = nullptr;
+static kv_store_v1 *           g_store = nullptr;
+
+bool server_kv_store_is_uri(const std::string & path) {
+    return path.find("://") != std::string::npos;
+}
+
+bool server_kv_store_open(const std::string & uri, std::string & err) {
+    char why[4400];
+    const kv_store_vtable * vt = kv_store_load(uri.c_str(), why, sizeof why);
+    if (!vt) {
+        err = why;
+        return false;
+    }
+    // the reference consumer strips one trailing '/'
+    std::string trimmed = uri;
+    if (trimmed.size() > 1 && trimmed.back() == '/') {
+        trimmed.pop_back();
+    }
+    kv_store_v1 * store = vt->open(trimmed.c_str());
+    if (!store) {
+        err = "the kv_store_v1 backend could not open " + trimmed + " (its reason is on stderr)";
+        return false;
+    }
+    g_vt    = vt;
+    g_store = store;
+    return true;
+}
+
+bool server_kv_store_enabled() {
+    return g_store != nullptr;
+}
+
+// The HTTP error a failure answers: a missing manifest is the request's
+// fault (400, as upstream answers a missing file; a 404 would lose the
+// message), and so is an argument the store refuses; the rest is the store's.
+static error_type error_type_of(const kv_slot_error & e) {
+    if (e.store_rc == -2 && std::strcmp(e.what, "get_manifest") == 0) {
+        return ERROR_TYPE_INVALID_REQUEST;
+    }
+    switch (e.store_rc) {
+        case -3:
+        case -10: return ERROR_TYPE_INVALID_REQUEST;
+        case -4:  return ERROR_TYPE_PERMISSION;
+        case -6:
+        case -8:  return ERROR_TYPE_UNAVAILABLE;
+        default:  return ERROR_TYPE_SERVER;
+    }
+}
+
+size_t server_kv_store_save(llama_context * ctx, llama_seq_id seq, const std::vector<char> & packed_tokens,
+                            const std::string & name, std::vector<std::pair<std::string, size_t>> & counts) {
+    const size_t n_tokens = packed_tokens.size() / sizeof(llama_token);
+    const size_t head     = KV_SLOT_GGSQ_HEAD + sizeof(llama_token) * n_tokens;
+    const size_t seq_size = llama_state_seq_get_size(ctx, seq);
+    if (seq_size == 0) {
+        throw server_kv_store_error("Unable to save slot: no sequence state", ERROR_TYPE_SERVER);
+    }
+    // not zeroed: every byte is written below
+    const size_t size = head + seq_size;
+    std::unique_ptr<uint8_t[]> state(new uint8_t[size]);
+    std::vector<llama_token> tokens(n_tokens);
+    if (n_tokens) {
+        std::memcpy(tokens.data(), packed_tokens.data(), n_tokens * sizeof(llama_token));
+    }
+    kv_slot_write_head(state.get(), LLAMA_STATE_SEQ_MAGIC, LLAMA_STATE_SEQ_VERSION, tokens.data(), n_tokens);
+    if (llama_state_seq_get_data(ctx, state.get() + head, seq_size, seq) != seq_size) {
+        throw server_kv_store_error("Unable to save slot: llama_state_seq_get_data failed", ERROR_TYPE_SERVER);
+    }
+    kv_slot_save_stats stats;
+    kv_slot_error      err;
+    if (kv_slot_save(g_vt, g_store, name.c_str(), state.get(), size, CHUNK_ROWS, &stats, &err) != 0) {
+        throw server_kv_store_error(std::string("Unable to save slot: ") + err.msg, error_type_of(err));
+    }
+    counts = {
+        { "n_chunks",              stats.chunks },
+        { "n_chunks_stored",       stats.stored },
+        { "n_chunks_deduplicated", stats.deduplicated },
+        { "n_bytes_stored",        stats.bytes_stored },
+    };
+    return size;
+}
+
+server_kv_store_state server_kv_store_load(const std::string & name) {
+    uint8_t *     bytes = nullptr;
+    size_t        size  = 0;
+    kv_slot_error err;
+    server_kv_store_state st;
+    if (kv_slot_load(g_vt, g_store, name.c_str(), &bytes, &size, &st.chunks, &err) != 0) {
+        throw server_kv_store_error(std::string("Unable to restore slot: ") + err.msg, error_type_of(err));
+    }
+    st.bytes.reset(bytes);
+    st.size = size;
+    auto u32 = [&](size_t at) {
+        uint32_t v;
+        std::memcpy(&v, bytes + at, sizeof v);
+        return v;
+    };
+    if (size < KV_SLOT_GGSQ_HEAD || u32(0) != LLAMA_STATE_SEQ_MAGIC || u32(4) != LLAMA_STATE_SEQ_VERSION) {
+        throw server_kv_store_error("Unable to restore slot: the state has no ggsq v" +
+                                    std::to_string(LLAMA_STATE_SEQ_VERSION) + " header", ERROR_TYPE_INVALID_REQUEST);
+    }
+    const size_t n_tokens = u32(8);
+    st.head = KV_SLOT_GGSQ_HEAD + sizeof(llama_token) * n_tokens;
+    if (st.head > size) {
+        throw server_kv_store_error("Unable to restore slot: the state's token count exceeds its size",
+                                    ERROR_TYPE_INVALID_REQUEST);
+    }
+    st.tokens.resize(n_tokens);
+    if (n_tokens) {
+        std::memcpy(st.tokens.data(), bytes + KV_SLOT_GGSQ_HEAD, n_tokens * sizeof(llama_token));
+    }
+    return st;
+}
+
+bool server_kv_store_apply(llama_context * ctx, llama_seq_id seq, const server_kv_store_state & state) {
+    const size_t n = state.size - state.head;
+    return llama_state_seq_set_data(ctx, state.bytes.get() + state.head, n, seq) == n;
+}
