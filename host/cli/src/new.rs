@@ -15,15 +15,27 @@ use anyhow::{Context, bail};
 pub const WIT_FILES: &[(&str, &str)] = &[
     ("README.md", include_str!("../../../wit/README.md")),
     ("kv-store.wit", include_str!("../../../wit/kv-store.wit")),
-    ("tls-client.wit", include_str!("../../../wit/tls-client.wit")),
-    ("deps/clocks.wit", include_str!("../../../wit/deps/clocks.wit")),
-    ("deps/config.wit", include_str!("../../../wit/deps/config.wit")),
+    (
+        "tls-client.wit",
+        include_str!("../../../wit/tls-client.wit"),
+    ),
+    (
+        "deps/clocks.wit",
+        include_str!("../../../wit/deps/clocks.wit"),
+    ),
+    (
+        "deps/config.wit",
+        include_str!("../../../wit/deps/config.wit"),
+    ),
     (
         "deps/filesystem.wit",
         include_str!("../../../wit/deps/filesystem.wit"),
     ),
     ("deps/io.wit", include_str!("../../../wit/deps/io.wit")),
-    ("deps/sockets.wit", include_str!("../../../wit/deps/sockets.wit")),
+    (
+        "deps/sockets.wit",
+        include_str!("../../../wit/deps/sockets.wit"),
+    ),
     ("deps/tls.wit", include_str!("../../../wit/deps/tls.wit")),
 ];
 
@@ -108,7 +120,10 @@ const RUST: &[Template] = &[
     script("build.sh", include_str!("../templates/rust/build.sh")),
 ];
 const RUST_MEMORY: &[Template] = &[
-    file("src/lib.rs", include_str!("../templates/rust/lib_memory.rs")),
+    file(
+        "src/lib.rs",
+        include_str!("../templates/rust/lib_memory.rs"),
+    ),
     file(
         "kvwasm.toml",
         include_str!("../templates/rust/kvwasm_memory.toml"),
@@ -116,7 +131,10 @@ const RUST_MEMORY: &[Template] = &[
 ];
 const RUST_FS: &[Template] = &[
     file("src/lib.rs", include_str!("../templates/rust/lib_fs.rs")),
-    file("kvwasm.toml", include_str!("../templates/rust/kvwasm_fs.toml")),
+    file(
+        "kvwasm.toml",
+        include_str!("../templates/rust/kvwasm_fs.toml"),
+    ),
 ];
 
 const C: &[Template] = &[
@@ -130,7 +148,10 @@ const PYTHON: &[Template] = &[
     file("app.py", include_str!("../templates/python/app.py")),
     file("store.py", include_str!("../templates/python/store.py")),
     file("README.md", include_str!("../templates/python/README.md")),
-    file("kvwasm.toml", include_str!("../templates/python/kvwasm.toml")),
+    file(
+        "kvwasm.toml",
+        include_str!("../templates/python/kvwasm.toml"),
+    ),
     file(".gitignore", include_str!("../templates/python/gitignore")),
     script("build.sh", include_str!("../templates/python/build.sh")),
 ];
@@ -203,9 +224,8 @@ pub fn run_wit(args: WitArgs) -> anyhow::Result<()> {
 /// accepts it as written.
 fn with_own_package(lock: &str, name: &str) -> String {
     const SEPARATOR: &str = "\n[[package]]\n";
-    let own = format!(
-        "name = \"{name}\"\nversion = \"0.1.0\"\ndependencies = [\n \"wit-bindgen\",\n]\n"
-    );
+    let own =
+        format!("name = \"{name}\"\nversion = \"0.1.0\"\ndependencies = [\n \"wit-bindgen\",\n]\n");
     let mut parts: Vec<&str> = lock.split(SEPARATOR).collect();
     let head = parts.remove(0);
     let package_name = |block: &str| {

@@ -413,7 +413,10 @@ fn a_namespace_blind_component_fails_the_namespace_checks_quoting_the_rule() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let table = String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+    let table = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     assert!(
         table.contains("FAIL MUST")
             && table.contains("rule: Namespaces are separate stores: the same hash or manifest name in two namespaces holds two values"),

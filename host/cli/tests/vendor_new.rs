@@ -54,7 +54,14 @@ fn files(dir: &Path) -> Vec<PathBuf> {
 fn the_vendor_starter_is_what_kvwasm_new_writes() {
     let scratch = tempfile::tempdir().unwrap();
     kvwasm(
-        &["new", "--lang", "rust", "--kind", "fs", "kvwasm-vendor-starter"],
+        &[
+            "new",
+            "--lang",
+            "rust",
+            "--kind",
+            "fs",
+            "kvwasm-vendor-starter",
+        ],
         scratch.path(),
     );
     let written = scratch.path().join("kvwasm-vendor-starter");
@@ -76,7 +83,10 @@ fn the_vendor_starter_is_what_kvwasm_new_writes() {
         .into_iter()
         .filter(|f| !f.starts_with("wit") && !generated.contains(f))
         .collect();
-    assert!(extra.is_empty(), "only in examples/vendor-starter: {extra:?}");
+    assert!(
+        extra.is_empty(),
+        "only in examples/vendor-starter: {extra:?}"
+    );
     assert!(
         std::fs::metadata(written.join("build.sh"))
             .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0)
@@ -104,7 +114,11 @@ fn kvwasm_wit_exports_the_package_backends_build_against() {
     for file in files(&repo().join("wit")) {
         let top_level_or_dep = file.components().count() == 1 || file.starts_with("deps");
         if top_level_or_dep && file.extension().is_some_and(|e| e == "wit") {
-            assert!(exported.contains(&file), "kvwasm wit misses {}", file.display());
+            assert!(
+                exported.contains(&file),
+                "kvwasm wit misses {}",
+                file.display()
+            );
         }
     }
 }
@@ -239,24 +253,30 @@ fn plant_bug(project: &Path, file: &str, from: &str, to: &str) {
 /// warns only that nothing outlives its last handle); with a duplicate
 /// `put-chunk` answering `stored`, `put-chunk-idempotent` fails, quoting
 /// its rule, and nothing else does.
-fn passes_then_fails_with_the_bug(
-    lang: &str,
-    env: &[(&str, &Path)],
-    bug: (&str, &str, &str),
-) {
+fn passes_then_fails_with_the_bug(lang: &str, env: &[(&str, &Path)], bug: (&str, &str, &str)) {
     let name = format!("acme-{lang}");
     let (_scratch, project) = new_project(lang, &name);
     build(&project, &name, env);
     let report = check(&project, &name);
     assert!(report.with("fail").is_empty(), "{:#}", report.json);
-    assert_eq!(report.with("warn"), ["durable-across-reopen"], "{:#}", report.json);
+    assert_eq!(
+        report.with("warn"),
+        ["durable-across-reopen"],
+        "{:#}",
+        report.json
+    );
     assert!(report.ok);
 
     let (file, from, to) = bug;
     plant_bug(&project, file, from, to);
     build(&project, &name, env);
     let report = check(&project, &name);
-    assert_eq!(report.with("fail"), ["put-chunk-idempotent"], "{:#}", report.json);
+    assert_eq!(
+        report.with("fail"),
+        ["put-chunk-idempotent"],
+        "{:#}",
+        report.json
+    );
     assert!(!report.ok);
     assert!(
         report

@@ -242,7 +242,11 @@ impl Root {
     }
 
     /// Open every child; each must open.
-    fn open_all<'a>(&self, ctx: &Ctx<'a>, children: &[&str]) -> Result<Vec<Namespace<'a>>, Finding> {
+    fn open_all<'a>(
+        &self,
+        ctx: &Ctx<'a>,
+        children: &[&str],
+    ) -> Result<Vec<Namespace<'a>>, Finding> {
         children
             .iter()
             .map(|child| {
@@ -257,7 +261,11 @@ impl Root {
 
     /// Open the children the backend accepts; the first two (this
     /// namespace and `tenant-a`) must open.
-    fn open_some<'a>(&self, ctx: &Ctx<'a>, children: &[&str]) -> Result<Vec<Namespace<'a>>, Finding> {
+    fn open_some<'a>(
+        &self,
+        ctx: &Ctx<'a>,
+        children: &[&str],
+    ) -> Result<Vec<Namespace<'a>>, Finding> {
         let mut opened = self.open_all(ctx, &children[..2])?;
         for child in &children[2..] {
             let (uri, namespace) = self.uri(child);
@@ -347,8 +355,12 @@ impl Keys {
             }
             ctx.put_manifest(&ns.handle, &self.name, &self.manifest_bytes("name", i))
                 .map_err(|f| in_namespace(f, ns))?;
-            ctx.put_manifest(&ns.handle, &self.hex_name, &self.manifest_bytes("hex-name", i))
-                .map_err(|f| in_namespace(f, ns))?;
+            ctx.put_manifest(
+                &ns.handle,
+                &self.hex_name,
+                &self.manifest_bytes("hex-name", i),
+            )
+            .map_err(|f| in_namespace(f, ns))?;
         }
         Ok(())
     }
