@@ -9,7 +9,8 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// (package, name of the generated constant)
+/// (package, name of the generated constant): packages of the guest
+/// workspace.
 const BACKENDS: &[(&str, &str)] = &[
     ("kvwasm-guest-fs", "FS"),
     ("kvwasm-guest-memory", "MEMORY"),
@@ -24,9 +25,13 @@ const TEST_GUESTS: &[(&str, &str)] = &[
     ("kvwasm-guest-hostile", "HOSTILE"),
     ("kvwasm-fabric-hostile", "HOSTILE_FABRIC"),
     ("kvwasm-guest-buffered", "BUFFERED"),
-    ("kvwasm-vendor-starter", "VENDOR_STARTER"),
+    ("kvwasm-guest-namespace-blind", "NAMESPACE_BLIND"),
     ("kvwasm-advisor-hostile", "HOSTILE_ADVISOR"),
 ];
+
+/// The vendor starter is a project of its own, as `kvwasm new` writes it
+/// (its own workspace and Cargo.lock): built by itself, under this name.
+const VENDOR_STARTER: (&str, &str) = ("kvwasm-vendor-starter", "VENDOR_STARTER");
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
@@ -54,51 +59,17 @@ fn main() {
     }
 
     let target_dir = guest_target_dir(&out_dir, &workspace);
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(&guests_workspace)
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "wasm32-wasip2",
-            "--locked",
-        ])
-        .arg("--target-dir")
-        .arg(&target_dir)
-        // Small, fast components: no debuginfo, whole-program optimisation.
-        .args(["--config", "profile.release.debug=false"])
-        .args(["--config", "profile.release.strip=true"])
-        .args(["--config", "profile.release.lto=true"])
-        .args(["--config", "profile.release.codegen-units=1"])
-        // Wasm SIMD (on by default in wasmtime, and compiled natively on
-        // x86-64 and aarch64, the hosts kvwasm is built for): LLVM
-        // vectorises the guests' copies and scans; `/query` through the KV
-        // indexer took ~7% less time (docs/benchmarks.md).
-        .args([
-            "--config",
-            "target.wasm32-wasip2.rustflags=[\"-Ctarget-feature=+simd128\"]",
-        ]);
+    let mut cmd = guest_cargo(&guests_workspace, &target_dir);
     for (package, _) in &guests {
         cmd.args(["-p", package]);
     }
-    // The outer build's flags are for the host, not for wasm.
-    for var in [
-        "CARGO_ENCODED_RUSTFLAGS",
-        "RUSTFLAGS",
-        "CARGO_BUILD_TARGET",
-        "RUSTC_WORKSPACE_WRAPPER",
-    ] {
-        cmd.env_remove(var);
+    run(cmd);
+    if env::var_os("CARGO_FEATURE_TEST_GUESTS").is_some() {
+        let mut starter = guest_cargo(&workspace.join("examples/vendor-starter"), &target_dir);
+        starter.args(["-p", VENDOR_STARTER.0]);
+        run(starter);
+        guests.push(VENDOR_STARTER);
     }
-    let status = cmd
-        .status()
-        .expect("failed to run cargo for the wasm guests");
-    assert!(
-        status.success(),
-        "building the wasm32-wasip2 guests failed (cargo output above); if the target is \
-         missing: rustup target add wasm32-wasip2"
-    );
 
     let mut consts = String::new();
     for (package, konst) in &guests {
@@ -115,6 +86,56 @@ fn main() {
         ));
     }
     std::fs::write(out_dir.join("guests.rs"), consts).unwrap();
+}
+
+/// `cargo build` of the wasm32-wasip2 guests of the Cargo project in `dir`.
+fn guest_cargo(dir: &Path, target_dir: &Path) -> Command {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(dir)
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--locked",
+        ])
+        .arg("--target-dir")
+        .arg(target_dir)
+        // Small, fast components: no debuginfo, whole-program optimisation.
+        .args(["--config", "profile.release.debug=false"])
+        .args(["--config", "profile.release.strip=true"])
+        .args(["--config", "profile.release.lto=true"])
+        .args(["--config", "profile.release.codegen-units=1"])
+        // Wasm SIMD (on by default in wasmtime, and compiled natively on
+        // x86-64 and aarch64, the hosts kvwasm is built for): LLVM
+        // vectorises the guests' copies and scans; `/query` through the KV
+        // indexer took ~7% less time (docs/benchmarks.md).
+        .args([
+            "--config",
+            "target.wasm32-wasip2.rustflags=[\"-Ctarget-feature=+simd128\"]",
+        ]);
+    // The outer build's flags are for the host, not for wasm.
+    for var in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTFLAGS",
+        "CARGO_BUILD_TARGET",
+        "RUSTC_WORKSPACE_WRAPPER",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+fn run(mut cmd: Command) {
+    let status = cmd
+        .status()
+        .expect("failed to run cargo for the wasm guests");
+    assert!(
+        status.success(),
+        "building the wasm32-wasip2 guests failed (cargo output above); if the target is \
+         missing: rustup target add wasm32-wasip2"
+    );
 }
 
 /// `<target>/wasm-guests`, where `<target>` is the outer build's target dir

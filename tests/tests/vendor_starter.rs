@@ -24,7 +24,54 @@ fn the_vendor_starter_serves_the_full_contract() {
 fn a_component_built_against_0_1_0_still_runs() {
     let old = fixture("vendor-starter-0.1.0.wasm", "kvwasm:kv-store/store@0.1.0");
     let dir = serves_the_full_contract(&old);
-    assert_starter_layout(&dir);
+    assert_eq!(
+        std::fs::read(dir.path().join("acme-data/tenant-a/chunks/c0ffee")).unwrap(),
+        b"first"
+    );
+}
+
+/// Namespace `tenant-a/chunks` cannot read or forge namespace `tenant-a`'s
+/// chunks. The starter's earlier layout (`<namespace>/chunks/<hex>` next to
+/// `<namespace>/<manifest>`, kept in the 0.1.0 fixture) let it do both.
+#[test]
+fn a_namespace_cannot_reach_into_another_ones_chunks() {
+    let (genuine, forged) = forge_a_chunk(kvwasm_guest_artifacts::VENDOR_STARTER_PATH);
+    assert_eq!(genuine, "get-manifest deadbeefdeadbeef -> -2");
+    assert_eq!(forged, "get-chunk deadbeefdeadbeef -> 0 GENUINE");
+
+    let old = fixture("vendor-starter-0.1.0.wasm", "kvwasm:kv-store/store@0.1.0");
+    let (genuine, forged) = forge_a_chunk(&old);
+    assert_eq!(genuine, "get-manifest deadbeefdeadbeef -> 0 GENUINE");
+    assert_eq!(forged, "get-chunk deadbeefdeadbeef -> 0 FORGED");
+}
+
+/// Namespace `tenant-a` stores a chunk; `tenant-a/chunks` reads the
+/// manifest named like it, then writes that manifest; `tenant-a` reads its
+/// chunk again. The probe's lines for the two reads.
+fn forge_a_chunk(component: &str) -> (String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!("[backends.acme]\ncomponent = {component:?}\ndir = \"acme-data\"\n"),
+    );
+    let probe = |uri: &str, commands: &[&str]| {
+        let (out, err) = Probe::new(PROBE, uri).config(&config).run(commands);
+        assert_eq!(out.len(), commands.len() + 1, "{out:?} {err}");
+        out
+    };
+    probe(
+        "wasm://acme/tenant-a",
+        &["put-chunk:deadbeefdeadbeef=GENUINE", "put-manifest:slot=x"],
+    );
+    let reach = probe(
+        "wasm://acme/tenant-a/chunks",
+        &[
+            "get-manifest:deadbeefdeadbeef",
+            "put-manifest:deadbeefdeadbeef=FORGED",
+        ],
+    );
+    let read = probe("wasm://acme/tenant-a", &["get-chunk:deadbeefdeadbeef"]);
+    (reach[1].clone(), read[1].clone())
 }
 
 /// The same for an import the host extended since: the fs backend built
@@ -54,7 +101,7 @@ fn fixture(name: &str, marker: &str) -> String {
 
 fn assert_starter_layout(dir: &tempfile::TempDir) {
     assert_eq!(
-        std::fs::read(dir.path().join("acme-data/tenant-a/chunks/c0ffee")).unwrap(),
+        std::fs::read(dir.path().join("acme-data/ns/tenant-a/chunks/c0ffee")).unwrap(),
         b"first"
     );
 }

@@ -1,38 +1,40 @@
-//! A kv_store_v1 backend as a WebAssembly component: the vendor starter.
+//! kvwasm-vendor-starter: a kv_store_v1 backend as a WebAssembly component.
 //!
-//! Build: `cargo build --release --target wasm32-wasip2`, then name the
-//! `.wasm` in a kvwasm config file:
+//! This store keeps everything in plain files through `std::fs`, in the
+//! directory the operator grants it (seen at `/data`):
 //!
-//! ```toml
-//! [backends.acme]
-//! component = "target/wasm32-wasip2/release/kvwasm_vendor_starter.wasm"
-//! dir = "/srv/acme"          # the directory this backend may use, seen at /data
+//! ```text
+//! /data/chunks/<hex of hash>            chunks of the empty namespace
+//! /data/manifests/<name>                its manifests
+//! /data/ns/<a>/ns/<b>/chunks/...        namespace `a/b`
 //! ```
 //!
-//! and open `wasm://acme/<namespace>`. This template keeps everything in
-//! plain files through `std::fs`, the simplest way to start. Replace the
-//! bodies with calls to your own storage. Keep the rules in the comments:
-//! they are what `wit/kv-store.wit` requires of every backend.
+//! Each namespace component is a directory under `ns/`, so no namespace can
+//! name another one's `chunks` or `manifests`. Replace the bodies with calls
+//! to your own storage; keep the rules in the comments: they are what
+//! `wit/kv-store.wit` requires of every backend, and what `kvwasm check`
+//! tests.
 
+use std::hash::{BuildHasher, RandomState};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 wit_bindgen::generate!({
-    path: "../../wit",
+    path: "wit",
     world: "kvwasm:kv-store/backend",
 });
 
 use exports::kvwasm::kv_store::store::{BackendInfo, Guest, GuestStore, PutOutcome, Store};
 use kvwasm::kv_store::types::{Error, Payload};
 
-struct Starter;
+struct Backend;
 
-impl Guest for Starter {
-    type Store = StarterStore;
+impl Guest for Backend {
+    type Store = FileStore;
 
     fn info() -> BackendInfo {
         BackendInfo {
-            name: "vendor-starter".into(),
+            name: "kvwasm-vendor-starter".into(),
             version: env!("CARGO_PKG_VERSION").into(),
             // Data lives in files, so several instances may serve one handle.
             shared_state: true,
@@ -40,20 +42,29 @@ impl Guest for Starter {
     }
 }
 
-struct StarterStore {
+struct FileStore {
     root: PathBuf,
 }
 
-impl GuestStore for StarterStore {
+impl GuestStore for FileStore {
     fn open(namespace: String) -> Result<Store, Error> {
-        // The namespace comes from the consumer's URI: never trust it.
+        // The namespace comes from the consumer's URI: never trust it. Each
+        // component is a directory under `ns/`, so no namespace can name
+        // another one's `chunks` or `manifests` directory; an empty
+        // component (`a//b`, `/a`) or an unsafe one is refused, never merged
+        // with another namespace.
         let mut root = PathBuf::from("/data");
-        for part in namespace.split('/').filter(|p| !p.is_empty()) {
-            check_name(part)?;
-            root.push(part);
+        if !namespace.is_empty() {
+            for part in namespace.split('/') {
+                check_name(part)?;
+                root.push("ns");
+                root.push(part);
+            }
         }
         std::fs::create_dir_all(root.join("chunks")).map_err(io)?;
-        Ok(Store::new(StarterStore { root }))
+        std::fs::create_dir_all(root.join("manifests")).map_err(io)?;
+        std::fs::create_dir_all(root.join("tmp")).map_err(io)?;
+        Ok(Store::new(FileStore { root }))
     }
 
     fn put_chunk(&self, hash: Vec<u8>, data: &Payload) -> Result<PutOutcome, Error> {
@@ -62,7 +73,7 @@ impl GuestStore for StarterStore {
             // Idempotent: an existing hash writes nothing and reports a hit.
             return Ok(PutOutcome::AlreadyPresent);
         }
-        write_atomically(&path, &data.read(0, data.len()))?;
+        self.write_atomically(&path, &data.read(0, data.len()))?;
         Ok(PutOutcome::Stored)
     }
 
@@ -71,20 +82,17 @@ impl GuestStore for StarterStore {
     }
 
     fn put_manifest(&self, name: String, data: &Payload) -> Result<(), Error> {
-        check_name(&name)?;
         // Chunks are written through in put_chunk, so they are already
         // visible; a buffering backend would flush them here first.
-        write_atomically(&self.root.join(&name), &data.read(0, data.len()))
+        self.write_atomically(&self.manifest_path(&name)?, &data.read(0, data.len()))
     }
 
     fn get_manifest(&self, name: String) -> Result<Payload, Error> {
-        check_name(&name)?;
-        read(&self.root.join(&name))
+        read(&self.manifest_path(&name)?)
     }
 
     fn delete_manifest(&self, name: String) -> Result<(), Error> {
-        check_name(&name)?;
-        match std::fs::remove_file(self.root.join(&name)) {
+        match std::fs::remove_file(self.manifest_path(&name)?) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(e)),
             _ => Ok(()), // a missing manifest is success
         }
@@ -99,7 +107,7 @@ impl GuestStore for StarterStore {
     }
 }
 
-impl StarterStore {
+impl FileStore {
     fn chunk_path(&self, hash: &[u8]) -> Result<PathBuf, Error> {
         if hash.is_empty() || hash.len() > 64 {
             return Err(Error::InvalidArgument(format!(
@@ -110,12 +118,34 @@ impl StarterStore {
         let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
         Ok(self.root.join("chunks").join(hex))
     }
+
+    /// Write to a new temporary file, then rename: readers see all or
+    /// nothing, and concurrent writers never share a temporary file.
+    fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<(), Error> {
+        let unique = RandomState::new().hash_one(std::time::SystemTime::now());
+        let tmp = self.root.join("tmp").join(format!("{unique:016x}"));
+        let mut file = std::fs::File::create_new(&tmp).map_err(io)?;
+        let written = file.write_all(bytes).and_then(|()| file.sync_data());
+        match written.and_then(|()| std::fs::rename(&tmp, path)) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(io(e))
+            }
+        }
+    }
+
+    fn manifest_path(&self, name: &str) -> Result<PathBuf, Error> {
+        check_name(name)?;
+        Ok(self.root.join("manifests").join(name))
+    }
 }
 
-/// Manifest names must be one safe path component.
+/// Manifest names and namespace components must be one safe path component.
 fn check_name(name: &str) -> Result<(), Error> {
     let bad = name.is_empty()
         || name.len() > 255
+        || name == "."
         || name.contains("..")
         || name
             .chars()
@@ -126,16 +156,7 @@ fn check_name(name: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Write to a temporary file, then rename: readers see all or nothing.
-fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(), Error> {
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&tmp).map_err(io)?;
-    file.write_all(bytes).map_err(io)?;
-    file.sync_data().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
-}
-
-fn read(path: &std::path::Path) -> Result<Payload, Error> {
+fn read(path: &Path) -> Result<Payload, Error> {
     match std::fs::read(path) {
         Ok(bytes) => Ok(Payload::new(&bytes)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::NotFound),
@@ -147,4 +168,4 @@ fn io(e: std::io::Error) -> Error {
     Error::Io(e.to_string())
 }
 
-export!(Starter);
+export!(Backend);

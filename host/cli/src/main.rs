@@ -9,6 +9,7 @@ mod demo;
 mod fabric;
 mod inspect;
 mod metrics;
+mod new;
 mod serve;
 mod tier;
 
@@ -47,6 +48,8 @@ enum Command {
     Fabric(fabric::FabricArgs),
     Serve(serve::ServeArgs),
     Tier(tier::TierArgs),
+    New(new::NewArgs),
+    Wit(new::WitArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -69,6 +72,8 @@ fn main() -> std::process::ExitCode {
         Command::Fabric(args) => fabric::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Serve(args) => serve::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Tier(args) => tier::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::New(args) => new::run_new(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Wit(args) => new::run_wit(args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

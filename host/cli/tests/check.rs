@@ -118,10 +118,22 @@ fn the_native_c_backend_passes_everything() {
     let run = native("cfs");
     assert_eq!(run.with("fail"), none(), "{:#}", run.json);
     assert_eq!(run.with("warn"), none(), "{:#}", run.json);
-    assert_eq!(run.with("skip"), none());
+    // Namespaces are the component contract's: a native URI has none.
+    assert_eq!(run.with("skip"), set(NAMESPACE_CHECKS));
     assert!(run.ok);
-    assert_eq!(run.with("pass").len(), kvwasm_conformance::CHECKS.len());
+    assert_eq!(
+        run.with("pass").len(),
+        kvwasm_conformance::CHECKS.len() - NAMESPACE_CHECKS.len()
+    );
 }
+
+/// The checks of `wit/kv-store.wit`'s namespace rule.
+const NAMESPACE_CHECKS: &[&str] = &[
+    "namespace-separate",
+    "namespace-look-alikes",
+    "namespace-overwrite",
+    "empty-namespace",
+];
 
 #[test]
 fn the_shim_with_the_fs_guest_passes_everything() {
@@ -375,6 +387,41 @@ fn the_vendor_starter_component_passes_everything() {
     let run = component(kvwasm_guest_artifacts::VENDOR_STARTER_PATH);
     assert_eq!(run.with("fail"), none(), "{:#}", run.json);
     assert_eq!(run.with("warn"), none(), "{:#}", run.json);
+}
+
+/// The vendor starter with its namespace ignored: every namespace check
+/// fails, quoting its rule and naming the namespace whose bytes leaked;
+/// every other check passes.
+#[test]
+fn a_namespace_blind_component_fails_the_namespace_checks_quoting_the_rule() {
+    let blind = kvwasm_guest_artifacts::NAMESPACE_BLIND_PATH;
+    let run = component(blind);
+    assert_eq!(run.with("fail"), set(NAMESPACE_CHECKS), "{:#}", run.json);
+    assert_eq!(run.with("warn"), none(), "{:#}", run.json);
+    assert!(!run.ok);
+    let detail = run.detail("namespace-separate");
+    assert!(
+        detail.contains("returned 1 (already present), but only other namespaces"),
+        "{detail}"
+    );
+
+    let shim = kvwasm_tests::shim_path();
+    let out = Command::new(KVWASM)
+        .args(["check", "--quick", "--lib", shim.to_str().unwrap()])
+        .args(["--component", blind, "--only", "namespace-separate"])
+        .env_remove("KVWASM_CONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        table.contains("FAIL MUST")
+            && table.contains("rule: Namespaces are separate stores: the same hash or manifest name in two namespaces holds two values"),
+        "{table}"
+    );
 }
 
 #[test]

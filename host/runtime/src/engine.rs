@@ -161,7 +161,11 @@ fn config(metering: Metering) -> Config {
     config.wasm_memory64(false);
     config.wasm_tail_call(false);
     config.wasm_relaxed_simd(false);
-    config.wasm_extended_const(false);
+    // Extended constant expressions (integer add, sub and mul in a global
+    // or segment initialiser, nothing else): Python backends need them
+    // (componentize-py links CPython as shared libraries, whose data
+    // segments sit at `__memory_base + offset`).
+    config.wasm_extended_const(true);
     config.wasm_wide_arithmetic(false);
     config.wasm_custom_page_sizes(false);
     config

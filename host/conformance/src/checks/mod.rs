@@ -5,6 +5,7 @@ mod chunks;
 mod hostile;
 mod library;
 mod manifests;
+mod namespaces;
 mod ownership;
 mod threads;
 
@@ -59,6 +60,10 @@ pub static CHECKS: &[Check] = &[
     manifests::EMPTY_MANIFEST,
     manifests::VISIBILITY,
     library::TRAILING_SLASH_URI,
+    namespaces::NAMESPACE_SEPARATE,
+    namespaces::NAMESPACE_LOOK_ALIKES,
+    namespaces::NAMESPACE_DELETE_OVERWRITE,
+    namespaces::EMPTY_NAMESPACE,
     manifests::MANIFEST_ATOMICITY,
     threads::THREAD_SAFETY,
     chunks::PREFETCH,
