@@ -300,7 +300,11 @@ fn a_tls_only_socket_takes_no_plain_text_through_write_all() {
 #[test]
 fn bytes_a_stream_still_holds_stay_charged_after_the_payload_is_dropped() {
     let pin = "put-manifest:pinhttp:40,1";
-    let (out, stderr) = run("127.0.0.1:9", "max_payload_mib = 120\n", &[pin, pin, pin]);
+    // A deadline of 30 s, not the hostile config's 300 ms: copying 40 MiB
+    // may take longer than that on a loaded machine, and the deadline is
+    // not what this test is about.
+    let limits = "max_payload_mib = 120\n[backends.hostile.tenants.t]\ncall_timeout_ms = 30000\n";
+    let (out, stderr) = run("127.0.0.1:9", limits, &[pin, pin, pin]);
     assert_eq!(out[0], "put-manifest pinhttp:40,1 -> 0", "{stderr}");
     assert_eq!(out[1], "put-manifest pinhttp:40,1 -> 0", "{stderr}");
     assert!(!out[2].ends_with("-> 0"), "{out:?} {stderr}");

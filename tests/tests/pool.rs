@@ -121,35 +121,44 @@ fn in_memory_handles_share_a_store_per_namespace_until_the_last_closes() {
 /// regression shows.
 #[test]
 fn a_manifest_is_never_published_over_chunks_lost_in_a_trap() {
-    for round in 0..5 {
+    // Five rounds where the trap came first. On a busy machine the manifest
+    // may run before the trapping get took the instance: it then flushes the
+    // chunk and publishes, rightly, and the round is tried again.
+    let (mut rounds, mut attempts) = (0, 0);
+    while rounds < 5 {
+        attempts += 1;
+        assert!(
+            attempts <= 50,
+            "the trap never came first: machine too busy"
+        );
         let dir = tempfile::tempdir().unwrap();
         let backend = buffered_backend(dir.path(), 4);
         let handle = StoreHandle::open(backend.clone(), "").unwrap();
         // The chunk lands, unflushed, in the one instance there is.
         assert!(!handle.put_chunk(b"chunk-1", b"payload").unwrap());
         assert_eq!(handle.live_instances(), 1);
-        std::thread::scope(|s| {
-            // That instance sleeps in a get (it holds the instance once the
-            // guest wrote its mark), then traps.
+        let published = std::thread::scope(|s| {
+            // That instance sleeps in a get, then traps.
             let trap = s.spawn(|| handle.get_chunk(b"sleep-then-trap"));
-            let armed = dir.path().join("data/trap-armed");
-            let since = std::time::Instant::now();
-            while !armed.exists() {
-                assert!(since.elapsed() < std::time::Duration::from_secs(30));
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            std::fs::remove_file(&armed).unwrap();
-            // Meanwhile (the guest sleeps 1 s before it traps: room for a
-            // loaded machine) the manifest waits for it, to flush it.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            // Meanwhile the manifest waits for it, to flush it.
             let published = handle.put_manifest("m", b"names chunk-1");
             assert!(trap.join().unwrap().is_err());
-            assert!(
-                published.is_err(),
-                "round {round}: a manifest was published naming a chunk lost in a trap"
-            );
+            published
         });
         let reader = StoreHandle::open(backend, "").unwrap();
-        assert!(reader.get_manifest("m").is_err(), "round {round}");
+        if published.is_ok() {
+            // Published: only right if the chunk it names was flushed.
+            let named = reader.get_chunk(b"chunk-1").map(|b| b.as_slice().to_vec());
+            assert!(
+                matches!(&named, Ok(bytes) if bytes == b"payload"),
+                "round {rounds}: a manifest was published naming a chunk lost in a trap: \
+                 {named:?}"
+            );
+            continue;
+        }
+        rounds += 1;
+        assert!(reader.get_manifest("m").is_err(), "round {rounds}");
         // Put again, the save succeeds.
         assert!(!handle.put_chunk(b"chunk-1", b"payload").unwrap());
         handle.put_manifest("m", b"names chunk-1").unwrap();

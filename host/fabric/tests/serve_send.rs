@@ -1335,8 +1335,8 @@ fn an_unkeyed_client_stores_nothing_on_a_keyed_server() {
         err,
         (
             REFUSED,
-            "bad tag: the sender's key is not this server's (--key-env), or the message was \
-             altered on the way"
+            "bad tag: the sender's key is not this server's (--key-env), or the message or its \
+             tier was altered on the way"
                 .to_owned()
         )
     );

@@ -3,9 +3,8 @@
 //! this instance first), like a remote backend that batches puts. It
 //! declares shared state, so the host serves a handle with several instances
 //! and must flush the others before a manifest. Each put sleeps 20 ms so
-//! concurrent callers tend to land on different instances. A `get_chunk`
-//! of the hash `sleep-then-trap` writes `/data/trap-armed` (so a test knows
-//! the call holds its instance), sleeps 1 s and then traps, losing the
+//! concurrent callers really do land on different instances. A `get_chunk`
+//! of the hash `sleep-then-trap` sleeps 300 ms and then traps, losing the
 //! instance's buffered chunks.
 
 use std::cell::RefCell;
@@ -18,10 +17,8 @@ use kvwasm_guest_support::{
 
 struct Buffered;
 
-/// `get_chunk` of this hash writes [`ARMED`], sleeps 1 s, then traps.
+/// `get_chunk` of this hash sleeps 300 ms, then traps.
 const TRAP_HASH: &[u8] = b"sleep-then-trap";
-/// Written when a `get_chunk` of [`TRAP_HASH`] begins.
-const ARMED: &str = "/data/trap-armed";
 
 impl Guest for Buffered {
     type Store = BufferedStore;
@@ -76,8 +73,7 @@ impl GuestStore for BufferedStore {
         validate::hash(&hash)?;
         if hash == TRAP_HASH {
             // A fault on command, between this instance's puts and its flush.
-            std::fs::write(ARMED, b"").map_err(io)?;
-            std::thread::sleep(std::time::Duration::from_millis(1000));
+            std::thread::sleep(std::time::Duration::from_millis(300));
             panic!("buffered guest traps on command, with chunks still buffered");
         }
         match std::fs::read(path(&validate::hash_hex(&hash))) {
