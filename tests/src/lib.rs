@@ -346,6 +346,12 @@ pub mod crash {
             .collect()
     }
 
+    /// The chunks of `kv-crash-writer stage SEED` and `publish SEED`: 16
+    /// contents of 4 to 256 KiB, fixed per seed.
+    pub fn staged_chunks(seed: u64) -> Vec<Vec<u8>> {
+        (0..16).map(|i| chunk_content(seed << 8 | i)).collect()
+    }
+
     /// A chunk as a manifest names it: its key and length.
     pub type ChunkRef = ([u8; 8], usize);
 
@@ -587,6 +593,38 @@ pub mod tiered {
 
 /// Backends that release idle instances (`idle_release_ms`), for the tests
 /// of the release thread.
+/// Wait until the kernel's coarse clock (the one it stamps files with) has
+/// passed the change time of everything under `dir`. The host remembers a
+/// sync only of a version whose change time is older than that clock
+/// (`payload-io.sync-paths`), so after this wait, a sync of anything under
+/// `dir` is remembered: a condition, not a guess at how long it takes.
+pub fn wait_past_change_times(dir: &Path) {
+    fn newest(path: &Path) -> (i64, i64) {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::symlink_metadata(path).unwrap();
+        let mut latest = (meta.ctime(), meta.ctime_nsec());
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(path).unwrap() {
+                latest = latest.max(newest(&entry.unwrap().path()));
+            }
+        }
+        latest
+    }
+    let newest = newest(dir);
+    loop {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a valid timespec to write.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut now) };
+        if (now.tv_sec, now.tv_nsec) > newest {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 pub mod idle {
     use std::path::Path;
     use std::sync::Arc;

@@ -163,3 +163,46 @@ fn a_slow_destructor_does_not_hold_up_other_releases() {
         idle_since.elapsed()
     );
 }
+
+/// Issue 37: what the host made durable outlives the instance that asked.
+/// A warm save after an idle release finds every chunk in place, and the
+/// host syncs none of them (nor their directories) again: they are
+/// unchanged since it synced them. Before, each new instance synced every
+/// chunk it found once more (an `fdatasync` each on a disk).
+#[test]
+fn a_warm_save_after_an_idle_release_syncs_nothing_the_host_synced_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = backend(dir.path(), "idle_fs_sync", "builtin:fs");
+    let handle = StoreHandle::open(backend.clone(), "").unwrap();
+    let chunks: Vec<Vec<u8>> = (0..24).map(|i| kvwasm_tests::pattern(2048, i)).collect();
+    for chunk in &chunks {
+        assert!(
+            !handle
+                .put_chunk(&kvwasm_tests::xxh3_key(chunk), chunk)
+                .unwrap()
+        );
+    }
+    // So that the cold save's syncs are remembered, whenever they happen.
+    kvwasm_tests::wait_past_change_times(dir.path());
+    handle.put_manifest("slot", b"names them").unwrap();
+    let cold = backend.metrics.snapshot();
+    assert!(cold.syncs > 24, "24 chunks, their directories: {cold:?}");
+
+    wait_for_release(&handle);
+    for chunk in &chunks {
+        assert!(
+            handle
+                .put_chunk(&kvwasm_tests::xxh3_key(chunk), chunk)
+                .unwrap()
+        );
+    }
+    handle.put_manifest("slot", b"names them").unwrap();
+    let warm = backend.metrics.snapshot();
+    assert!(warm.instances_restarted >= 1, "{warm:?}");
+    assert_eq!(warm.syncs, cold.syncs, "nothing synced again: {warm:?}");
+    assert_eq!(
+        warm.syncs_skipped - cold.syncs_skipped,
+        cold.syncs,
+        "every chunk and directory checked, and found durable"
+    );
+}

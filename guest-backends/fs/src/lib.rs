@@ -17,19 +17,22 @@
 //! Writes go to a unique temporary file and are renamed into place, so
 //! readers never see a partial file. Durability is ordered: before a
 //! manifest is renamed into place, every chunk this instance wrote *or
-//! answered `already-present` for* is `fsync`ed along with its directory,
-//! unless this instance already synced it. A chunk found in place may have
-//! been written by another instance or process that has not synced it yet,
-//! so a crash can never leave a visible manifest that names a chunk that did
-//! not reach the disk. Warm saves stay cheap: each instance syncs a given
-//! chunk once. A directory the store creates (a namespace component,
-//! `chunks`) is synced into its parent when it is made. Puts write through
-//! (the chunk is visible when `put-chunk` returns), like llama.cpp's local
-//! store.
+//! answered `already-present` for* is made durable along with its
+//! directory (`payload-io.sync-paths`). A chunk found in place may have
+//! been written by another instance or process that has not synced it yet
+//! (or never will: it crashed), so a crash can never leave a visible
+//! manifest that names a chunk that did not reach the disk. Warm saves stay
+//! cheap: the host remembers, across instances and idle releases, which
+//! files and directories it synced and in what version, and skips those
+//! unchanged since; the guest holds no such knowledge (see
+//! docs/architecture.md, "Durable ordering"). A directory the store creates
+//! (a namespace component, `chunks`) is synced into its parent when it is
+//! made. Puts write through (the chunk is visible when `put-chunk`
+//! returns), like llama.cpp's local store.
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
 
 use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_io;
@@ -49,9 +52,8 @@ const CHUNKS_DIR: &str = "chunks";
 /// Prefix of in-flight temporary files. Never a valid result of hex-encoding
 /// a hash; a manifest name could start with it only on purpose.
 const TMP_PREFIX: &str = ".kvwasm-tmp-";
-/// Chunks this instance remembers as synced. Forgotten wholesale when full:
-/// a forgotten chunk costs one more `fsync`, never a wrong answer.
-const MAX_SYNCED: usize = 1 << 20;
+/// Paths one `sync-paths` call may list (the host's bound).
+const MAX_SYNC_PATHS: usize = 512;
 
 struct FsBackend;
 
@@ -80,13 +82,11 @@ struct FsStore {
     chunks: Dir,
     /// Bit `i`: this instance has made sure `chunks/<i>` exists.
     fanout_made: Cell<u16>,
-    /// Hashes of the chunks a manifest may name that this instance has not
-    /// `fsync`ed. A hash set: an ordered one cost a put about 0.5 µs of
-    /// comparisons once thousands of chunks wait for a manifest.
+    /// Hashes of the chunks put (written or found in place) since the last
+    /// sync: a manifest may name them, so they are made durable first. A
+    /// hash set: an ordered one cost a put about 0.5 µs of comparisons once
+    /// thousands of chunks wait for a manifest.
     unsynced: RefCell<HashSet<Vec<u8>>>,
-    /// Hashes of the chunks this instance has `fsync`ed: a warm put of one
-    /// needs no sync before the next manifest.
-    synced: RefCell<HashSet<Vec<u8>>>,
     /// Temp-file names: a per-instance random seed plus a counter.
     tmp_seed: u64,
     tmp_seq: Cell<u64>,
@@ -111,7 +111,6 @@ impl GuestStore for FsStore {
             chunks,
             fanout_made: Cell::new(0),
             unsynced: RefCell::default(),
-            synced: RefCell::default(),
             // RandomState is seeded from wasi:random; two instances writing
             // the same chunk at once must not share a temp-file name.
             tmp_seed: RandomState::new().hash_one(0u8),
@@ -121,7 +120,6 @@ impl GuestStore for FsStore {
 
     fn put_chunk(&self, hash: Vec<u8>, data: &Payload) -> Result<PutOutcome> {
         validate::hash(&hash)?;
-        self.make_fanout_dir(fanout_slot(&hash))?;
         let path = chunk_path(&hash);
         // A chunk is present when a file of the right size is there: a
         // crash between rename and fsync can leave a short file behind,
@@ -129,16 +127,19 @@ impl GuestStore for FsStore {
         let outcome = match self.chunks.fd.stat_at(PathFlags::empty(), &path) {
             Ok(stat) if stat.size == data.len() => PutOutcome::AlreadyPresent,
             Ok(_) | Err(ErrorCode::NoEntry) => {
+                // Only a write needs the fan-out directory: a warm save on
+                // a new instance (after an idle release) makes no calls
+                // for it.
+                self.make_fanout_dir(fanout_slot(&hash))?;
                 self.write_file(&self.chunks, &path, data, false)?;
                 PutOutcome::Stored
             }
             Err(e) => return Err(e).fs_context("stat chunk"),
         };
         // A chunk found in place may be another writer's, not synced
-        // yet: sync it before this instance's next manifest too.
-        if outcome == PutOutcome::Stored || !self.synced.borrow().contains(&hash) {
-            self.unsynced.borrow_mut().insert(hash);
-        }
+        // yet: it is made durable before this instance's next manifest
+        // too (at the cost of a `stat` if the host synced it before).
+        self.unsynced.borrow_mut().insert(hash);
         Ok(outcome)
     }
 
@@ -194,44 +195,41 @@ impl GuestStore for FsStore {
 }
 
 impl FsStore {
-    /// `fsync` every chunk a manifest may name that this instance has not
-    /// synced, then their directories; returns how many chunks were synced.
-    fn sync_chunks(&self) -> Result<usize> {
+    /// Make every chunk a manifest may name durable, then their fan-out
+    /// directories and `chunks` (a fan-out directory made since is an entry
+    /// there); the host skips what it synced before and has not changed
+    /// since. Returns how many chunk files had to be synced.
+    fn sync_chunks(&self) -> Result<u32> {
         let unsynced = std::mem::take(&mut *self.unsynced.borrow_mut());
-        let mut dirs = BTreeSet::new();
-        for hash in &unsynced {
-            let synced = self
-                .chunks
-                .open_file(&chunk_path(hash), "open chunk for sync")
-                .and_then(|file| file.sync_data().fs_context("sync chunk"));
-            if let Err(e) = synced {
-                // Keep the rest queued so a retry syncs them.
-                self.unsynced.borrow_mut().extend(unsynced.iter().cloned());
-                return Err(e);
-            }
-            dirs.insert(fanout_slot(hash));
-        }
-        if dirs.is_empty() {
+        if unsynced.is_empty() {
             return Ok(0);
         }
-        let dirs_synced = dirs.into_iter().try_for_each(|slot| {
-            let dir = open_dir(&self.chunks.fd, FANOUT_DIRS[slot], self.chunks.writable)?;
-            dir.fd.sync().fs_context("sync chunk directory")
-        });
-        // A fan-out directory created since the last flush is an entry here.
-        if let Err(e) =
-            dirs_synced.and_then(|()| self.chunks.fd.sync().fs_context("sync chunks directory"))
-        {
-            self.unsynced.borrow_mut().extend(unsynced);
-            return Err(e);
+        let mut slots = 0u16;
+        let mut paths: Vec<String> = unsynced
+            .iter()
+            .map(|hash| {
+                slots |= 1 << fanout_slot(hash);
+                chunk_path(hash)
+            })
+            .collect();
+        paths.extend(
+            (0..FANOUT_DIRS.len())
+                .filter(|slot| slots & 1 << slot != 0)
+                .map(|slot| FANOUT_DIRS[slot].to_owned()),
+        );
+        paths.push(".".to_owned());
+        let mut files = 0;
+        for batch in paths.chunks(MAX_SYNC_PATHS) {
+            match payload_io::sync_paths(&self.chunks.fd, batch) {
+                Ok(synced) => files += synced.files,
+                Err(e) => {
+                    // Keep them queued so a retry syncs them.
+                    self.unsynced.borrow_mut().extend(unsynced);
+                    return Err(e).fs_context("sync chunks");
+                }
+            }
         }
-        let mut synced = self.synced.borrow_mut();
-        if synced.len().saturating_add(unsynced.len()) > MAX_SYNCED {
-            synced.clear();
-        }
-        let count = unsynced.len();
-        synced.extend(unsynced);
-        Ok(count)
+        Ok(files)
     }
 
     /// Make sure fan-out directory `slot` exists under `chunks` (once per

@@ -52,6 +52,9 @@ pub enum Section {
     Throughput,
     /// 96 × 1 MiB saves (cold, warm, warm on a new handle) and restores.
     SaveRestore,
+    /// Warm saves of 96 × 1 MiB and 257 × 2 KiB on one long-lived handle
+    /// after 0, 0.2, 1.5 and 5 s idle, and on a new handle per save.
+    IdleSaves,
     /// The cost of one call that does nothing, warm and with the core's
     /// caches swept first, and under it the floor: a bare wasmtime component
     /// call.
@@ -65,9 +68,10 @@ pub enum Section {
 }
 
 impl Section {
-    pub const ALL: [Section; 6] = [
+    pub const ALL: [Section; 7] = [
         Section::Throughput,
         Section::SaveRestore,
+        Section::IdleSaves,
         Section::SmallCall,
         Section::Threads,
         Section::Open,
@@ -91,6 +95,8 @@ pub struct Results {
     pub throughput: Vec<Row>,
     /// Milliseconds per target: 96 × 1 MiB saves and restores, by medium.
     pub save_restore: Vec<Row>,
+    /// Milliseconds per target: warm saves after idle gaps, by medium.
+    pub idle_saves: Vec<Row>,
     /// Nanoseconds per `get_manifest` of a missing name.
     pub small_call: Option<Row>,
     /// The same with the core's caches swept before each call.
@@ -156,6 +162,7 @@ pub fn run(plan: &Plan) -> Result<Results, String> {
         sections: plan.sections.clone(),
         throughput: when(on(Section::Throughput), || w.throughput())?,
         save_restore: when(on(Section::SaveRestore), || w.save_restore())?,
+        idle_saves: when(on(Section::IdleSaves), || w.idle_saves())?,
         small_call: when(on(Section::SmallCall), || w.small_call().map(Some))?,
         cold_call: when(on(Section::SmallCall), || w.cold_small_call().map(Some))?,
         call_floor: when(on(Section::SmallCall), || {

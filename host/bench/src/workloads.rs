@@ -19,6 +19,23 @@ const MIB: usize = 1 << 20;
 const SAVE_CHUNKS: usize = 96;
 const THREADS: usize = 4;
 const HANDLES_FOR_MEMORY: usize = 16;
+/// Warm saves of [`Workloads::idle_saves`]: (chunks, bytes each). 257 ×
+/// 2 KiB is a small model's slot at llama.cpp's default chunking.
+const IDLE_SHAPES: [(usize, usize); 2] = [(SAVE_CHUNKS, MIB), (257, 2 << 10)];
+/// Idle time before each warm save: none, less than kvwasm's default
+/// `idle_release_ms` (1 s), and more (the instance is released).
+const IDLE_GAPS: &[Duration] = &[
+    Duration::ZERO,
+    Duration::from_millis(200),
+    Duration::from_millis(1500),
+    Duration::from_secs(5),
+];
+/// The same for `--quick`: the saves run, the gaps do not reach a release.
+const QUICK_IDLE_GAPS: &[Duration] = &[
+    Duration::ZERO,
+    Duration::from_millis(20),
+    Duration::from_millis(50),
+];
 
 /// What `put_chunk` must report for the chunks of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,9 +65,11 @@ impl<'a> Workloads<'a> {
             plan.reps as u64,
         );
         // One step per target and repetition of each sampled phase: the
-        // throughput sizes and save/restore per medium, then small calls,
-        // threads, open (same and fresh process) and memory.
-        let steps = t * r * (m * (CHUNK_SIZES.len() as u64 + 1) + 5);
+        // throughput sizes, save/restore and the idle-save shapes per
+        // medium, then small calls, threads, open (same and fresh process)
+        // and memory.
+        let per_medium = CHUNK_SIZES.len() + 1 + IDLE_SHAPES.len();
+        let steps = t * r * (m * per_medium as u64 + 5);
         let bar = ProgressBar::with_draw_target(
             Some(steps),
             if plan.progress {
@@ -240,6 +259,76 @@ impl<'a> Workloads<'a> {
                     ])
                 })?,
             );
+        }
+        Ok(rows)
+    }
+
+    /// A long-lived handle saving the same slot again and again, as a
+    /// llama.cpp server does, with the engine idle between saves for each
+    /// of [`IDLE_GAPS`] (an idle instance may be released meanwhile:
+    /// kvwasm's default `idle_release_ms` is 1 s), for llama.cpp's two
+    /// usual shapes; then the same save on a new handle (open, save,
+    /// close: llama.cpp's slot code), and a restore. `--quick` shrinks the
+    /// gaps to [`QUICK_IDLE_GAPS`] and the saves to a few chunks.
+    pub fn idle_saves(&mut self) -> Result<Vec<Row>, String> {
+        let gaps = if self.plan.quick {
+            QUICK_IDLE_GAPS
+        } else {
+            IDLE_GAPS
+        };
+        let mut rows = Vec::new();
+        for medium in self.plan.media.clone() {
+            for (chunks, size) in IDLE_SHAPES {
+                let chunks = if self.plan.quick {
+                    chunks.min(8)
+                } else {
+                    chunks
+                };
+                let shape = format!("{chunks} × {}", size_label(size));
+                let mut names = vec![format!("{shape}: cold save")];
+                names.extend(
+                    gaps.iter().map(|gap| {
+                        format!("{shape}: warm save after {} s idle", gap.as_secs_f64())
+                    }),
+                );
+                names.push(format!(
+                    "{shape}: warm save, new handle (open, save, close)"
+                ));
+                names.push(format!("{shape}: restore with prefetch"));
+                let cases: Vec<(&str, Unit)> =
+                    names.iter().map(|n| (n.as_str(), Unit::Millis)).collect();
+                rows.extend(self.sample(&medium, &cases, &shape, |w, target, medium| {
+                    let (h, dir) = w.fresh(target, medium)?;
+                    let mut out = vec![millis(time(|| {
+                        w.put_chunks(&h, size, 0..chunks, Expect::New)
+                    })?)];
+                    for gap in gaps {
+                        std::thread::sleep(*gap);
+                        out.push(millis(time(|| {
+                            w.put_chunks(&h, size, 0..chunks, Expect::Present)
+                        })?));
+                    }
+                    let uri = target.target.uri(&dir);
+                    out.push(millis(time(|| {
+                        let fresh = target
+                            .lib
+                            .open_store(&uri)
+                            .ok_or_else(|| format!("open({uri:?}) again returned NULL"))?;
+                        w.put_chunks(&fresh, size, 0..chunks, Expect::Present)
+                    })?));
+                    let hashes: Vec<[u8; 8]> = (0..chunks).map(key).collect();
+                    out.push(millis(time(|| {
+                        h.get_manifest("bench")
+                            .map_err(|rc| format!("get_manifest: {rc}"))?;
+                        let list: Vec<&[u8]> = hashes.iter().map(|k| k.as_slice()).collect();
+                        let _ = h.prefetch_chunks(&list);
+                        w.get_chunks(&h, size, 0..chunks)
+                    })?));
+                    drop(h);
+                    cleanup(&dir);
+                    Ok(out)
+                })?);
+            }
         }
         Ok(rows)
     }

@@ -8,7 +8,8 @@ use kvwasm_bench::{Medium, Plan, Section, Target};
 /// Measure kv_store_v1 backends side by side through the C ABI.
 ///
 /// Put/get throughput at 4 KiB to 16 MiB chunks on each directory, 96 × 1 MiB
-/// saves and restores, small-call cost, thread scaling, open latency and
+/// saves and restores, warm saves after idle gaps (0, 0.2, 1.5, 5 s; --quick:
+/// up to 50 ms) and on a new handle per save, small-call cost, thread scaling, open latency and
 /// memory per handle; medians, spread, ratios to the first target, a plot.
 ///
 /// By default it compares the native C backend (libkv_store_cfs.so, the

@@ -30,6 +30,8 @@ pub struct BackendMetrics {
     events_dropped: AtomicU64,
     instances_released: AtomicU64,
     instances_restarted: AtomicU64,
+    syncs: AtomicU64,
+    syncs_skipped: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -48,6 +50,11 @@ pub struct Counters {
     pub instances_released: u64,
     /// Instances started to replace released ones, on a handle's next call.
     pub instances_restarted: u64,
+    /// Files and directories `payload-io.sync-paths` synced.
+    pub syncs: u64,
+    /// Files and directories `sync-paths` found durable already (the host
+    /// synced them before, and they have not changed since).
+    pub syncs_skipped: u64,
 }
 
 impl BackendMetrics {
@@ -70,6 +77,12 @@ impl BackendMetrics {
     /// A released instance replaced by a fresh one.
     pub(crate) fn restarted(&self) {
         self.instances_restarted.fetch_add(1, Relaxed);
+    }
+
+    /// What one `sync-paths` call synced and skipped.
+    pub(crate) fn synced(&self, synced: u64, skipped: u64) {
+        self.syncs.fetch_add(synced, Relaxed);
+        self.syncs_skipped.fetch_add(skipped, Relaxed);
     }
 
     /// One finished call: `bytes_in` from the consumer, `bytes_out` to it.
@@ -108,6 +121,8 @@ impl BackendMetrics {
             events_dropped: self.events_dropped.load(Relaxed),
             instances_released: self.instances_released.load(Relaxed),
             instances_restarted: self.instances_restarted.load(Relaxed),
+            syncs: self.syncs.load(Relaxed),
+            syncs_skipped: self.syncs_skipped.load(Relaxed),
         }
     }
 }
@@ -136,7 +151,7 @@ pub fn snapshot() -> BTreeMap<String, Counters> {
 pub fn prometheus_text() -> String {
     let all = snapshot();
     type Family = (&'static str, &'static str, fn(&Counters) -> u64);
-    let families: [Family; 10] = [
+    let families: [Family; 12] = [
         ("calls", "Calls into backend guests.", |c| c.calls),
         ("errors", "Calls that failed (misses excluded).", |c| {
             c.errors
@@ -170,6 +185,16 @@ pub fn prometheus_text() -> String {
             "instances_restarted",
             "Guest instances started again on a call after an idle release.",
             |c| c.instances_restarted,
+        ),
+        (
+            "syncs",
+            "Files and directories made durable for the backend (payload-io sync-paths).",
+            |c| c.syncs,
+        ),
+        (
+            "syncs_skipped",
+            "Files and directories sync-paths found durable already, unchanged since the host synced them.",
+            |c| c.syncs_skipped,
         ),
     ];
     let mut out = String::new();

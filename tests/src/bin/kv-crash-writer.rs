@@ -10,6 +10,13 @@
 //! whole after, as a backend writing manifests in place would. Both print
 //! `published T NAME` once the early manifest is visible.
 //!
+//! `kv-crash-writer LIB URI stage SEED`: put the chunks of slot SEED
+//! ([`staged_chunks`]), print `staged N`, and wait to be killed: a writer
+//! that dies between its chunks and its manifest, leaving them unsynced.
+//! `kv-crash-writer LIB URI publish SEED`: put the same chunks (finding them
+//! in place) and publish `slot-0` naming them; prints
+//! `published slot-0 chunks=N dup=D`.
+//!
 //! `kv-crash-writer LIB URI check`: audit the store with a fresh handle and
 //! print the report (`kvwasm_tests::crash::CheckReport`).
 //!
@@ -21,7 +28,7 @@
 
 use kv_store_abi::{Handle, Library};
 use kvwasm_tests::crash::{
-    ChunkRef, Rng, SLOTS, check, chunk_content, encode_manifest, save_ids, slot_name,
+    ChunkRef, Rng, SLOTS, check, chunk_content, encode_manifest, save_ids, slot_name, staged_chunks,
 };
 
 #[derive(Clone, Copy, PartialEq)]
@@ -63,6 +70,36 @@ fn main() {
                     s.spawn(move || write_forever(store, seed, epoch, thread, mode));
                 }
             });
+        }
+        ("stage", [seed]) => {
+            let chunks = staged_chunks(number(seed));
+            for content in &chunks {
+                if let Err(rc) = store.put_chunk(&kvwasm_tests::xxh3_key(content), content) {
+                    fail("put_chunk", rc);
+                }
+            }
+            println!("staged {}", chunks.len());
+            loop {
+                std::thread::park();
+            }
+        }
+        ("publish", [seed]) => {
+            let contents = staged_chunks(number(seed));
+            let mut dup = 0;
+            for content in &contents {
+                match store.put_chunk(&kvwasm_tests::xxh3_key(content), content) {
+                    Ok(present) => dup += usize::from(present),
+                    Err(rc) => fail("put_chunk", rc),
+                }
+            }
+            let chunks: Vec<ChunkRef> = contents
+                .iter()
+                .map(|c| (kvwasm_tests::xxh3_key(c), c.len()))
+                .collect();
+            let name = slot_name(0);
+            let manifest = encode_manifest(&name, &format!("publish/{seed}"), &chunks);
+            ok(store.put_manifest(&name, &manifest), "put_manifest");
+            println!("published {name} chunks={} dup={dup}", chunks.len());
         }
         ("publish-race", [threads, seconds]) => {
             let reader = lib.open_store(uri).expect("open a second handle");
@@ -186,7 +223,7 @@ fn number(s: &str) -> u64 {
 fn usage() -> ! {
     eprintln!(
         "usage: kv-crash-writer LIB URI (write SEED EPOCH [manifest-first|torn-manifest] \
-         | check | publish-race THREADS SECONDS)"
+         | stage SEED | publish SEED | check | publish-race THREADS SECONDS)"
     );
     std::process::exit(2);
 }

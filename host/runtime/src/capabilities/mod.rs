@@ -17,6 +17,7 @@
 
 pub mod descriptors;
 pub mod dirs;
+pub(crate) mod durable;
 pub mod env;
 pub mod http;
 pub mod net;

@@ -14,6 +14,7 @@ use crate::capabilities::descriptors::Headroom;
 use crate::capabilities::dirs::{
     NewFile, Opened, io_error_code, open_beneath, open_dir_beneath, split_name,
 };
+use crate::capabilities::durable;
 use crate::state::HostState;
 
 impl payload_io::Host for HostState {
@@ -102,6 +103,23 @@ impl payload_io::Host for HostState {
         sync: bool,
     ) -> wasmtime::Result<Result<(), ErrorCode>> {
         self.write_beneath(&dir, &data, &tmp, Some(&path), sync)
+    }
+
+    fn sync_paths(
+        &mut self,
+        dir: Resource<Descriptor>,
+        paths: Vec<String>,
+    ) -> wasmtime::Result<Result<payload_io::Synced, ErrorCode>> {
+        let dir = match self.table.get(&dir)? {
+            Descriptor::Dir(d) => &d.dir,
+            Descriptor::File(_) => return Ok(Err(ErrorCode::NotDirectory)),
+        };
+        let synced = durable::sync_paths(dir, &paths, &self.backend);
+        if let Ok(done) = &synced {
+            let synced = u64::from(done.files + done.directories);
+            crate::metrics::for_backend(&self.backend).synced(synced, paths.len() as u64 - synced);
+        }
+        Ok(synced)
     }
 }
 

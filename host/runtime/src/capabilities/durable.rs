@@ -1,0 +1,313 @@
+//! What the host has made durable (`payload-io.sync-paths`), remembered
+//! for the life of the process, across guest instances.
+//!
+//! A store that finds a chunk in place cannot tell whether its writer
+//! synced it (the writer may have crashed before), so it must sync it
+//! before publishing a manifest that names it. Per instance, that
+//! knowledge is lost whenever an idle instance is released, and a warm
+//! save then pays one `fdatasync` per chunk again. So the host keeps it,
+//! where no guest can write it: an entry is made only after the host's own
+//! `fdatasync`/`fsync` of a file or directory succeeded, keyed by device
+//! and inode, and it holds for the version the host read just before that
+//! sync (size, modification and change time). A file replaced since (a new
+//! inode), or written, truncated or touched in place (a new change time,
+//! which no process can set), no longer matches and is synced again.
+//!
+//! One subtlety: timestamps are taken from the kernel's coarse clock, so
+//! two changes within one tick may carry the same change time. An entry is
+//! therefore made only if the change time the host read is older than the
+//! coarse clock read after it: any later change then carries a later time.
+//! A file changed in the same tick as its sync is simply synced again next
+//! time. (A clock stepped back could in theory give a later change an old
+//! time; it would also need the same inode, size and nanoseconds.)
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{LazyLock, Mutex};
+
+use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
+
+use super::dirs::{io_error_code, open_dir_beneath, split_name};
+use crate::bindings::kvwasm::kv_store::payload_io::Synced;
+
+/// Paths one `sync-paths` call may list: a call does bounded work before
+/// the guest's epoch deadline is checked again.
+pub(crate) const MAX_PATHS: usize = 512;
+/// Entries kept; forgotten wholesale when full (about 56 bytes each). A
+/// forgotten entry costs one more sync, never a wrong answer.
+const MAX_ENTRIES: usize = 1 << 18;
+/// Subdirectories one call keeps open while it resolves paths.
+const OPEN_SUBDIRS: usize = 16;
+
+/// What must be unchanged for a sync to still hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Version {
+    size: i64,
+    modified: (i64, i64),
+    changed: (i64, i64),
+}
+
+/// (device, inode) → the version the host synced.
+static SYNCED: LazyLock<Mutex<HashMap<(u64, u64), Version>>> = LazyLock::new(Default::default);
+
+/// A file or directory as `stat` saw it.
+struct Seen {
+    id: (u64, u64),
+    version: Version,
+    is_dir: bool,
+}
+
+impl Seen {
+    fn new(st: &libc::stat) -> Result<Seen, ErrorCode> {
+        let is_dir = match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => true,
+            libc::S_IFREG => false,
+            _ => return Err(ErrorCode::Unsupported),
+        };
+        Ok(Seen {
+            id: (st.st_dev, st.st_ino),
+            version: Version {
+                size: st.st_size,
+                modified: (st.st_mtime, st.st_mtime_nsec),
+                changed: (st.st_ctime, st.st_ctime_nsec),
+            },
+            is_dir,
+        })
+    }
+
+    fn is_synced(&self) -> bool {
+        let synced = SYNCED.lock().unwrap_or_else(|e| e.into_inner());
+        synced.get(&self.id) == Some(&self.version)
+    }
+
+    /// Remember that this version is durable, if no later change can
+    /// carry the same change time (see the module docs).
+    fn record(&self, coarse_now: (i64, i64)) {
+        if self.version.changed >= coarse_now {
+            return;
+        }
+        let mut synced = SYNCED.lock().unwrap_or_else(|e| e.into_inner());
+        if synced.len() >= MAX_ENTRIES && !synced.contains_key(&self.id) {
+            synced.clear();
+        }
+        synced.insert(self.id, self.version);
+    }
+}
+
+/// `payload-io.sync-paths` on the directory `dir`: see the WIT.
+pub(crate) fn sync_paths(
+    dir: &std::fs::File,
+    paths: &[String],
+    backend: &str,
+) -> Result<Synced, ErrorCode> {
+    if paths.len() > MAX_PATHS {
+        return Err(ErrorCode::Invalid);
+    }
+    let mut synced = Synced {
+        files: 0,
+        directories: 0,
+    };
+    let mut subdirs: Vec<(&str, std::fs::File)> = Vec::new();
+    for path in paths {
+        if path == "." {
+            sync_one(dir.as_raw_fd(), None, backend, &mut synced)?;
+            continue;
+        }
+        let (sub, name) = split_name(path)?;
+        let parent = if sub.is_empty() {
+            dir.as_raw_fd()
+        } else if let Some((_, open)) = subdirs.iter().find(|(s, _)| *s == sub) {
+            open.as_raw_fd()
+        } else {
+            if subdirs.len() == OPEN_SUBDIRS {
+                subdirs.clear();
+            }
+            let Some(open) = open_dir_beneath(dir, sub, backend)? else {
+                return Err(ErrorCode::Invalid);
+            };
+            let fd = open.as_raw_fd();
+            subdirs.push((sub, open));
+            fd
+        };
+        sync_one(parent, Some(name), backend, &mut synced)?;
+    }
+    Ok(synced)
+}
+
+/// Sync `name` (a plain name) in `parent`, or `parent` itself, unless the
+/// host synced this version of it before.
+fn sync_one(
+    parent: RawFd,
+    name: Option<&str>,
+    backend: &str,
+    synced: &mut Synced,
+) -> Result<(), ErrorCode> {
+    let name = name
+        .map(CString::new)
+        .transpose()
+        .map_err(|_| ErrorCode::Invalid)?;
+    let there = match &name {
+        Some(name) => stat_at(parent, name)?,
+        None => stat_fd(parent)?,
+    };
+    if Seen::new(&there)?.is_synced() {
+        return Ok(());
+    }
+    let opened = match &name {
+        Some(name) => Some(open_at(parent, name, backend)?),
+        None => None,
+    };
+    let fd = opened.as_ref().map_or(parent, AsRawFd::as_raw_fd);
+    // The version synced is the one read from the open descriptor, before
+    // the sync: the sync covers it and any change made before it returns.
+    let seen = Seen::new(&stat_fd(fd)?)?;
+    let coarse_now = coarse_clock();
+    // SAFETY: `fd` is a descriptor this call holds open.
+    let rc = unsafe {
+        if seen.is_dir {
+            libc::fsync(fd)
+        } else {
+            libc::fdatasync(fd)
+        }
+    };
+    if rc != 0 {
+        return Err(io_error_code(std::io::Error::last_os_error()));
+    }
+    seen.record(coarse_now);
+    if seen.is_dir {
+        synced.directories += 1;
+    } else {
+        synced.files += 1;
+    }
+    Ok(())
+}
+
+fn stat_at(dir: RawFd, name: &CString) -> Result<libc::stat, ErrorCode> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `name` is NUL-terminated; `st` is written by a successful call
+    // before it is read.
+    unsafe {
+        if libc::fstatat(
+            dir,
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        ) != 0
+        {
+            return Err(io_error_code(std::io::Error::last_os_error()));
+        }
+        Ok(st.assume_init())
+    }
+}
+
+fn stat_fd(fd: RawFd) -> Result<libc::stat, ErrorCode> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: as in `stat_at`.
+    unsafe {
+        if libc::fstat(fd, st.as_mut_ptr()) != 0 {
+            return Err(io_error_code(std::io::Error::last_os_error()));
+        }
+        Ok(st.assume_init())
+    }
+}
+
+/// Open the plain name `name` in `dir` to sync it: never a link, and
+/// without blocking on what is not a file or directory (which
+/// [`Seen::new`] then refuses).
+fn open_at(dir: RawFd, name: &CString, backend: &str) -> Result<OwnedFd, ErrorCode> {
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+    // SAFETY: `name` is NUL-terminated and a plain name (no `/`), resolved
+    // in `dir`, a directory descriptor the caller holds.
+    let fd = unsafe { libc::openat(dir, name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io_error_code(std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if !super::descriptors::within_headroom(fd.as_raw_fd()) {
+        super::descriptors::refused(backend, "opening a file to sync it");
+        return Err(ErrorCode::InsufficientMemory);
+    }
+    Ok(fd)
+}
+
+/// The kernel's coarse real-time clock: what it stamps files with.
+fn coarse_clock() -> (i64, i64) {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut now) };
+    (now.tv_sec, now.tv_nsec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// Wait until the coarse clock has passed `path`'s change time, so the
+    /// next sync of it is remembered (a condition, not a guess at time).
+    fn past_change_time(path: &std::path::Path) {
+        let meta = std::fs::metadata(path).unwrap();
+        while coarse_clock() <= (meta.ctime(), meta.ctime_nsec()) {
+            std::thread::yield_now();
+        }
+    }
+
+    fn sync(dir: &std::path::Path, paths: &[&str]) -> (u32, u32) {
+        let dir = std::fs::File::open(dir).unwrap();
+        let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
+        let synced = sync_paths(&dir, &paths, "test").unwrap();
+        (synced.files, synced.directories)
+    }
+
+    #[test]
+    fn a_synced_file_is_not_synced_again_until_it_changes_or_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("a")).unwrap();
+        let file = dir.path().join("a/chunk");
+        std::fs::write(&file, b"bytes").unwrap();
+        past_change_time(&file);
+        past_change_time(&dir.path().join("a"));
+        assert_eq!(sync(dir.path(), &["a/chunk", "a", "."]), (1, 2));
+        assert_eq!(sync(dir.path(), &["a/chunk", "a"]), (0, 0), "remembered");
+
+        // Replaced: same name, same size, a new inode (and a new entry).
+        let tmp = dir.path().join("a/tmp");
+        std::fs::write(&tmp, b"BYTES").unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+        assert_eq!(sync(dir.path(), &["a/chunk", "a"]), (1, 1));
+
+        // Written in place, same size: a new change time.
+        past_change_time(&file);
+        assert_eq!(sync(dir.path(), &["a/chunk"]), (1, 0));
+        assert_eq!(sync(dir.path(), &["a/chunk"]), (0, 0));
+        std::fs::write(&file, b"bytez").unwrap();
+        assert_eq!(sync(dir.path(), &["a/chunk"]), (1, 0));
+    }
+
+    #[test]
+    fn paths_stay_in_the_directory_and_only_files_and_directories_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = dir.path().join("inner");
+        std::fs::create_dir(&inner).unwrap();
+        std::fs::write(dir.path().join("outside"), b"x").unwrap();
+        std::os::unix::fs::symlink("../outside", inner.join("link")).unwrap();
+        let open = std::fs::File::open(&inner).unwrap();
+        let one = |p: &str| sync_paths(&open, &[p.to_owned()], "test").map(drop);
+        assert!(one("../outside").is_err());
+        assert!(one("/etc/passwd").is_err());
+        assert!(one("/passwd").is_err());
+        assert_eq!(one("link"), Err(ErrorCode::Unsupported));
+        assert_eq!(one("missing"), Err(ErrorCode::NoEntry));
+        assert_eq!(one(".."), Err(ErrorCode::Invalid));
+        let too_many = vec![".".to_owned(); MAX_PATHS + 1];
+        assert_eq!(
+            sync_paths(&open, &too_many, "test").map(drop),
+            Err(ErrorCode::Invalid)
+        );
+    }
+}
