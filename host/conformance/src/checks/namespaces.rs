@@ -156,13 +156,13 @@ fn namespace_delete_overwrite(ctx: &Ctx<'_>) -> Outcome {
     ))
 }
 
-fn after(finding: Finding, what: &str, ns: &Namespace<'_>, other: &Namespace<'_>) -> Finding {
+fn after(finding: Finding, what: &str, changed: &Namespace<'_>, reader: &Namespace<'_>) -> Finding {
     match finding {
         Finding::Violated(why) => violated(format!(
             "after {what} it in namespace {:?}, namespace {:?}: {why}",
-            ns.namespace, other.namespace
+            changed.namespace, reader.namespace
         )),
-        other => other,
+        not_applicable => not_applicable,
     }
 }
 
@@ -431,7 +431,7 @@ impl Keys {
 fn in_namespace(finding: Finding, ns: &Namespace<'_>) -> Finding {
     match finding {
         Finding::Violated(why) => violated(format!("namespace {:?}: {why}", ns.namespace)),
-        other => other,
+        not_applicable => not_applicable,
     }
 }
 
