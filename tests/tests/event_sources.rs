@@ -646,6 +646,8 @@ async fn kvwasm_serve_indexes_every_chunk_the_shim_stores() {
         assert_eq!(
             answer,
             serde_json::json!({"scores": {"1": {"0": BLOCK_SIZE}}, "frequencies": [],
+                               "instances": {"1": {"longest_matched": BLOCK_SIZE, "gpu": BLOCK_SIZE,
+                                   "dp": {"0": BLOCK_SIZE}, "cpu": BLOCK_SIZE, "disk": BLOCK_SIZE}},
                                "tree_sizes": {"1": {"0": distinct}}}),
             "{hash}"
         );

@@ -81,7 +81,8 @@ fn guest_answers_like_the_native_core() {
         404
     );
     // Token arrays the host's `hash-token-json` refuses: the guest answers
-    // through its own parser, with the native body of each error.
+    // through its own parser, with the native body of each error (valid
+    // JSON of the wrong shape: 422, as Dynamo).
     let too_long = vec![1u32; kvwasm_kv_indexer_core::MAX_TOKEN_IDS + 1];
     for tokens in [
         json!([1, 2, "]"]),
@@ -93,7 +94,7 @@ fn guest_answers_like_the_native_core() {
         let body = json!({"token_ids": tokens, "model_name": events::MODEL}).to_string();
         assert_eq!(
             both(&guest, &mut native, "POST", "/query", body.as_bytes()).0,
-            400
+            422
         );
     }
     let unterminated = format!(r#"{{"model_name": "{}", "token_ids": [1, 2"#, events::MODEL);

@@ -9,10 +9,26 @@ pub const SEED: u64 = 1337;
 
 /// The seed for blocks computed with `lora_name`: [`SEED`] plus the
 /// adapter's own hash, so the same tokens under two adapters never match.
+/// An empty name is no adapter, as in Dynamo (its `compute_salt_hash`):
+/// publishers and clients that send `""` for "none" still meet the base
+/// model's blocks.
 pub fn seed_for(lora_name: Option<&str>) -> u64 {
     match lora_name {
-        Some(name) => SEED.wrapping_add(xxh3_64(name.as_bytes())),
-        None => SEED,
+        Some(name) if !name.is_empty() => SEED.wrapping_add(xxh3_64(name.as_bytes())),
+        _ => SEED,
+    }
+}
+
+/// The seed of a `/query`: [`seed_for`] its adapter, plus the hash of its
+/// `cache_salt` when one is given (not empty), as Dynamo 1.6.1's
+/// `compute_salt_hash` mixes it (xxh3-64 of the salt with seed 1, so a salt
+/// never collides with an adapter of the same name).
+pub fn query_seed(lora_name: Option<&str>, cache_salt: Option<&str>) -> u64 {
+    match cache_salt {
+        Some(salt) if !salt.is_empty() => {
+            seed_for(lora_name).wrapping_add(xxh3_64_with_seed(salt.as_bytes(), 1))
+        }
+        _ => seed_for(lora_name),
     }
 }
 
@@ -140,11 +156,24 @@ mod tests {
     }
 
     #[test]
+    fn a_cache_salt_is_mixed_into_the_query_seed() {
+        let salt = 1337u64.wrapping_add(xxh3_64_with_seed(b"s", 1));
+        assert_eq!(query_seed(None, Some("s")), salt);
+        assert_eq!(
+            query_seed(Some("a"), Some("s")),
+            seed_for(Some("a")).wrapping_add(xxh3_64_with_seed(b"s", 1))
+        );
+        assert_eq!(query_seed(Some(""), Some("")), 1337, "empty is absent");
+        assert_ne!(query_seed(None, Some("a")), query_seed(Some("a"), None));
+    }
+
+    #[test]
     fn lora_seed_is_1337_plus_the_adapter_hash() {
         let name = "my-adapter";
         let expected = 1337u64.wrapping_add(xxh3_64_with_seed(name.as_bytes(), 0));
         assert_eq!(seed_for(Some(name)), expected);
         assert_eq!(seed_for(None), 1337);
+        assert_eq!(seed_for(Some("")), 1337, "an empty name is no adapter");
         let tokens: Vec<u32> = (0..16).collect();
         let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
         assert_eq!(

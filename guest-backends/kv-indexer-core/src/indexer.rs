@@ -39,7 +39,7 @@ pub struct Counters {
     pub unroutable: u64,
 }
 
-/// The tree of one (model, tenant) and its block size.
+/// The tree of one (model, routing group) and its block size.
 struct Index {
     block_size: u32,
     /// The adapter `/query` hashes with when the request names none.
@@ -60,10 +60,17 @@ impl Index {
 /// A `/register`ed (instance, rank).
 struct Registration {
     endpoint: String,
+    /// The tree: every rank of an instance has the same (Dynamo 1.6.1
+    /// binds an instance to one (model, routing group)).
     key: Key,
+    /// The registration's `tenant_id` ("default" when absent): Dynamo
+    /// 1.6.1 ignores it; kvwasm filters a `/query` that names a tenant by
+    /// it (docs/events.md).
+    tenant: String,
 }
 
-/// (model, tenant)
+/// (model, routing group): one tree each, as Dynamo 1.6.1's
+/// `RoutingPartitionId`.
 type Key = (String, String);
 
 /// The whole indexer: what one guest instance holds.
@@ -78,7 +85,7 @@ pub struct Indexer {
     /// Hashes the tokens of a whole batch at once (the guest's host
     /// import); `None` hashes event by event with `hasher`.
     runs_hasher: Option<RunsHasher>,
-    /// The (model, tenant) of the event being applied (see
+    /// The (model, routing group) of the event being applied (see
     /// [`Indexer::route`]).
     routed: Key,
 }
@@ -176,8 +183,13 @@ impl Indexer {
                 counters.blocks_removed += (before - index.tree.size(worker)) as u64;
                 result.map(|()| true)
             }
+            // The sending rank only: Dynamo keys every worker by (instance,
+            // rank), and a publisher serving several ranks clears each
+            // with its own batch rank.
             EventData::Cleared => {
-                index.tree.remove_worker(event.worker_id, None);
+                index
+                    .tree
+                    .remove_worker(event.worker_id, Some(event.dp_rank));
                 Ok(true)
             }
         };
@@ -190,31 +202,29 @@ impl Indexer {
         }
     }
 
-    /// The index an event belongs to: its own (model, tenant), else the
-    /// registration of its (worker, rank), else any of its worker's (a
-    /// batch's rank may differ from the registered one).
+    /// The index an event belongs to: its worker's registration (all its
+    /// ranks share one tree, so a batch's own rank needs none), else the
+    /// (model, group) the host attributed it to (an unregistered worker:
+    /// a NATS source's `model` and `tenant`, the tenant naming the routing
+    /// group). The registration wins because the host tags a ZMQ source's
+    /// events with the registration's `tenant_id`, which is no tree's name.
     /// Sets `self.routed` to it (its strings reused: no allocation per
     /// event); `false` if there is none.
     fn route(&mut self, event: &Event) -> bool {
-        let (model, tenant) = match &event.model {
-            Some(model) => (model.as_str(), event.tenant.as_deref().unwrap_or("default")),
-            None => {
-                let Some(ranks) = self.workers.get(&event.worker_id) else {
-                    return false;
-                };
-                let Some(registration) =
-                    ranks.get(&event.dp_rank).or_else(|| ranks.values().next())
-                else {
-                    return false;
-                };
-                (registration.key.0.as_str(), registration.key.1.as_str())
-            }
+        let registered = self
+            .workers
+            .get(&event.worker_id)
+            .and_then(|ranks| ranks.values().next());
+        let (model, group) = match (registered, &event.model) {
+            (Some(registration), _) => (registration.key.0.as_str(), registration.key.1.as_str()),
+            (None, Some(model)) => (model.as_str(), event.tenant.as_deref().unwrap_or("default")),
+            (None, None) => return false,
         };
         let routed = &mut self.routed;
         routed.0.clear();
         routed.0.push_str(model);
         routed.1.clear();
-        routed.1.push_str(tenant);
+        routed.1.push_str(group);
         if !self.indexes.contains_key(routed) {
             let EventData::Stored(Stored {
                 block_size: Some(size @ 1..),
@@ -228,7 +238,11 @@ impl Indexer {
         true
     }
 
-    /// Answer one request of the API: (status, JSON body).
+    /// Answer one request of the API: (status, JSON body). A body that is
+    /// not JSON answers 400, JSON of the wrong shape (a missing field, a
+    /// negative token, a hash above 2^64, a wrong type) 422: the codes of
+    /// Dynamo's axum `Json` extractor, which classifies serde_json's errors
+    /// the same way (syntax or end of input, or data).
     pub fn handle(
         &mut self,
         method: &str,
@@ -248,11 +262,10 @@ impl Indexer {
             "/register" => parse(body).and_then(|r| self.register(r)),
             "/unregister" => parse(body).and_then(|r| self.unregister(r)),
             "/workers" => Ok(self.list_workers()),
-            "/query" => self.query_raw(body).map(Ok).unwrap_or_else(|| {
-                QueryRequest::parse(body, token_list)
-                    .map_err(|e| error(400, format!("invalid request body: {e}")))
-                    .and_then(|r| self.query(r))
-            }),
+            "/query" => self
+                .query_raw(body)
+                .map(Ok)
+                .unwrap_or_else(|| self.query(query_request(body)?)),
             "/query_by_hash" => parse(body).and_then(|r| self.query_by_hash(r)),
             "/dump" => Ok(json(200, &self.dump())),
             _ => parse(body).map(|dump| self.restore(dump)),
@@ -260,6 +273,9 @@ impl Indexer {
         result.unwrap_or_else(|e| e)
     }
 
+    /// As Dynamo 1.6.1: 409 when the instance is registered for another
+    /// (model, routing group), when the (instance, rank) is, or when the
+    /// group's tree has another block size.
     fn register(&mut self, req: RegisterRequest) -> Reply {
         for endpoint in std::iter::once(&req.endpoint).chain(&req.replay_endpoint) {
             if !valid_endpoint(endpoint) {
@@ -270,82 +286,117 @@ impl Indexer {
             return Err(error(400, "block_size must be positive".into()));
         }
         let rank = req.dp_rank.unwrap_or(0);
-        let key = (req.model_name, req.tenant_id);
+        let key = (req.model_name, req.routing_group);
+        if let Some(ranks) = self.workers.get(&req.instance_id) {
+            let registered = &ranks.values().next().expect("no empty rank map").key;
+            if *registered != key {
+                return Err(error(
+                    409,
+                    format!(
+                        "instance {} is already registered for model={} routing_group={}",
+                        req.instance_id, registered.0, registered.1
+                    ),
+                ));
+            }
+            if ranks.contains_key(&rank) {
+                return Err(error(
+                    409,
+                    format!(
+                        "instance {} dp_rank {rank} already registered",
+                        req.instance_id
+                    ),
+                ));
+            }
+        }
         if let Some(index) = self.indexes.get(&key)
             && index.block_size != req.block_size
         {
             return Err(error(
                 409,
                 format!(
-                    "block_size mismatch for model={} tenant={}: existing={}, requested={}",
+                    "block_size mismatch for model={} routing_group={}: existing={}, requested={}",
                     key.0, key.1, index.block_size, req.block_size
                 ),
             ));
         }
-        if self
-            .workers
-            .get(&req.instance_id)
-            .is_some_and(|ranks| ranks.contains_key(&rank))
-        {
-            return Err(error(
-                409,
-                format!(
-                    "instance {} dp_rank {rank} already registered",
-                    req.instance_id
-                ),
-            ));
-        }
+        let lora = req.lora_name.filter(|name| !name.is_empty());
         self.indexes
             .entry(key.clone())
-            .or_insert_with(|| Index::new(req.block_size, req.lora_name));
+            .or_insert_with(|| Index::new(req.block_size, lora));
         self.workers.entry(req.instance_id).or_default().insert(
             rank,
             Registration {
                 endpoint: req.endpoint,
                 key,
+                tenant: req.tenant_id.unwrap_or_else(default_group),
             },
         );
         Ok(json(201, &serde_json::json!({"status": "ok"})))
     }
 
-    /// Remove the instance's registrations for the model (one tenant's
-    /// when given, one rank's when given) and their blocks.
+    /// Remove the instance's registrations (one rank's when `dp_rank` is
+    /// given, those of one tenant when `tenant_id` is) and their blocks.
+    /// Its last registration takes every rank's blocks, those of ranks
+    /// only a batch named too, and a tree left without registrations goes
+    /// (`/query` answers 404 for it again), as in Dynamo 1.6.1.
     fn unregister(&mut self, req: UnregisterRequest) -> Reply {
         let id = req.instance_id;
         let Some(ranks) = self.workers.get_mut(&id) else {
             return Err(error(404, format!("instance {id} not found")));
         };
-        let matches = |rank: u32, r: &Registration| {
-            r.key.0 == req.model_name
-                && req.tenant_id.as_ref().is_none_or(|t| *t == r.key.1)
-                && req.dp_rank.is_none_or(|d| d == rank)
-        };
-        let removed: Vec<(u32, Key)> = ranks
+        let key = ranks
+            .values()
+            .next()
+            .expect("no empty rank map")
+            .key
+            .clone();
+        if key.0 != req.model_name || req.routing_group.as_ref().is_some_and(|g| *g != key.1) {
+            return Err(error(
+                404,
+                format!(
+                    "instance {id} is registered for model={} routing_group={}",
+                    key.0, key.1
+                ),
+            ));
+        }
+        let removed: Vec<u32> = ranks
             .iter()
-            .filter(|(rank, r)| matches(**rank, r))
-            .map(|(rank, r)| (*rank, r.key.clone()))
+            .filter(|(rank, r)| {
+                req.dp_rank.is_none_or(|d| d == **rank)
+                    && req.tenant_id.as_ref().is_none_or(|t| *t == r.tenant)
+            })
+            .map(|(rank, _)| *rank)
             .collect();
         if removed.is_empty() {
-            let what = match req.dp_rank {
-                Some(rank) => format!("instance {id} dp_rank {rank} not found"),
-                None => format!("instance {id} not found for model {}", req.model_name),
+            let what = match (req.dp_rank, &req.tenant_id) {
+                (Some(rank), _) => format!("instance {id} dp_rank {rank} not found"),
+                (None, Some(tenant)) => format!("instance {id} not found for tenant {tenant}"),
+                (None, None) => format!("instance {id} not found"),
             };
             return Err(error(404, what));
         }
-        for (rank, _) in &removed {
+        for rank in &removed {
             ranks.remove(rank);
         }
-        let left: Vec<Key> = ranks.values().map(|r| r.key.clone()).collect();
-        if ranks.is_empty() {
+        let last = ranks.is_empty();
+        if last {
             self.workers.remove(&id);
         }
-        for (rank, key) in removed {
-            if let Some(index) = self.indexes.get_mut(&key) {
-                // Ranks never registered (a batch's own rank) go with the
-                // instance's last registration in the tree, as in Dynamo.
-                let all = req.dp_rank.is_none() || !left.contains(&key);
-                index.tree.remove_worker(id, (!all).then_some(rank));
+        if let Some(index) = self.indexes.get_mut(&key) {
+            if last {
+                index.tree.remove_worker(id, None);
+            } else {
+                for rank in removed {
+                    index.tree.remove_worker(id, Some(rank));
+                }
             }
+        }
+        let in_use = self
+            .workers
+            .values()
+            .any(|ranks| ranks.values().any(|r| r.key == key));
+        if !in_use {
+            self.indexes.remove(&key);
         }
         Ok(json(200, &serde_json::json!({"status": "ok"})))
     }
@@ -365,10 +416,15 @@ impl Indexer {
         json(200, &workers)
     }
 
-    fn index(&self, model: &str, tenant: &str) -> Result<&Index, (u16, Vec<u8>)> {
+    fn index(&self, model: &str, group: &str) -> Result<&Index, (u16, Vec<u8>)> {
         self.indexes
-            .get(&(model.to_owned(), tenant.to_owned()))
-            .ok_or_else(|| error(404, format!("no indexer for model={model} tenant={tenant}")))
+            .get(&(model.to_owned(), group.to_owned()))
+            .ok_or_else(|| {
+                error(
+                    404,
+                    format!("no indexer for model={model} routing_group={group}"),
+                )
+            })
     }
 
     /// `/query` through the [`TokenJsonHasher`], if there is one and the
@@ -377,32 +433,94 @@ impl Indexer {
     fn query_raw(&self, body: &[u8]) -> Option<(u16, Vec<u8>)> {
         let hasher = self.json_hasher?;
         let req = QueryRequest::parse(body, raw_token_list).ok()?;
-        let index = self.index(&req.model_name, &req.tenant_id).ok()?;
-        let lora = req.lora_name.as_deref().or(index.lora_name.as_deref());
-        let hashes = hasher(req.token_ids, index.block_size, hash::seed_for(lora)).ok()?;
-        Some(scores(index, &hashes))
+        let index = self.index(&req.model_name, &req.routing_group).ok()?;
+        let hashes = hasher(req.token_ids, index.block_size, req.seed(index)).ok()?;
+        Some(self.scores(index, &hashes, req.tenant_id.as_deref()))
     }
 
     fn query(&self, req: QueryRequest<Vec<u32>>) -> Reply {
-        let tokens = req.token_ids;
-        let index = self.index(&req.model_name, &req.tenant_id)?;
-        let lora = req.lora_name.as_deref().or(index.lora_name.as_deref());
-        let hashes = (self.hasher)(&tokens, index.block_size, hash::seed_for(lora));
-        Ok(scores(index, &hashes))
+        let index = self.index(&req.model_name, &req.routing_group)?;
+        let hashes = (self.hasher)(&req.token_ids, index.block_size, req.seed(index));
+        Ok(self.scores(index, &hashes, req.tenant_id.as_deref()))
     }
 
     fn query_by_hash(&self, req: QueryByHashRequest) -> Reply {
-        let index = self.index(&req.model_name, &req.tenant_id)?;
+        if req.cache_salt.is_some() {
+            return Err(error(
+                400,
+                "cache_salt is not accepted by /query_by_hash; block_hashes must already \
+                 include the intended cache salt"
+                    .into(),
+            ));
+        }
+        let index = self.index(&req.model_name, &req.routing_group)?;
         let hashes: Vec<u64> = req.block_hashes.iter().map(|h| *h as u64).collect();
-        Ok(scores(index, &hashes))
+        Ok(self.scores(index, &hashes, req.tenant_id.as_deref()))
+    }
+
+    /// The tenant a worker was registered with: its rank's registration,
+    /// else (a rank only a batch named) its instance's first; "default"
+    /// for a worker with none (restored from a dump, fed over NATS).
+    fn tenant_of(&self, (id, rank): Worker) -> &str {
+        self.workers
+            .get(&id)
+            .and_then(|ranks| ranks.get(&rank).or_else(|| ranks.values().next()))
+            .map_or("default", |r| r.tenant.as_str())
+    }
+
+    /// The score response: Dynamo 1.6.1's `scores` (matched tokens per
+    /// instance per rank), `frequencies` (empty: no access-time window is
+    /// kept, as in the standalone indexer) and `instances`, plus kvwasm's
+    /// `tree_sizes` (each matched worker's blocks; an extra field a Dynamo
+    /// client ignores). With `tenant`, only the workers registered with
+    /// that `tenant_id` (kvwasm's extension: Dynamo ignores the field).
+    fn scores(&self, index: &Index, hashes: &[u64], tenant: Option<&str>) -> (u16, Vec<u8>) {
+        let mut overlap = index.tree.overlap(hashes);
+        if let Some(tenant) = tenant {
+            overlap.scores.retain(|w, _| self.tenant_of(*w) == tenant);
+            overlap
+                .tree_sizes
+                .retain(|w, _| self.tenant_of(*w) == tenant);
+        }
+        let mut scores: BTreeMap<u64, BTreeMap<u32, u64>> = BTreeMap::new();
+        for ((id, rank), blocks) in overlap.scores {
+            let tokens = u64::from(blocks) * u64::from(index.block_size);
+            scores.entry(id).or_default().insert(rank, tokens);
+        }
+        let mut tree_sizes: BTreeMap<u64, BTreeMap<u32, usize>> = BTreeMap::new();
+        for ((id, rank), size) in overlap.tree_sizes {
+            tree_sizes.entry(id).or_default().insert(rank, size);
+        }
+        let instances = scores
+            .iter()
+            .map(|(id, dp)| {
+                let gpu = dp.values().copied().max().unwrap_or(0);
+                let summary = InstanceOverlap {
+                    longest_matched: gpu,
+                    gpu,
+                    dp,
+                    cpu: gpu,
+                    disk: gpu,
+                };
+                (*id, summary)
+            })
+            .collect();
+        let response = ScoreResponse {
+            scores: &scores,
+            frequencies: [],
+            instances,
+            tree_sizes,
+        };
+        json(200, &response)
     }
 
     /// Every index as Dynamo's `/dump` gives it: a breadth-first list of
-    /// one-block store events per worker per reachable node.
+    /// one-block store events per worker per reachable node, with each
+    /// worker's own engine hashes ([`Tree::walk`]).
     fn dump(&self) -> BTreeMap<String, DumpIndex> {
         self.indexes
             .iter()
-            .map(|((model, tenant), index)| {
+            .map(|((model, group), index)| {
                 let events = index
                     .tree
                     .walk()
@@ -411,13 +529,16 @@ impl Indexer {
                     .map(
                         |(n, ((worker_id, dp_rank), parent, ext, local))| RouterEvent {
                             worker_id,
+                            storage_tier: device_tier(),
                             event: DumpEvent {
                                 event_id: n as u64,
                                 data: DumpData::Stored {
                                     parent_hash: parent,
+                                    start_position: None,
                                     blocks: vec![DumpBlock {
                                         block_hash: ext,
                                         tokens_hash: local,
+                                        mm_extra_info: None,
                                     }],
                                 },
                                 dp_rank,
@@ -429,24 +550,25 @@ impl Indexer {
                     block_size: index.block_size,
                     events,
                 };
-                (format!("{model}:{tenant}"), dump)
+                (format!("{model}:{group}"), dump)
             })
             .collect()
     }
 
-    /// `POST /restore` (a kvwasm extension): the trees become the dump's.
+    /// `POST /restore` (a kvwasm extension): the trees become the dump's,
+    /// its events applied as live ones are (a clear takes its rank only).
     /// Registrations stay; an index registered but absent from the dump
     /// is emptied.
     fn restore(&mut self, dump: BTreeMap<String, DumpIndex>) -> (u16, Vec<u8>) {
         let mut indexes = BTreeMap::new();
         for (name, dumped) in dump {
-            let Some((model, tenant)) = name.split_once(':') else {
-                return error(400, format!("dump key {name:?} is not model:tenant"));
+            let Some((model, group)) = name.split_once(':') else {
+                return error(400, format!("dump key {name:?} is not model:routing_group"));
             };
             if dumped.block_size == 0 {
                 return error(400, format!("{name}: block_size must be positive"));
             }
-            indexes.insert((model.to_owned(), tenant.to_owned()), dumped);
+            indexes.insert((model.to_owned(), group.to_owned()), dumped);
         }
         let mut restored = BTreeMap::new();
         for (key, dumped) in indexes {
@@ -459,6 +581,7 @@ impl Indexer {
                     DumpData::Stored {
                         parent_hash,
                         blocks,
+                        ..
                     } => index.tree.store(
                         worker,
                         parent_hash,
@@ -466,7 +589,7 @@ impl Indexer {
                     ),
                     DumpData::Removed { block_hashes } => index.tree.remove(worker, &block_hashes),
                     DumpData::Cleared => {
-                        index.tree.remove_worker(event.worker_id, None);
+                        index.tree.remove_worker(worker.0, Some(worker.1));
                         Ok(())
                     }
                 };
@@ -572,35 +695,27 @@ fn count_error(counters: &mut Counters, err: ApplyError) {
     }
 }
 
-/// The score response: matched tokens and table sizes per instance per
-/// rank; `frequencies` stays empty, as in the standalone indexer (it
-/// keeps no access-time window).
-fn scores(index: &Index, hashes: &[u64]) -> (u16, Vec<u8>) {
-    let overlap = index.tree.overlap(hashes);
-    let mut scores: BTreeMap<u64, BTreeMap<u32, u64>> = BTreeMap::new();
-    for ((id, rank), blocks) in overlap.scores {
-        let tokens = u64::from(blocks) * u64::from(index.block_size);
-        scores.entry(id).or_default().insert(rank, tokens);
-    }
-    let mut tree_sizes: BTreeMap<u64, BTreeMap<u32, usize>> = BTreeMap::new();
-    for ((id, rank), size) in overlap.tree_sizes {
-        tree_sizes.entry(id).or_default().insert(rank, size);
-    }
-    let response = ScoreResponse {
-        scores,
-        frequencies: [],
-        tree_sizes,
-    };
-    json(200, &response)
+/// `/query` and `/query_by_hash`'s answer, serialised directly (no
+/// `serde_json::Value` in between): `/query` is the hot path.
+#[derive(Serialize)]
+struct ScoreResponse<'a> {
+    scores: &'a BTreeMap<u64, BTreeMap<u32, u64>>,
+    frequencies: [u64; 0],
+    instances: BTreeMap<u64, InstanceOverlap<'a>>,
+    tree_sizes: BTreeMap<u64, BTreeMap<u32, usize>>,
 }
 
-/// Serialised directly (no `serde_json::Value` in between): `/query` is
-/// the hot path.
+/// Dynamo 1.6.1's per-instance summary (Mooncake RFC #1403), in matched
+/// tokens: `dp` per rank, `gpu` the best rank's, `cpu` and `disk`
+/// cumulative through the tiers before them, `longest_matched` the largest.
+/// One tree holds every tier here, so the lower tiers add nothing.
 #[derive(Serialize)]
-struct ScoreResponse {
-    scores: BTreeMap<u64, BTreeMap<u32, u64>>,
-    frequencies: [u64; 0],
-    tree_sizes: BTreeMap<u64, BTreeMap<u32, usize>>,
+struct InstanceOverlap<'a> {
+    longest_matched: u64,
+    gpu: u64,
+    dp: &'a BTreeMap<u32, u64>,
+    cpu: u64,
+    disk: u64,
 }
 
 /// A handler's answer; `Err` carries an error response.
@@ -618,7 +733,41 @@ fn error(status: u16, message: String) -> (u16, Vec<u8>) {
 }
 
 fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, (u16, Vec<u8>)> {
-    serde_json::from_slice(body).map_err(|e| error(400, format!("invalid request body: {e}")))
+    serde_json::from_slice(body).map_err(rejection)
+}
+
+/// A body serde_json refused, answered as axum's `Json` extractor answers
+/// Dynamo's: 422 for valid JSON of the wrong shape, 400 otherwise (its
+/// messages too; the body stays `{"error": …}` as every kvwasm error).
+fn rejection(e: serde_json::Error) -> (u16, Vec<u8>) {
+    match e.classify() {
+        serde_json::error::Category::Data => error(
+            422,
+            format!("Failed to deserialize the JSON body into the target type: {e}"),
+        ),
+        _ => error(
+            400,
+            format!("Failed to parse the request body as JSON: {e}"),
+        ),
+    }
+}
+
+/// A `/query` body: read in place ([`QueryRequest::parse`]); what that
+/// refuses, serde_json reads ([`QueryBody`]), so a refused body gets
+/// serde's answer and status, and a body only serde takes (a struct as a
+/// JSON array) is still answered.
+fn query_request(body: &[u8]) -> Result<QueryRequest<Vec<u32>>, (u16, Vec<u8>)> {
+    QueryRequest::parse(body, token_list).or_else(|_| {
+        let body: QueryBody = parse(body)?;
+        Ok(QueryRequest {
+            token_ids: body.token_ids,
+            model_name: body.model_name,
+            routing_group: body.routing_group,
+            tenant_id: body.tenant_id,
+            lora_name: body.lora_name,
+            cache_salt: body.cache_salt,
+        })
+    })
 }
 
 /// `tcp://host:port` (host may be `*` or a bracketed IPv6 address) or
@@ -639,17 +788,27 @@ fn valid_endpoint(endpoint: &str) -> bool {
     !host.is_empty() && !host.contains(['/', ' ']) && port.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
-fn default_tenant() -> String {
+fn default_group() -> String {
     "default".into()
 }
 
+/// A field Dynamo types as a `String` with a default: absent is `None`,
+/// `null` is refused (422) as there.
+fn present_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    String::deserialize(d).map(Some)
+}
+
+/// Dynamo 1.6.1's `RegisterRequest`, plus kvwasm's `lora_name` (the
+/// adapter a `/query` of the tree hashes with when it names none).
 #[derive(Deserialize)]
 struct RegisterRequest {
     instance_id: u64,
     endpoint: String,
     model_name: String,
-    #[serde(default = "default_tenant", alias = "routing_group")]
-    tenant_id: String,
+    #[serde(default = "default_group")]
+    routing_group: String,
+    #[serde(default, deserialize_with = "present_string")]
+    tenant_id: Option<String>,
     block_size: u32,
     #[serde(default)]
     dp_rank: Option<u32>,
@@ -659,11 +818,15 @@ struct RegisterRequest {
     lora_name: Option<String>,
 }
 
+/// Dynamo 1.6.1's `UnregisterRequest`; `tenant_id` (ignored there)
+/// narrows the removal to that tenant's ranks.
 #[derive(Deserialize)]
 struct UnregisterRequest {
     instance_id: u64,
     model_name: String,
-    #[serde(default, alias = "routing_group")]
+    #[serde(default)]
+    routing_group: Option<String>,
+    #[serde(default)]
     tenant_id: Option<String>,
     #[serde(default)]
     dp_rank: Option<u32>,
@@ -676,9 +839,27 @@ struct UnregisterRequest {
 struct QueryRequest<T> {
     token_ids: T,
     model_name: String,
-    /// `tenant_id` or `routing_group`; "default" when absent.
-    tenant_id: String,
+    /// The tree's group; "default" when absent.
+    routing_group: String,
+    /// Only the workers registered with this tenant, when given.
+    tenant_id: Option<String>,
     lora_name: Option<String>,
+    cache_salt: Option<String>,
+}
+
+/// Dynamo 1.6.1's `QueryRequest` as serde reads it: what
+/// [`QueryRequest::parse`] reads in place, for the bodies it refuses.
+#[derive(Deserialize)]
+struct QueryBody {
+    #[serde(deserialize_with = "bounded::<_, _, MAX_TOKEN_IDS>")]
+    token_ids: Vec<u32>,
+    model_name: String,
+    #[serde(default = "default_group")]
+    routing_group: String,
+    #[serde(default, deserialize_with = "present_string")]
+    tenant_id: Option<String>,
+    lora_name: Option<String>,
+    cache_salt: Option<String>,
 }
 
 /// Reads the token list at a byte index of the body: the value and the
@@ -686,6 +867,13 @@ struct QueryRequest<T> {
 type TokenReader<'a, T> = fn(&'a [u8], usize) -> Result<(T, usize), String>;
 
 impl<'a, T> QueryRequest<T> {
+    /// The seed of its block hashes: its adapter (else the tree's) and
+    /// salt.
+    fn seed(&self, index: &Index) -> u64 {
+        let lora = self.lora_name.as_deref().or(index.lora_name.as_deref());
+        hash::query_seed(lora, self.cache_salt.as_deref())
+    }
+
     /// One pass over the body: `token_ids` by [`token_list`] where it
     /// stands, every other value by serde_json (they are short). Going
     /// through serde for the whole object would scan the token array twice
@@ -698,7 +886,8 @@ impl<'a, T> QueryRequest<T> {
                 Some(_) => Err(format!("duplicate field `{key}`")),
             }
         }
-        let (mut tokens, mut model, mut tenant, mut lora) = (None, None, None, None);
+        let (mut tokens, mut model, mut group, mut tenant, mut lora, mut salt) =
+            (None, None, None, None, None, None);
         let mut i = skip_space(body, 0);
         if body.get(i) != Some(&b'{') {
             return Err("expected a JSON object".into());
@@ -722,10 +911,12 @@ impl<'a, T> QueryRequest<T> {
                         once(&mut tokens, list, "token_ids")?;
                     }
                     "model_name" => once(&mut model, json_value(body, &mut i)?, "model_name")?,
-                    "tenant_id" | "routing_group" => {
-                        once(&mut tenant, json_value(body, &mut i)?, "tenant_id")?
+                    "routing_group" => {
+                        once(&mut group, json_value(body, &mut i)?, "routing_group")?
                     }
+                    "tenant_id" => once(&mut tenant, json_value(body, &mut i)?, "tenant_id")?,
                     "lora_name" => once(&mut lora, json_value(body, &mut i)?, "lora_name")?,
+                    "cache_salt" => once(&mut salt, json_value(body, &mut i)?, "cache_salt")?,
                     _ => {
                         json_value::<serde::de::IgnoredAny>(body, &mut i)?;
                     }
@@ -747,8 +938,10 @@ impl<'a, T> QueryRequest<T> {
         Ok(QueryRequest {
             token_ids: tokens.ok_or("missing field `token_ids`")?,
             model_name: model.ok_or("missing field `model_name`")?,
-            tenant_id: tenant.unwrap_or_else(default_tenant),
+            routing_group: group.unwrap_or_else(default_group),
+            tenant_id: tenant,
             lora_name: lora.flatten(),
+            cache_salt: salt.flatten(),
         })
     }
 }
@@ -765,14 +958,19 @@ fn json_value<'a, T: Deserialize<'a>>(body: &'a [u8], at: &mut usize) -> Result<
     Ok(value)
 }
 
+/// Dynamo 1.6.1's `QueryByHashRequest`.
 #[derive(Deserialize)]
 struct QueryByHashRequest {
     /// Signed, as Dynamo's API takes them; bit-cast to the u64 hashes.
     #[serde(deserialize_with = "bounded::<_, _, MAX_QUERY_BLOCKS>")]
     block_hashes: Vec<i64>,
     model_name: String,
-    #[serde(default = "default_tenant", alias = "routing_group")]
-    tenant_id: String,
+    #[serde(default = "default_group")]
+    routing_group: String,
+    #[serde(default, deserialize_with = "present_string")]
+    tenant_id: Option<String>,
+    /// Refused when given: the hashes must already carry the salt.
+    cache_salt: Option<String>,
 }
 
 /// Index of the first non-whitespace byte of `bytes` at or after `i`.
@@ -932,11 +1130,19 @@ struct DumpIndex {
     events: Vec<RouterEvent>,
 }
 
-/// Dynamo's `RouterEvent`.
+/// Dynamo's `RouterEvent`, with every field 1.6.1 writes, so a dump
+/// reads as its own: `storage_tier` (always the device tier here: one
+/// tree holds every tier), `start_position` and `mm_extra_info` (none).
 #[derive(Serialize, Deserialize)]
 struct RouterEvent {
     worker_id: u64,
+    #[serde(default = "device_tier")]
+    storage_tier: String,
     event: DumpEvent,
+}
+
+fn device_tier() -> String {
+    "device".into()
 }
 
 #[derive(Serialize, Deserialize)]
@@ -952,6 +1158,8 @@ struct DumpEvent {
 enum DumpData {
     Stored {
         parent_hash: Option<u64>,
+        #[serde(default)]
+        start_position: Option<u32>,
         blocks: Vec<DumpBlock>,
     },
     Removed {
@@ -964,6 +1172,8 @@ enum DumpData {
 struct DumpBlock {
     block_hash: u64,
     tokens_hash: u64,
+    #[serde(default)]
+    mm_extra_info: Option<serde_json::Value>,
 }
 
 #[cfg(test)]
@@ -991,18 +1201,27 @@ mod tests {
         .unwrap();
         assert_eq!(q.token_ids, [1, 2]);
         assert_eq!(q.model_name, "m\"n");
-        assert_eq!(q.tenant_id, "tA");
+        assert_eq!((q.routing_group.as_str(), q.tenant_id), ("tA", None));
         assert_eq!(q.lora_name, None);
-        let q = parse(br#"{"model_name":"m","token_ids":[],"lora_name":"a"}"#).unwrap();
+        let q = parse(
+            br#"{"model_name":"m","token_ids":[],"lora_name":"a","tenant_id":"t","cache_salt":"s"}"#,
+        )
+        .unwrap();
         assert_eq!(
-            (q.tenant_id.as_str(), q.lora_name.as_deref()),
-            ("default", Some("a"))
+            (
+                q.routing_group.as_str(),
+                q.tenant_id.as_deref(),
+                q.lora_name.as_deref(),
+                q.cache_salt.as_deref()
+            ),
+            ("default", Some("t"), Some("a"), Some("s"))
         );
         for bad in [
             &br#"{"model_name": "m"}"#[..],
             br#"{"token_ids": []}"#,
             br#"{"token_ids": [], "model_name": "m", "token_ids": []}"#,
-            br#"{"token_ids": [], "model_name": "m", "tenant_id": "a", "routing_group": "b"}"#,
+            br#"{"token_ids": [], "model_name": "m", "tenant_id": null}"#,
+            br#"{"token_ids": [], "model_name": "m", "routing_group": null}"#,
             br#"{"token_ids": [], "model_name": 5}"#,
             br#"{"token_ids": [], "model_name": "m",}"#,
             br#"{"token_ids": [], "model_name": "m"} x"#,

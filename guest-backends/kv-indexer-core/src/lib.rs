@@ -3,11 +3,12 @@
 //! host's benchmark runs it natively as the baseline.
 //!
 //! * [`hash`]: the local block hashes (xxh3-64, seed 1337, LoRA seeds).
-//! * [`tree`]: one radix tree per (model, tenant).
+//! * [`tree`]: one radix tree per (model, routing group).
 //! * [`Indexer`]: registrations, trees, event ingest ([`Indexer::ingest`])
 //!   and the HTTP API as a pure function ([`Indexer::handle`]) with the
-//!   JSON shapes and status codes of interop-facts §4, plus the kvwasm
-//!   extension `POST /restore`.
+//!   JSON shapes and status codes of Dynamo's `dynamo-kv-router` 1.6.1
+//!   (interop-facts §4 and §6), plus kvwasm's extensions (`POST /restore`,
+//!   filtering by `tenant_id`); docs/events.md lists every difference.
 
 pub mod hash;
 mod indexer;
@@ -23,8 +24,8 @@ pub struct Event {
     pub worker_id: u64,
     pub dp_rank: u32,
     pub event_id: u64,
-    /// The (model, tenant) the host attributed the event to; `None` lets
-    /// the indexer pick the tree the worker is registered in.
+    /// The (model, routing group) the host attributed the event to, used
+    /// for a worker the indexer has no registration of.
     pub model: Option<String>,
     pub tenant: Option<String>,
     pub data: EventData,
@@ -35,7 +36,7 @@ pub enum EventData {
     Stored(Stored),
     /// The worker dropped these blocks (engine hashes).
     Removed(Vec<u64>),
-    /// The worker dropped everything (every rank of it, as in Dynamo).
+    /// The worker's rank dropped everything (that rank only, as in Dynamo).
     Cleared,
 }
 

@@ -126,7 +126,12 @@ impl Table {
     }
 
     pub(crate) fn values(&self) -> impl Iterator<Item = u32> + '_ {
-        self.slots.iter().map(|s| s.1).filter(|&v| v != EMPTY)
+        self.iter().map(|(_, v)| v)
+    }
+
+    /// Every (key, value).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.slots.iter().copied().filter(|s| s.1 != EMPTY)
     }
 
     fn home(&self, key: u64) -> usize {
@@ -175,6 +180,11 @@ mod tests {
             values.sort_unstable();
             expected.sort_unstable();
             prop_assert_eq!(values, expected);
+            let mut entries: Vec<(u64, u32)> = table.iter().collect();
+            let mut expected: Vec<(u64, u32)> = model.into_iter().collect();
+            entries.sort_unstable();
+            expected.sort_unstable();
+            prop_assert_eq!(entries, expected);
         }
     }
 }

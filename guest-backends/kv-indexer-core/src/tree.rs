@@ -51,8 +51,8 @@ struct Node {
     parent: NodeId,
     /// Key under the parent.
     local: u64,
-    /// The engine hash of the worker that created the node (the dump's
-    /// `block_hash`).
+    /// The engine hash of the worker that created the node: a dump's
+    /// parent hash for a worker that no longer holds the parent.
     ext: u64,
     children: Children,
     /// Interned indices of the workers holding the block.
@@ -341,17 +341,40 @@ impl Tree {
         self.workers.iter().map(|(_, table)| table.len()).sum()
     }
 
-    /// The reachable tree, breadth first: (worker, parent's engine hash,
-    /// engine hash, local hash) per worker per node, parents before
-    /// children, as Dynamo's dump lists them.
+    /// The reachable tree, breadth first, parents before children, as
+    /// Dynamo's dump lists it: one (worker, parent's engine hash, engine
+    /// hash, local hash) per entry of a worker's table whose node is
+    /// reachable and held by it. The engine hashes are that worker's own
+    /// (its parent's too, when it holds the parent): engines that hash the
+    /// same content differently (vLLM's xxhash option, an unset
+    /// PYTHONHASHSEED) each get their own mapping back when the dump is
+    /// replayed, so their later removals still find their blocks. Dynamo
+    /// 1.6.1 dumps one engine hash per node (its first worker's).
     pub fn walk(&self) -> Vec<(Worker, Option<u64>, u64, u64)> {
+        // (interned worker, node) → the worker's engine hashes of the node
+        // (one, unless it stored the same content under two hashes).
+        let mut own: HashMap<(u32, NodeId), Vec<u64>, Fold> = HashMap::default();
+        for (w, (_, table)) in self.workers.iter().enumerate() {
+            for (ext, node) in table.iter() {
+                own.entry((w as u32, node)).or_default().push(ext);
+            }
+        }
+        own.values_mut().for_each(|exts| exts.sort_unstable());
         let mut out = Vec::new();
         let mut queue = std::collections::VecDeque::from(self.nodes[0].children.ids());
         while let Some(id) = queue.pop_front() {
             let node = &self.nodes[id as usize];
-            let parent = (node.parent != ROOT).then(|| self.nodes[node.parent as usize].ext);
             for &w in node.workers.as_slice() {
-                out.push((self.workers[w as usize].0, parent, node.ext, node.local));
+                // A parent this worker no longer holds keeps the node's own
+                // hash, as Dynamo's dump gives it.
+                let parent = (node.parent != ROOT).then(|| {
+                    own.get(&(w, node.parent))
+                        .map_or(self.nodes[node.parent as usize].ext, |exts| exts[0])
+                });
+                let worker = self.workers[w as usize].0;
+                for &ext in own.get(&(w, id)).map_or(&[][..], Vec::as_slice) {
+                    out.push((worker, parent, ext, node.local));
+                }
             }
             queue.extend(node.children.ids());
         }
