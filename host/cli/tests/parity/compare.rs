@@ -292,8 +292,13 @@ fn describe_dump_difference(
 /// Wait until every service has applied every stream up to its marker
 /// (`markers`: (instance, rank, marker prompt)), nudging the publishers
 /// so that an indexer that subscribed after the last message asks for the
-/// replay. Panics after [`PATIENCE`] with what each service answers.
-pub fn settle(world: &World, services: &[&Service], publishers: &[&Publisher], markers: &[(u64, u32, usize)]) {
+/// replay. After [`PATIENCE`], `Err` with what each service answers.
+pub fn settle(
+    world: &World,
+    services: &[&Service],
+    publishers: &[&Publisher],
+    markers: &[(u64, u32, usize)],
+) -> Result<(), String> {
     let started = Instant::now();
     loop {
         let mut waiting = Vec::new();
@@ -308,23 +313,26 @@ pub fn settle(world: &World, services: &[&Service], publishers: &[&Publisher], m
                 );
                 let score = &answer["scores"][instance.to_string()][rank.to_string()];
                 if status != 200 || score.as_u64() != Some(u64::from(model.block_size)) {
-                    waiting.push(format!("{} on {instance}/{rank}: {status} {answer}", service.name));
+                    waiting.push(format!(
+                        "{} on {instance}/{rank}: {status} {answer}",
+                        service.name
+                    ));
                 }
             }
         }
         if waiting.is_empty() {
-            return;
+            return Ok(());
         }
         if started.elapsed() > PATIENCE {
             let logs: Vec<String> = services
                 .iter()
-                .map(|s| format!("--- {} stderr:\n{}", s.name, s.log()))
+                .map(|s| format!("--- {} stderr:\n{}{}", s.name, s.log(), s.source_counters()))
                 .collect();
-            panic!(
+            return Err(format!(
                 "after {PATIENCE:?}, still waiting for the streams' last batches:\n{}\n{}",
                 waiting.join("\n"),
                 logs.join("\n")
-            );
+            ));
         }
         for publisher in publishers {
             publisher.nudge();

@@ -191,16 +191,29 @@ impl Scenario {
 
     /// Wait until `services` have applied every stream up to its marker.
     pub fn settle(&self, services: &[&Service]) {
-        let publishers: Vec<&Publisher> = self.publishers.iter().collect();
-        compare::settle(&self.world, services, &publishers, &self.markers);
+        if let Err(stuck) = self.try_settle(services) {
+            panic!("{stuck}");
+        }
     }
 
-    /// End the streams, wait for `reference` and `subjects`, compare.
+    fn try_settle(&self, services: &[&Service]) -> Result<(), String> {
+        let publishers: Vec<&Publisher> = self.publishers.iter().collect();
+        compare::settle(&self.world, services, &publishers, &self.markers)
+    }
+
+    /// End the streams, wait for `reference` and `subjects`, compare. A
+    /// side that never applies its streams fails with the comparison too
+    /// (which answers differ, and who is wrong).
     pub fn checkpoint(&mut self, what: &str, reference: &Service, subjects: &[&Service]) {
         self.end_streams();
         let mut all = vec![reference];
         all.extend_from_slice(subjects);
-        self.settle(&all);
+        if let Err(stuck) = self.try_settle(&all) {
+            let mut report = Report::default();
+            compare::compare_all(&self.world, reference, subjects, &mut report);
+            report.mismatches.insert(0, stuck);
+            report.assert_clean(what);
+        }
         self.compare(what, reference, subjects);
     }
 

@@ -196,6 +196,25 @@ impl Service {
             .map_or(0, |value| value.trim().parse().unwrap())
     }
 
+    /// kvwasm's per-source and per-guest counters (for failure messages;
+    /// empty for Dynamo).
+    pub fn source_counters(&self) -> String {
+        if self.kind != Kind::Kvwasm {
+            return String::new();
+        }
+        match self.call("GET", "/metrics", None) {
+            (200, Value::String(text)) => text
+                .lines()
+                .filter(|l| {
+                    (l.starts_with("kvwasm_source_") || l.starts_with("kvwasm_serve_"))
+                        && !l.ends_with(" 0")
+                })
+                .map(|l| format!("\n{l}"))
+                .collect(),
+            (status, answer) => format!("\n/metrics: {status} {answer}"),
+        }
+    }
+
     /// SIGKILL: no shutdown, no flush.
     pub fn kill9(mut self) {
         self.child.kill().unwrap();

@@ -286,15 +286,38 @@ impl World {
         }
     }
 
+    /// A removal of one to three blocks the rank holds, each a leaf of
+    /// what it holds at that point (no held block has it as parent), as
+    /// vLLM evicts: a freed request's blocks join the free queue tail
+    /// first. Dynamo's tree does not define what a rank holds below a
+    /// removed block (a removal inside a compressed edge drops the rest of
+    /// the edge for the rank, not its descendants), so the truth stays
+    /// decidable only this way.
     fn removal(&mut self, worker: (u64, u32)) -> Event {
-        let held: Vec<u64> = self.held[&worker].iter().copied().collect();
-        let count = self.rng.range(1, 4).min(held.len() as u64);
+        let mut held = self.held[&worker].clone();
+        let mut children: HashMap<u64, usize> = HashMap::new();
+        for hash in &held {
+            if let Some(parent) = self.blocks[hash].parent {
+                *children.entry(parent).or_default() += 1;
+            }
+        }
+        let count = self.rng.range(1, 4);
         let mut hashes = Vec::new();
         for _ in 0..count {
-            let hash = held[self.pick(held.len())];
-            if !hashes.contains(&hash) {
-                hashes.push(hash);
+            let leaves: Vec<u64> = held
+                .iter()
+                .copied()
+                .filter(|h| children.get(h).is_none_or(|&n| n == 0))
+                .collect();
+            if leaves.is_empty() {
+                break;
             }
+            let hash = leaves[self.pick(leaves.len())];
+            held.remove(&hash);
+            if let Some(parent) = self.blocks[&hash].parent {
+                *children.get_mut(&parent).unwrap() -= 1;
+            }
+            hashes.push(hash);
         }
         Event::Removed { hashes }
     }
