@@ -401,6 +401,9 @@ impl Indexer {
         Ok(json(200, &serde_json::json!({"status": "ok"})))
     }
 
+    /// Each instance with Dynamo 1.6.1's `instance_id`, `model_name`,
+    /// `routing_group`, `block_size` and `endpoints` (its listener state
+    /// lives in the host).
     fn list_workers(&self) -> (u16, Vec<u8>) {
         let workers: Vec<_> = self
             .workers
@@ -410,7 +413,13 @@ impl Indexer {
                     .iter()
                     .map(|(rank, r)| (*rank, r.endpoint.as_str()))
                     .collect();
-                serde_json::json!({"instance_id": id, "endpoints": endpoints})
+                let (model, group) = &ranks.values().next().expect("no empty rank map").key;
+                let block_size = self
+                    .indexes
+                    .get(&(model.clone(), group.clone()))
+                    .map(|i| i.block_size);
+                serde_json::json!({"instance_id": id, "model_name": model, "routing_group": group,
+                    "block_size": block_size, "endpoints": endpoints})
             })
             .collect();
         json(200, &workers)

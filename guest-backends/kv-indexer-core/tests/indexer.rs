@@ -779,7 +779,8 @@ fn status_codes_and_error_bodies() {
         (status, workers),
         (
             200,
-            json!([{"instance_id": 1, "endpoints": {"0": "tcp://10.0.0.1:5557"}}])
+            json!([{"instance_id": 1, "model_name": "m", "routing_group": "default",
+                    "block_size": 16, "endpoints": {"0": "tcp://10.0.0.1:5557"}}])
         )
     );
     let (status, body) = call(
