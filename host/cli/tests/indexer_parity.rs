@@ -41,7 +41,11 @@ fn same_answers_as_dynamo_on_multi_rank_vllm_streams() {
     scenario.restart_publisher(0, &[&dynamo, &kvwasm]);
     scenario.restart_publisher(3, &[&dynamo, &kvwasm]);
     scenario.publish(300);
-    scenario.checkpoint("after two publisher restarts and 300 more batches", &dynamo, &[&kvwasm]);
+    scenario.checkpoint(
+        "after two publisher restarts and 300 more batches",
+        &dynamo,
+        &[&kvwasm],
+    );
 }
 
 /// Distinct models and instances per generated case: the two indexers are
@@ -139,8 +143,15 @@ fn after_kill_9_mid_stream_recovered_by_replay_and_by_peers_the_same_answers_as_
 
     // And Dynamo itself, restarted from a kvwasm replica's /dump, answers
     // as the Dynamo that followed the stream.
-    let restored = Service::dynamo("Dynamo 1.6.1 (recovered from kvwasm's /dump)", &[&replica.url]);
-    scenario.compare("Dynamo recovered from kvwasm's /dump", &dynamo, &[&restored]);
+    let restored = Service::dynamo(
+        "Dynamo 1.6.1 (recovered from kvwasm's /dump)",
+        &[&replica.url],
+    );
+    scenario.compare(
+        "Dynamo recovered from kvwasm's /dump",
+        &dynamo,
+        &[&restored],
+    );
 }
 
 #[test]
@@ -175,7 +186,10 @@ fn nats_only_workers_registered_without_endpoints_get_every_event() {
     let dynamo = Service::dynamo("Dynamo 1.6.1 (over ZMQ)", &[]);
     let kvwasm = Service::kvwasm(
         "kvwasm (over NATS only)",
-        &format!("[[serve.nats]]\nurl = {:?}\nsubjects = [{subject:?}]\n", nats.url()),
+        &format!(
+            "[[serve.nats]]\nurl = {:?}\nsubjects = [{subject:?}]\n",
+            nats.url()
+        ),
     );
     let mut scenario = Scenario::new(World::new(38, "", 71, 16));
     scenario.register(&dynamo);

@@ -62,10 +62,15 @@ pub fn normalise_dump(dump: &Value, keys: &[String]) -> BTreeMap<String, DumpKey
             continue;
         }
         let mut normalised = DumpKey {
-            block_size: entry["block_size"].as_u64().unwrap_or_else(|| panic!("{entry}")),
+            block_size: entry["block_size"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{entry}")),
             blocks: BTreeSet::new(),
         };
-        for event in entry["events"].as_array().unwrap_or_else(|| panic!("{entry}")) {
+        for event in entry["events"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{entry}"))
+        {
             let worker = bits(&event["worker_id"]).unwrap_or_else(|| panic!("{event}"));
             let inner = &event["event"];
             let rank = inner.get("dp_rank").and_then(bits).unwrap_or(0);
@@ -152,10 +157,21 @@ impl Report {
 }
 
 /// Which side the truth says is wrong, for a failure message.
-fn verdict(reference: &Service, subject: &Service, reference_right: bool, subject_right: bool) -> String {
+fn verdict(
+    reference: &Service,
+    subject: &Service,
+    reference_right: bool,
+    subject_right: bool,
+) -> String {
     match (reference_right, subject_right) {
-        (true, false) => format!("{} is wrong (the ground truth agrees with {})", subject.name, reference.name),
-        (false, true) => format!("{} is wrong (the ground truth agrees with {})", reference.name, subject.name),
+        (true, false) => format!(
+            "{} is wrong (the ground truth agrees with {})",
+            subject.name, reference.name
+        ),
+        (false, true) => format!(
+            "{} is wrong (the ground truth agrees with {})",
+            reference.name, subject.name
+        ),
         (false, false) => "both are wrong".to_owned(),
         (true, true) => "both give the true scores; they differ in other fields".to_owned(),
     }
@@ -180,7 +196,11 @@ pub fn compare_all(world: &World, reference: &Service, subjects: &[&Service], re
             let truth = world.scores(prompt.model, engine);
             // A partial tail block: hashed by neither side.
             let tail = prompt.tokens.get(cut * size).copied().into_iter();
-            let tokens: Vec<u32> = prompt.tokens[..cut * size].iter().copied().chain(tail).collect();
+            let tokens: Vec<u32> = prompt.tokens[..cut * size]
+                .iter()
+                .copied()
+                .chain(tail)
+                .collect();
             let mut bodies = vec![json!({"token_ids": tokens, "model_name": model.name,
                                          "lora_name": prompt.lora_name})];
             // An empty adapter name is no adapter: the other spelling too.

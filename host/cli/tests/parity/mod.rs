@@ -110,7 +110,10 @@ impl Scenario {
         let (client, subject) = (nats.client.clone(), nats.subject.clone());
         self.runtime.block_on(async {
             for payload in payloads {
-                client.publish(subject.clone(), payload.into()).await.unwrap();
+                client
+                    .publish(subject.clone(), payload.into())
+                    .await
+                    .unwrap();
             }
             client.flush().await.unwrap();
         });
@@ -235,8 +238,10 @@ impl Scenario {
                 200,
                 "POST",
                 "/unregister",
-                Some(&json!({"instance_id": feed.instance, "dp_rank": feed.registered_rank,
-                             "model_name": model.name, "routing_group": "default"})),
+                Some(
+                    &json!({"instance_id": feed.instance, "dp_rank": feed.registered_rank,
+                             "model_name": model.name, "routing_group": "default"}),
+                ),
             );
         }
         self.world.unregister(f);
@@ -245,8 +250,10 @@ impl Scenario {
         // The old one's task closes its sockets; the new one binds the
         // ports once they are free.
         drop(self.publishers.remove(f));
-        self.publishers
-            .insert(f, Publisher::start_at(&self.runtime, &endpoint, &replay_endpoint));
+        self.publishers.insert(
+            f,
+            Publisher::start_at(&self.runtime, &endpoint, &replay_endpoint),
+        );
         for service in services {
             self.register_feed(service, f);
         }

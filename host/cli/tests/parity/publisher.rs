@@ -203,9 +203,7 @@ pub fn encode(batch: &Batch) -> Vec<u8> {
                 ("medium".into(), "GPU".into()),
                 (
                     "lora_name".into(),
-                    lora_name
-                        .as_deref()
-                        .map_or(Value::Nil, Value::from),
+                    lora_name.as_deref().map_or(Value::Nil, Value::from),
                 ),
             ]),
             Event::Removed {

@@ -257,7 +257,9 @@ impl World {
     fn store(&mut self, f: usize, worker: (u64, u32)) -> Event {
         let model = self.feeds[f].model;
         let candidates: Vec<usize> = (0..self.prompts.len())
-            .filter(|&p| self.prompts[p].model == model && self.prompts[p].tokens[0] < MARKER_TOKENS)
+            .filter(|&p| {
+                self.prompts[p].model == model && self.prompts[p].tokens[0] < MARKER_TOKENS
+            })
             .collect();
         let p = candidates[self.pick(candidates.len())];
         let held = self.held.entry(worker).or_default();
