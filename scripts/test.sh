@@ -10,6 +10,11 @@ bash scripts/test-servers.sh
 # (~12 min on an empty cache, 2 cores; a no-op afterwards).
 bash scripts/llama-build.sh >/dev/null
 bash scripts/llama-build.sh --server >/dev/null # tests/tests/llama_server.rs (examples/llama-server)
+# Dynamo's standalone indexer (dynamo-kv-router 1.6.1), the oracle of
+# host/cli/tests/indexer_parity.rs, built once into the tool cache
+# (~15 min on an empty cache, 2 cores; a no-op afterwards).
+KVWASM_DYNAMO_ORACLE=$(bash scripts/dynamo-oracle.sh)
+export KVWASM_DYNAMO_ORACLE
 
 step() { printf '\n== %s\n' "$*"; }
 
