@@ -26,6 +26,7 @@ const TEST_GUESTS: &[(&str, &str)] = &[
     ("kvwasm-guest-buffered", "BUFFERED"),
     ("kvwasm-vendor-starter", "VENDOR_STARTER"),
     ("kvwasm-advisor-hostile", "HOSTILE_ADVISOR"),
+    ("kvwasm-subscriber-hostile", "HOSTILE_SUBSCRIBER"),
 ];
 
 fn main() {
