@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use common::{Harness, wait_for};
-use kvwasm_host::subscriber::{Event, EventData, SourceKind};
+use kvwasm_host::subscriber::{BlocksStored, Event, EventData, SourceKind};
 
 mod common;
 
@@ -23,16 +23,25 @@ fn hostile(name: &str, limits: &str) -> Harness {
     h
 }
 
-/// An event the hostile guest panics on.
+/// An event the hostile guest panics on (a store naming its model and
+/// block size: the host hands it over without a registration).
 fn poison() -> Vec<Event> {
     vec![Event {
         worker_id: 666,
         dp_rank: 0,
         event_id: 1,
         source: SourceKind::Zmq,
-        model: None,
+        model: Some("m".into()),
         tenant: None,
-        data: EventData::Cleared,
+        data: EventData::Stored(BlocksStored {
+            block_hashes: vec![1],
+            parent_hash: None,
+            token_ids: Vec::new(),
+            tokens_hashes: Vec::new(),
+            block_size: Some(16),
+            lora_name: None,
+            tier: None,
+        }),
     }]
 }
 
