@@ -27,6 +27,7 @@ const TEST_GUESTS: &[(&str, &str)] = &[
     ("kvwasm-guest-buffered", "BUFFERED"),
     ("kvwasm-guest-namespace-blind", "NAMESPACE_BLIND"),
     ("kvwasm-advisor-hostile", "HOSTILE_ADVISOR"),
+    ("kvwasm-subscriber-hostile", "HOSTILE_SUBSCRIBER"),
 ];
 
 /// The vendor starter is a project of its own, as `kvwasm new` writes it

@@ -299,6 +299,7 @@ async fn nats_router_events_and_kvbm_batches_survive_a_server_restart() {
             subjects: Vec::new(),
             model: Some("m".into()),
             tenant: None,
+            block_size: None,
         },
         tx,
     );

@@ -59,7 +59,8 @@ impl Index {
 
 /// A `/register`ed (instance, rank).
 struct Registration {
-    endpoint: String,
+    /// None for a worker whose events come over NATS.
+    endpoint: Option<String>,
     /// The tree: every rank of an instance has the same (Dynamo 1.6.1
     /// binds an instance to one (model, routing group)).
     key: Key,
@@ -277,7 +278,7 @@ impl Indexer {
     /// (model, routing group), when the (instance, rank) is, or when the
     /// group's tree has another block size.
     fn register(&mut self, req: RegisterRequest) -> Reply {
-        for endpoint in std::iter::once(&req.endpoint).chain(&req.replay_endpoint) {
+        for endpoint in req.endpoint.iter().chain(&req.replay_endpoint) {
             if !valid_endpoint(endpoint) {
                 return Err(error(400, format!("invalid endpoint {endpoint:?}")));
             }
@@ -409,9 +410,9 @@ impl Indexer {
             .workers
             .iter()
             .map(|(id, ranks)| {
-                let endpoints: BTreeMap<u32, &str> = ranks
+                let endpoints: BTreeMap<u32, Option<&str>> = ranks
                     .iter()
-                    .map(|(rank, r)| (*rank, r.endpoint.as_str()))
+                    .map(|(rank, r)| (*rank, r.endpoint.as_deref()))
                     .collect();
                 let (model, group) = &ranks.values().next().expect("no empty rank map").key;
                 let block_size = self
@@ -812,7 +813,9 @@ fn present_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::
 #[derive(Deserialize)]
 struct RegisterRequest {
     instance_id: u64,
-    endpoint: String,
+    /// kvwasm's extension: optional, for a worker fed over NATS.
+    #[serde(default)]
+    endpoint: Option<String>,
     model_name: String,
     #[serde(default = "default_group")]
     routing_group: String,
@@ -1380,6 +1383,45 @@ mod tests {
         for bad in [&b"[1,2] x"[..], b"[1,-2]", b"", b"[1,2"] {
             assert!(token_json_blocks(bad, 2, 9).is_err());
         }
+    }
+
+    /// A worker fed over NATS has no ZMQ endpoint: it registers without
+    /// one, and its RouterEvents (no model, no block size) are placed by
+    /// that registration.
+    #[test]
+    fn a_worker_registers_without_an_endpoint_and_its_events_are_placed() {
+        use crate::{Event, EventData, Indexer, Stored};
+        let mut indexer = Indexer::default();
+        let register = br#"{"instance_id": 7, "model_name": "m", "block_size": 16}"#;
+        assert_eq!(indexer.handle("POST", "/register", "", register).0, 201);
+        let (status, workers) = indexer.handle("GET", "/workers", "", b"");
+        assert_eq!(status, 200);
+        let workers: serde_json::Value = serde_json::from_slice(&workers).unwrap();
+        assert_eq!(
+            workers,
+            serde_json::json!([{"instance_id": 7, "model_name": "m", "routing_group": "default",
+                "block_size": 16, "endpoints": {"0": null}}])
+        );
+        let stored = Event {
+            worker_id: 7,
+            dp_rank: 0,
+            event_id: 1,
+            model: None,
+            tenant: None,
+            data: EventData::Stored(Stored {
+                block_hashes: vec![100, 101],
+                tokens_hashes: vec![15310707395893867146, 15292316782987903195],
+                ..Stored::default()
+            }),
+        };
+        assert_eq!(indexer.ingest(&[stored]), 0, "placed by the registration");
+        let query = br#"{"token_ids": [0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31], "model_name": "m"}"#;
+        let (status, answer) = indexer.handle("POST", "/query", "", query);
+        let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(
+            (status, &answer["scores"]),
+            (200, &serde_json::json!({"7": {"0": 32}}))
+        );
     }
 
     /// An indexer hashing each batch in one call (the guest's path)

@@ -28,16 +28,21 @@ The [serve] table (unknown keys are errors):
   listen = \"127.0.0.1:8090\"      HTTP listener
   indexer = \"idx\"                the [subscribers.idx] answering the API (exports http-api)
   subscribers = [\"advisor\"]      more [subscribers.NAME] fed the same events
-  queue_events = 65536           events queued per guest; past it new events drop (counted)
+  queue_events = 65536           events queued per guest; a batch that does not fit comes from the log
   batch_events = 1024            events per on-batch call at most
+  pending_events = 65536         held for workers not registered yet, in all; past it dropped (counted)
   max_body_mib = 16              larger request bodies are answered 413
+  max_response_mib = 256         larger guest answers are answered 503
+  held_response_mib = 512        guest answers not yet read by their clients, in all; past it 503
+  max_connections = 256          open client connections at most
+  client_timeout_ms = 10000      a client reading nothing (or sending no request) is dropped
   log_events = 4000000           replay log size; past it the indexer's /dump becomes its base
   peers = [\"http://10.0.0.2:8090\"]  recovery at startup from the first reachable peer's /dump
 
-  [[serve.workers]]              a ZMQ publisher registered at startup, like POST /register
+  [[serve.workers]]              a worker registered at startup, like POST /register
   instance_id = 1
   dp_rank = 0
-  endpoint = \"tcp://127.0.0.1:5557\"
+  endpoint = \"tcp://127.0.0.1:5557\"     optional: none for a worker fed over NATS
   replay_endpoint = \"tcp://127.0.0.1:5558\"   optional
   model_name = \"llama-3-8b\"
   tenant_id = \"default\"
@@ -48,6 +53,7 @@ The [serve] table (unknown keys are errors):
   subjects = [\"kvbm.events\"]     default: namespace.*.component.*.kv-events and kvbm.events
   model = \"llama-3-8b\"           optional: attribute its events to this (model, tenant)
   tenant = \"default\"
+  block_size = 16                optional, with model: its events need no registration
 
 Example:
   [subscribers.idx]

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 
-use crate::{Sink, SourceCounters, SourceHandle, decode_kvbm_event, decode_router_event, deliver};
+use crate::{
+    Event, EventData, Sink, SourceCounters, SourceHandle, decode_kvbm_event, decode_router_event,
+    deliver,
+};
 
 /// The subjects a [`NatsSource`] with none listens on: Dynamo's
 /// RouterEvent and KVBM's batches.
@@ -25,6 +28,10 @@ pub struct NatsSource {
     pub subjects: Vec<String>,
     pub model: Option<String>,
     pub tenant: Option<String>,
+    /// The model's block size, given to stored events that carry none (a
+    /// RouterEvent never does): with `model`, the indexer keeps a tree for
+    /// them without any worker registered.
+    pub block_size: Option<u32>,
 }
 
 /// Longest wait between attempts to reach the server.
@@ -93,7 +100,10 @@ async fn run(source: NatsSource, sink: Sink, counters: Arc<SourceCounters>) {
             decode_router_event(&message.payload, model, tenant)
         };
         match decoded {
-            Ok(events) => {
+            Ok(mut events) => {
+                if let Some(size) = source.block_size {
+                    with_block_size(&mut events, size);
+                }
                 if !deliver(&sink, &counters, events).await {
                     return;
                 }
@@ -102,6 +112,15 @@ async fn run(source: NatsSource, sink: Sink, counters: Arc<SourceCounters>) {
                 SourceCounters::add(&counters.decode_errors, 1);
                 tracing::debug!(subject = %message.subject, "nats source: {e}");
             }
+        }
+    }
+}
+
+/// Give `size` to the stored events that carry no block size.
+fn with_block_size(events: &mut [Event], size: u32) {
+    for event in events {
+        if let EventData::Stored(stored) = &mut event.data {
+            stored.block_size.get_or_insert(size);
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Back-off after repeated lost instances: a guest that traps on every
 //! call, or fails every start, would otherwise cost a fresh instantiation
 //! per call. Used by a kv-store handle's pool and by the single-instance
-//! guests, fabrics and subscribers ([`crate::single`]).
+//! guests, fabrics and subscribers ([`crate::single`]), and by `kvwasm
+//! serve` for a subscriber whose rebuilds replay calls that succeed.
 
 use std::time::{Duration, Instant};
 
@@ -14,13 +15,13 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// A back-off that [`Backoff::lost`] started.
-pub(crate) struct Started {
+pub struct Started {
     wait: Duration,
     streak: u32,
 }
 
 impl Started {
-    pub(crate) fn log(&self, label: &str) {
+    pub fn log(&self, label: &str) {
         crate::log_limit::warn(
             ("backoff", label),
             format_args!(
@@ -33,7 +34,7 @@ impl Started {
 }
 
 #[derive(Debug, Default)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     /// Instances lost in a row: to a trap or the deadline in a call, or
     /// failing to start.
     streak: u32,
@@ -48,7 +49,7 @@ pub(crate) struct Backoff {
 impl Backoff {
     /// A call returned (a value or the guest's own error): the instance
     /// is healthy.
-    pub(crate) fn succeeded(&mut self) {
+    pub fn succeeded(&mut self) {
         self.streak = 0;
         self.retry_at = None;
     }
@@ -56,7 +57,7 @@ impl Backoff {
     /// An instance was lost to `why` (in a call, or it failed to start).
     /// Returns the back-off this starts, if any, for [`Started::log`]
     /// (called once the lock around this is released).
-    pub(crate) fn lost(&mut self, why: &KvError) -> Option<Started> {
+    pub fn lost(&mut self, why: &KvError) -> Option<Started> {
         self.streak += 1;
         self.last_loss = crate::log_limit::bounded(why.to_string());
         if self.streak < BACKOFF_AFTER {
@@ -75,13 +76,13 @@ impl Backoff {
 
     /// Whether calls are refused now (what [`Backoff::check`] says, without
     /// the message).
-    pub(crate) fn refusing(&self) -> bool {
+    pub fn refusing(&self) -> bool {
         self.retry_at.is_some_and(|at| at > Instant::now())
     }
 
     /// `Err` while calls are refused, naming the guest as `kind name`
     /// (`backend "disk"`, `fabric "mrdn"`).
-    pub(crate) fn check(&self, kind: &str, name: &str) -> Result<(), KvError> {
+    pub fn check(&self, kind: &str, name: &str) -> Result<(), KvError> {
         match self.retry_at {
             Some(at) if at > Instant::now() => Err(KvError::Unavailable(format!(
                 "{kind} {name:?} lost {} instances in a row (traps, deadlines or failed \

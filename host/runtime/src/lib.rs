@@ -25,7 +25,7 @@
 
 pub mod artifact_cache;
 pub mod backend;
-mod backoff;
+pub mod backoff;
 mod bindings;
 mod block_hash;
 pub mod capabilities;

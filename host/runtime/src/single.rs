@@ -147,7 +147,18 @@ impl<G: GuestKind> OneInstance<G> {
         bytes_out: impl FnOnce(&T) -> usize,
         call: impl FnOnce(&mut Turn<'_, G>) -> Result<T, KvError>,
     ) -> Result<T, KvError> {
-        let deadline = self.deadline();
+        self.operation_by(self.deadline(), bytes_in, bytes_out, call)
+    }
+
+    /// [`OneInstance::operation`] under a deadline the caller set earlier
+    /// (a request that waited for its turn has only the rest of it).
+    pub(crate) fn operation_by<T>(
+        &self,
+        deadline: Deadline,
+        bytes_in: usize,
+        bytes_out: impl FnOnce(&T) -> usize,
+        call: impl FnOnce(&mut Turn<'_, G>) -> Result<T, KvError>,
+    ) -> Result<T, KvError> {
         let backoff = lock(&self.backoff).check(G::KIND, &self.policy.name);
         let result = backoff.and_then(|()| {
             let _gate = self.policy.enter_call(deadline)?;
@@ -195,7 +206,8 @@ impl<G: GuestKind> OneInstance<G> {
         }
     }
 
-    fn deadline(&self) -> Deadline {
+    /// A fresh deadline for one call: the backend's `call_timeout_ms`.
+    pub(crate) fn deadline(&self) -> Deadline {
         Deadline::after_ms(self.policy.limits.call_timeout_ms)
     }
 

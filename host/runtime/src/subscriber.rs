@@ -136,7 +136,20 @@ impl Subscriber {
     /// Ask the guest's API. A guest without `http-api` answers nothing:
     /// [`KvError::NotFound`].
     pub fn handle(&self, request: &Request) -> Result<Response, KvError> {
-        self.guest.operation(
+        self.handle_by(request, self.deadline())
+    }
+
+    /// A fresh deadline for one call (the subscriber's `call_timeout_ms`),
+    /// for a caller that waits before it calls ([`Subscriber::handle_by`]).
+    pub fn deadline(&self) -> Deadline {
+        self.guest.deadline()
+    }
+
+    /// [`Subscriber::handle`] within `deadline`, set when the request came
+    /// in: whatever it waited for before its turn is not added to it.
+    pub fn handle_by(&self, request: &Request, deadline: Deadline) -> Result<Response, KvError> {
+        self.guest.operation_by(
+            deadline,
             0,
             |_| 0,
             |turn| {

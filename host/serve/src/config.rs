@@ -19,16 +19,34 @@ pub struct ServeConfig {
     /// More `[subscribers.NAME]` fed the same events (an advisor, an audit log).
     #[serde(default)]
     pub subscribers: Vec<String>,
-    /// Events waiting for one guest at most; past it new events are dropped
-    /// for that guest (counted), never blocking a source.
+    /// Events waiting for one guest at most; past it new events are taken
+    /// from the replay log instead, never blocking a source.
     #[serde(default = "default_queue_events")]
     pub queue_events: usize,
+    /// Events of workers not registered yet, held (in all) until they are;
+    /// past it new ones are dropped, counted.
+    #[serde(default = "default_pending_events")]
+    pub pending_events: usize,
     /// Events per `on-batch` call at most.
     #[serde(default = "default_batch_events")]
     pub batch_events: usize,
     /// Largest request body, MiB; larger ones are answered 413.
     #[serde(default = "default_max_body_mib")]
     pub max_body_mib: u64,
+    /// Largest guest answer, MiB; a larger one is answered 503 instead.
+    #[serde(default = "default_max_response_mib")]
+    pub max_response_mib: u64,
+    /// Guest answers held for clients that have not read them yet, MiB in
+    /// all; past it a request is answered 503 instead.
+    #[serde(default = "default_held_response_mib")]
+    pub held_response_mib: u64,
+    /// Open client connections at most; more wait to be accepted.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// A client that makes no progress reading an answer, or sends no
+    /// request head, for this long is dropped (with what it held), ms.
+    #[serde(default = "default_client_timeout_ms")]
+    pub client_timeout_ms: u64,
     /// Events the replay log keeps before it is compacted into a `/dump`.
     #[serde(default = "default_log_events")]
     pub log_events: usize,
@@ -51,8 +69,10 @@ pub struct WorkerConfig {
     pub instance_id: u64,
     #[serde(default)]
     pub dp_rank: u32,
-    /// The publisher's ZMQ PUB address.
-    pub endpoint: String,
+    /// The publisher's ZMQ PUB address; none for a worker whose events
+    /// come over NATS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
     /// The publisher's ZMQ ROUTER address, for gap replay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_endpoint: Option<String>,
@@ -76,6 +96,9 @@ pub struct NatsConfig {
     /// indexer attributes events by its registrations.
     pub model: Option<String>,
     pub tenant: Option<String>,
+    /// `model`'s block size: its stored events (a RouterEvent carries
+    /// none) then build the tree without a worker registered.
+    pub block_size: Option<u32>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -84,11 +107,26 @@ fn default_listen() -> SocketAddr {
 fn default_queue_events() -> usize {
     65_536
 }
+fn default_pending_events() -> usize {
+    65_536
+}
 fn default_batch_events() -> usize {
     1_024
 }
 fn default_max_body_mib() -> u64 {
     16
+}
+fn default_max_response_mib() -> u64 {
+    256
+}
+fn default_held_response_mib() -> u64 {
+    512
+}
+fn default_max_connections() -> usize {
+    256
+}
+fn default_client_timeout_ms() -> u64 {
+    10_000
 }
 fn default_log_events() -> usize {
     4_000_000
@@ -116,7 +154,17 @@ impl ServeConfig {
 
     /// Largest request body, bytes.
     pub fn max_body_bytes(&self) -> usize {
-        usize::try_from(self.max_body_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+        mib_to_bytes(self.max_body_mib)
+    }
+
+    /// Largest guest answer, bytes.
+    pub fn max_response_bytes(&self) -> usize {
+        mib_to_bytes(self.max_response_mib)
+    }
+
+    /// Guest answers held for clients in all, bytes.
+    pub fn held_response_bytes(&self) -> usize {
+        mib_to_bytes(self.held_response_mib)
     }
 
     /// Every subscriber guest the service feeds: the indexer first.
@@ -132,12 +180,20 @@ impl ServeConfig {
         for (key, value) in [
             ("queue_events", self.queue_events as u64),
             ("batch_events", self.batch_events as u64),
+            ("pending_events", self.pending_events as u64),
             ("max_body_mib", self.max_body_mib),
             ("log_events", self.log_events as u64),
+            ("max_response_mib", self.max_response_mib),
+            ("held_response_mib", self.held_response_mib),
+            ("max_connections", self.max_connections as u64),
+            ("client_timeout_ms", self.client_timeout_ms),
         ] {
             if value == 0 {
                 return Err(format!("{key} must be at least 1"));
             }
+        }
+        if self.held_response_mib < self.max_response_mib {
+            return Err("held_response_mib must be at least max_response_mib".into());
         }
         let names = self.guest_names();
         for (i, name) in names.iter().enumerate() {
@@ -160,9 +216,19 @@ impl ServeConfig {
                     nats.url
                 ));
             }
+            if nats.block_size == Some(0) {
+                return Err("[[serve.nats]] block_size must be at least 1".into());
+            }
+            if nats.block_size.is_some() && nats.model.is_none() {
+                return Err("[[serve.nats]] block_size needs the `model` it is the size of".into());
+            }
         }
         Ok(())
     }
+}
+
+fn mib_to_bytes(mib: u64) -> usize {
+    usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
 }
 
 #[cfg(test)]
@@ -183,6 +249,11 @@ mod tests {
             (65_536, 1_024, 16, 4_000_000)
         );
         assert_eq!(c.max_body_bytes(), 16 << 20);
+        assert_eq!(
+            (c.max_response_bytes(), c.held_response_bytes()),
+            (256 << 20, 512 << 20)
+        );
+        assert_eq!((c.max_connections, c.client_timeout_ms), (256, 10_000));
         assert!(c.indexer.is_none() && c.peers.is_empty() && c.workers.is_empty());
     }
 
@@ -224,6 +295,11 @@ mod tests {
             ("listen = \"nowhere\"", "invalid socket address"),
             ("queue_events = 0", "queue_events must be at least 1"),
             ("max_body_mib = 0", "max_body_mib must be at least 1"),
+            ("max_connections = 0", "max_connections must be at least 1"),
+            (
+                "max_response_mib = 8\nheld_response_mib = 4",
+                "held_response_mib must be at least max_response_mib",
+            ),
             ("indexer = \"a\"\nsubscribers = [\"a\"]", "named twice"),
             ("peers = [\"10.0.0.2:8090\"]", "not an http:// URL"),
             (
@@ -235,6 +311,10 @@ mod tests {
                 "unknown field `port`",
             ),
             ("[[nats]]\nurl = \"127.0.0.1:4222\"", "not a nats:// URL"),
+            (
+                "[[nats]]\nurl = \"nats://h:1\"\nblock_size = 16",
+                "needs the `model`",
+            ),
         ] {
             let err = parse(text).unwrap_err();
             assert!(err.contains(expected), "{text:?}: {err}");

@@ -2,17 +2,24 @@
 //! std thread per guest calling `on-batch`.
 //!
 //! Sources never wait for a guest: the fan-out only appends to the log and
-//! offers each batch to each queue; a full queue drops the batch for that
-//! guest (counted). Every call into a guest (batches from its thread, API
-//! requests from `spawn_blocking`) goes through its [`GuestCell`], which
-//! first rebuilds a replaced instance from the log.
+//! offers each batch to each queue. A batch that does not fit a guest's
+//! queue (it is full, or the batch is larger than the queue) is deferred:
+//! the guest's thread takes it, and every later batch until it catches up,
+//! from the log instead, in order and in `on-batch` calls of at most
+//! `batch_events`. Only a deferred batch the log no longer holds is lost;
+//! the guest is then marked diverged (`/health`, `/metrics`). Every call
+//! into a guest (batches from its thread, API requests from
+//! `spawn_blocking`) goes through its [`GuestCell`], which first rebuilds a
+//! replaced instance from the log.
 
 use std::collections::HashSet;
 use std::ops::RangeInclusive;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak, mpsc};
 
 use kvwasm_host::KvError;
+use kvwasm_host::backoff::Backoff;
+use kvwasm_host::deadline::Deadline;
 use kvwasm_host::subscriber::{Event, Request, Response, Subscriber};
 
 use crate::log::{Entry, EventLog, RESTORE};
@@ -27,7 +34,10 @@ pub trait Guest: Send + Sync {
     fn on_batch(&self, events: &mut [Event]) -> Result<(), KvError>;
     /// Events shared with the log ([`Subscriber::replay`]).
     fn replay(&self, events: &[Event]) -> Result<(), KvError>;
-    fn handle(&self, request: &Request) -> Result<Response, KvError>;
+    /// Answer `request` within `deadline`.
+    fn handle(&self, request: &Request, deadline: Deadline) -> Result<Response, KvError>;
+    /// A fresh deadline for one call (its `call_timeout_ms`).
+    fn deadline(&self) -> Deadline;
     /// Changes when the instance was replaced by an empty one.
     fn generation(&self) -> u64;
     /// Whether an instance is running ([`Subscriber::is_live`]).
@@ -49,8 +59,11 @@ impl Guest for Subscriber {
     fn replay(&self, events: &[Event]) -> Result<(), KvError> {
         Subscriber::replay(self, events)
     }
-    fn handle(&self, request: &Request) -> Result<Response, KvError> {
-        Subscriber::handle(self, request)
+    fn handle(&self, request: &Request, deadline: Deadline) -> Result<Response, KvError> {
+        Subscriber::handle_by(self, request, deadline)
+    }
+    fn deadline(&self) -> Deadline {
+        Subscriber::deadline(self)
     }
     fn generation(&self) -> u64 {
         Subscriber::generation(self)
@@ -73,13 +86,24 @@ pub struct GuestStats {
     /// Events waiting in its queue.
     pub queued: AtomicUsize,
     pub delivered: AtomicU64,
+    /// Events this guest will never get: deferred, then gone from the log.
     pub dropped: AtomicU64,
+    /// Events that did not fit its queue, taken from the log instead.
+    pub deferred: AtomicU64,
     pub batches: AtomicU64,
     pub batch_errors: AtomicU64,
     pub rebuilds: AtomicU64,
+    /// Back-offs started: 3 instances lost in a row (see [`GuestCell`]).
+    pub backoffs: AtomicU64,
 }
 
 /// One guest, its rebuild state and its counters.
+///
+/// Its own back-off counts the instances lost in a row between calls that
+/// succeed live (a batch delivered, a request answered): the guest's
+/// sandbox cannot, as the rebuild after each loss replays calls that
+/// succeed. While it refuses, nothing is rebuilt (batches wait in the log)
+/// and requests are answered at once.
 pub struct GuestCell {
     guest: Arc<dyn Guest>,
     log: Arc<EventLog>,
@@ -87,7 +111,17 @@ pub struct GuestCell {
     batch_events: usize,
     /// This guest keeps the log bounded by dumping itself (the indexer).
     compacts: bool,
-    state: Mutex<CellState>,
+    /// Held across rebuilds and calls; a request waits for it no longer
+    /// than its own deadline.
+    state: parking_lot::Mutex<CellState>,
+    backoff: Mutex<Backoff>,
+    /// Batches to take from the log rather than the queue (the first did
+    /// not fit), and their events; `None` while the queue carries them.
+    deferred: Mutex<Option<(RangeInclusive<u64>, usize)>>,
+    /// Events were lost to this guest: its state no longer follows the
+    /// sources. An API guest answers nothing but `/restore` (and the
+    /// registrations) until a `/restore` replaces its state.
+    diverged: AtomicBool,
 }
 
 struct CellState {
@@ -118,13 +152,69 @@ impl GuestCell {
             stats: GuestStats::default(),
             batch_events,
             compacts,
-            state: Mutex::new(CellState {
+            state: parking_lot::Mutex::new(CellState {
                 generation: Some(generation),
                 replayed: None,
                 applied: 0,
                 poisoned: HashSet::new(),
                 poisoned_base: None,
             }),
+            deferred: Mutex::default(),
+            diverged: AtomicBool::new(false),
+            backoff: Mutex::default(),
+        }
+    }
+
+    /// An instance was lost (in a live call, or rebuilding).
+    fn lost(&self, why: &KvError) {
+        let started = self.backoff().lost(why);
+        if let Some(started) = started {
+            self.stats.backoffs.fetch_add(1, Relaxed);
+            started.log(&format!("subscriber {:?}", self.name()));
+        }
+    }
+
+    /// Whether a call refused now would be: no rebuild is worth trying.
+    fn backing_off(&self) -> bool {
+        self.backoff().refusing()
+    }
+
+    fn backoff(&self) -> MutexGuard<'_, Backoff> {
+        self.backoff.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether events were lost to this guest (see [`GuestCell::handle`]).
+    pub fn diverged(&self) -> bool {
+        self.diverged.load(Relaxed)
+    }
+
+    /// Take the deferred batches from the log and deliver them; those the
+    /// log no longer holds are lost to this guest, which is marked
+    /// diverged.
+    fn catch_up(&self) {
+        let Some((range, events)) = self
+            .deferred
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return;
+        };
+        match self.log.batches_in(&range) {
+            Some(batches) => self.deliver(&batches),
+            None => {
+                self.stats.dropped.fetch_add(events as u64, Relaxed);
+                self.diverged.store(true, Relaxed);
+                kvwasm_host::log_limit::warn(
+                    ("diverged", self.name()),
+                    format_args!(
+                        "subscriber {:?}: {events} events did not fit its queue and the log no \
+                         longer holds them (log_events); its state has diverged until a \
+                         /restore replaces it",
+                        self.name()
+                    ),
+                );
+            }
         }
     }
 
@@ -132,11 +222,29 @@ impl GuestCell {
         self.guest.name()
     }
 
-    /// Ask the guest's API; an accepted state change is logged for replay.
-    /// Refused while no instance would start: a fresh one would answer
-    /// from an empty state.
+    pub fn serves_http(&self) -> bool {
+        self.guest.serves_http()
+    }
+
+    /// Ask the guest's API within the guest's `call_timeout_ms`, counted
+    /// from now: waiting for other calls (and a rebuild) uses it up, and
+    /// the request is refused when it is gone. An accepted state change is
+    /// logged for replay. Refused while no instance would start (a fresh
+    /// one would answer from an empty state) and while backing off.
     pub fn handle(&self, request: Request) -> Result<Response, KvError> {
-        let mut state = self.lock();
+        let deadline = self.guest.deadline();
+        self.backoff().check("subscriber", self.name())?;
+        if self.diverged() && !is_state_change(&request) {
+            return Err(KvError::Unavailable(format!(
+                "subscriber {:?} lost events (its queue was full and the log no longer held \
+                 them): its answers would be wrong until a POST /restore (a peer's /dump) \
+                 replaces its state",
+                self.name()
+            )));
+        }
+        let Some(mut state) = self.state.try_lock_for(deadline.remaining()) else {
+            return Err(KvError::Timeout(deadline.budget_ms()));
+        };
         if !self.ensure_current(&mut state) {
             return Err(KvError::Unavailable(format!(
                 "subscriber {:?} has no running instance; it is rebuilt from the event log \
@@ -144,12 +252,23 @@ impl GuestCell {
                 self.name()
             )));
         }
-        let response = self.guest.handle(&request);
-        if !self.holds_state(&state) {
-            state.generation = None;
+        if deadline.remaining().is_zero() {
+            return Err(KvError::Timeout(deadline.budget_ms()));
+        }
+        let response = self.guest.handle(&request, deadline);
+        match &response {
+            Ok(_) => self.backoff().succeeded(),
+            Err(e) if !self.holds_state(&state) => {
+                state.generation = None;
+                self.lost(e);
+            }
+            Err(_) => {}
         }
         let response = response?;
         if is_logged(&request, response.status) {
+            if request.path == RESTORE {
+                self.diverged.store(false, Relaxed);
+            }
             self.log.push(Entry::Request(Arc::new(request)));
         }
         Ok(response)
@@ -157,7 +276,7 @@ impl GuestCell {
 
     /// Deliver queued batches (in queue order) in `on-batch` calls of at
     /// most `batch_events` events.
-    fn deliver(&self, items: &[Queued]) {
+    fn deliver(&self, items: &[Batch]) {
         let mut state = self.lock();
         if !self.ensure_current(&mut state) {
             // No instance would start. Every item is in the log: the
@@ -216,8 +335,13 @@ impl GuestCell {
                 ("on-batch failed", self.name()),
                 format_args!("subscriber {:?}: on-batch failed: {e}", self.name()),
             );
-            return self.holds_state(state);
+            let holds = self.holds_state(state);
+            if !holds {
+                self.lost(&e);
+            }
+            return holds;
         }
+        self.backoff().succeeded();
         true
     }
 
@@ -230,18 +354,19 @@ impl GuestCell {
 
     /// Replace the log's oldest events by the guest's own `/dump`.
     fn compact(&self, state: &CellState) {
-        match self.guest.handle(&request("GET", "/dump", Vec::new())) {
-            Ok(r) if r.status == 200 => self.log.compact(r.body, state.applied),
-            Ok(r) => tracing::warn!(
-                "subscriber {:?}: /dump answered {} while compacting the log",
-                self.name(),
-                r.status
-            ),
-            Err(e) => tracing::warn!(
-                "subscriber {:?}: /dump failed while compacting the log: {e}",
+        let dump = request("GET", "/dump", Vec::new());
+        let why = match self.guest.handle(&dump, self.guest.deadline()) {
+            Ok(r) if r.status == 200 => return self.log.compact(r.body, state.applied),
+            Ok(r) => format!("answered {}", r.status),
+            Err(e) => format!("failed: {e}"),
+        };
+        kvwasm_host::log_limit::warn(
+            ("compacting", self.name()),
+            format_args!(
+                "subscriber {:?}: /dump {why} while compacting the log",
                 self.name()
             ),
-        }
+        );
     }
 
     /// If the instance was replaced since the guest's state was built (or
@@ -255,8 +380,9 @@ impl GuestCell {
             if state.generation == Some(generation) {
                 return true;
             }
-            if !self.guest.is_live() && self.guest.backing_off() {
-                // The start would be refused: not worth a snapshot.
+            if self.backing_off() || (!self.guest.is_live() && self.guest.backing_off()) {
+                // The start, or the call after it, would be refused: not
+                // worth a snapshot.
                 state.generation = None;
                 return false;
             }
@@ -273,19 +399,28 @@ impl GuestCell {
                     state.generation = Some(generation);
                     return true;
                 }
-                Rebuilt::Killed(Some(seq)) => {
-                    tracing::warn!(
-                        "subscriber {:?}: log entry {seq} lost the instance again; skipping it",
-                        self.name()
+                Rebuilt::Killed(Some(seq), why) => {
+                    kvwasm_host::log_limit::warn(
+                        ("poisoned log entry", self.name()),
+                        format_args!(
+                            "subscriber {:?}: log entry {seq} lost the instance again; \
+                             skipping it",
+                            self.name()
+                        ),
                     );
+                    self.lost(&why);
                     state.poisoned.insert(seq);
                 }
-                Rebuilt::Killed(None) => {
-                    tracing::warn!(
-                        "subscriber {:?}: restoring the log's base lost the instance again; \
-                         replaying without it",
-                        self.name()
+                Rebuilt::Killed(None, why) => {
+                    kvwasm_host::log_limit::warn(
+                        ("poisoned log base", self.name()),
+                        format_args!(
+                            "subscriber {:?}: restoring the log's base lost the instance \
+                             again; replaying without it",
+                            self.name()
+                        ),
                     );
+                    self.lost(&why);
                     state.poisoned_base = base.map(Arc::downgrade);
                 }
                 Rebuilt::NoInstance => {
@@ -294,9 +429,12 @@ impl GuestCell {
                 }
             }
         }
-        tracing::error!(
-            "subscriber {:?}: gave up rebuilding after {REBUILD_ATTEMPTS} attempts",
-            self.name()
+        kvwasm_host::log_limit::warn(
+            ("rebuild gave up", self.name()),
+            format_args!(
+                "subscriber {:?}: gave up rebuilding after {REBUILD_ATTEMPTS} attempts",
+                self.name()
+            ),
         );
         state.generation = Some(self.guest.generation());
         true
@@ -323,9 +461,9 @@ impl GuestCell {
         );
         // After a failed call: the instance was lost (`Killed`), none would
         // start (`NoInstance`), or the guest refused and lives on (`None`).
-        let gone = || {
+        let gone = |why: KvError| {
             if self.guest.generation() != generation {
-                Some(Rebuilt::Killed(None))
+                Some(Rebuilt::Killed(None, why))
             } else if !self.guest.is_live() {
                 Some(Rebuilt::NoInstance)
             } else {
@@ -335,12 +473,15 @@ impl GuestCell {
         let http = self.guest.serves_http();
         if http && let Some(base) = base {
             let restore = request("POST", RESTORE, base.to_vec());
-            if let Err(e) = self.guest.handle(&restore) {
-                tracing::warn!(
-                    "subscriber {:?}: restoring the log's base: {e}",
-                    self.name()
+            if let Err(e) = self.guest.handle(&restore, self.guest.deadline()) {
+                kvwasm_host::log_limit::warn(
+                    ("restoring the log's base", self.name()),
+                    format_args!(
+                        "subscriber {:?}: restoring the log's base: {e}",
+                        self.name()
+                    ),
                 );
-                if let Some(gone) = gone() {
+                if let Some(gone) = gone(e) {
                     return gone;
                 }
             }
@@ -351,13 +492,15 @@ impl GuestCell {
             .filter(|(seq, _)| !poisoned.contains(seq));
         for (seq, entry) in entries {
             let result = match entry {
-                Entry::Events(events) => self.guest.replay(events),
-                Entry::Request(r) if http => self.guest.handle(r).map(drop),
+                Entry::Events(events) => events
+                    .chunks(self.batch_events)
+                    .try_for_each(|chunk| self.guest.replay(chunk)),
+                Entry::Request(r) if http => self.guest.handle(r, self.guest.deadline()).map(drop),
                 Entry::Request(_) => Ok(()),
             };
-            if result.is_err() {
-                match gone() {
-                    Some(Rebuilt::Killed(_)) => return Rebuilt::Killed(Some(*seq)),
+            if let Err(e) = result {
+                match gone(e) {
+                    Some(Rebuilt::Killed(_, why)) => return Rebuilt::Killed(Some(*seq), why),
                     Some(gone) => return gone,
                     None => {}
                 }
@@ -366,8 +509,8 @@ impl GuestCell {
         Rebuilt::Done
     }
 
-    fn lock(&self) -> MutexGuard<'_, CellState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, CellState> {
+        self.state.lock()
     }
 }
 
@@ -375,18 +518,21 @@ impl GuestCell {
 enum Rebuilt {
     /// Every entry was offered to the instance.
     Done,
-    /// The instance was lost, replaying the entry given (`None`: restoring
-    /// the base).
-    Killed(Option<u64>),
+    /// The instance was lost (why), replaying the entry given (`None`:
+    /// restoring the base).
+    Killed(Option<u64>, KvError),
     /// No instance would start.
     NoInstance,
 }
 
 /// State-changing API calls, replayed into a replaced instance.
 fn is_logged(request: &Request, status: u16) -> bool {
+    is_state_change(request) && (200..300).contains(&status)
+}
+
+fn is_state_change(request: &Request) -> bool {
     request.method == "POST"
         && matches!(request.path.as_str(), "/register" | "/unregister" | RESTORE)
-        && (200..300).contains(&status)
 }
 
 pub(crate) fn request(method: &str, path: &str, body: Vec<u8>) -> Request {
@@ -398,8 +544,15 @@ pub(crate) fn request(method: &str, path: &str, body: Vec<u8>) -> Request {
     }
 }
 
-/// A batch in a guest's queue, with its log sequence number.
-type Queued = (u64, Arc<[Event]>);
+/// An event batch with its log sequence number.
+type Batch = (u64, Arc<[Event]>);
+
+/// What a guest's queue carries.
+pub(crate) enum Queued {
+    Batch(Batch),
+    /// Batches were deferred: take them from the log.
+    FromLog,
+}
 
 /// The queues and the threads draining them.
 pub(crate) struct Feed {
@@ -454,13 +607,30 @@ impl Feed {
         let events: Arc<[Event]> = events.into();
         let seq = self.log.push(Entry::Events(events.clone()));
         for (cell, queue) in self.cells.iter().zip(&self.queues) {
+            // Held while queueing: the guest's thread takes the deferred
+            // range under it, so no batch overtakes one deferred before it.
+            let mut deferred = cell.deferred.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((range, events)) = deferred.as_mut() {
+                *range = *range.start()..=seq;
+                *events += n;
+                cell.stats.deferred.fetch_add(n as u64, Relaxed);
+                continue;
+            }
             let queued = &cell.stats.queued;
             let admitted = queued
                 .fetch_update(Relaxed, Relaxed, |q| {
                     (q + n <= self.queue_events).then_some(q + n)
                 })
                 .is_ok();
-            if !admitted || queue.send((seq, events.clone())).is_err() {
+            let sent = if admitted {
+                queue.send(Queued::Batch((seq, events.clone())))
+            } else {
+                *deferred = Some((seq..=seq, n));
+                cell.stats.deferred.fetch_add(n as u64, Relaxed);
+                queue.send(Queued::FromLog)
+            };
+            if sent.is_err() {
+                // The guest's thread is gone (the service is stopping).
                 if admitted {
                     queued.fetch_sub(n, Relaxed);
                 }
@@ -482,19 +652,29 @@ impl Feed {
 }
 
 /// Take whatever is queued (up to about a batch), deliver it, repeat until
-/// the feed is gone.
+/// the feed is gone. Deferred batches are taken from the log in their turn.
 fn drain(cell: &GuestCell, rx: &mpsc::Receiver<Queued>) {
-    while let Ok(first) = rx.recv() {
-        let mut taken = first.1.len();
-        let mut items = vec![first];
-        while taken < cell.batch_events
-            && let Ok(next) = rx.try_recv()
-        {
-            taken += next.1.len();
-            items.push(next);
+    let mut next = rx.recv().ok();
+    while let Some(first) = next.take() {
+        let mut items = Vec::new();
+        let mut taken = 0;
+        let mut item = Some(first);
+        while let Some(Queued::Batch(batch)) = item {
+            taken += batch.1.len();
+            items.push(batch);
+            item = None;
+            if taken < cell.batch_events {
+                item = rx.try_recv().ok();
+            }
         }
         cell.stats.queued.fetch_sub(taken, Relaxed);
-        cell.deliver(&items);
+        if !items.is_empty() {
+            cell.deliver(&items);
+        }
+        if let Some(Queued::FromLog) = item {
+            cell.catch_up();
+        }
+        next = rx.recv().ok();
     }
 }
 
@@ -509,9 +689,10 @@ pub(crate) mod tests {
 
     /// Keeps the ids of the events it was given and the registrations;
     /// `/dump` and `/restore` move the ids as JSON. Any batch holding an
-    /// event with id `TRAP` loses the instance while `traps` > 0. After a
-    /// loss, the next `failed_starts` calls fail without an instance, as
-    /// when a start traps or calls back off.
+    /// event with id `TRAP` loses the instance while `traps` > 0; so does
+    /// a request with body `trap`, and one with body `hang` waits for
+    /// `hang` first. After a loss, the next `failed_starts` calls fail
+    /// without an instance, as when a start traps or calls back off.
     #[derive(Default)]
     pub(crate) struct Recorder {
         pub state: Mutex<(u64, Vec<u64>, Vec<String>)>,
@@ -526,6 +707,12 @@ pub(crate) mod tests {
         /// No instance is running (after a loss, until a start succeeds).
         pub down: std::sync::atomic::AtomicBool,
         pub gate: Mutex<()>,
+        pub hang: Mutex<()>,
+        /// Requests handled (replays included) and hanging now.
+        pub handled: AtomicUsize,
+        pub hanging: AtomicUsize,
+        /// Each call's deadline; 0: 10 s.
+        pub timeout_ms: AtomicU64,
     }
 
     pub(crate) const TRAP: u64 = 666;
@@ -580,9 +767,15 @@ pub(crate) mod tests {
             s.1.extend(events.iter().map(|e| e.event_id));
             Ok(())
         }
-        fn handle(&self, r: &Request) -> Result<Response, KvError> {
+        fn handle(&self, r: &Request, _deadline: Deadline) -> Result<Response, KvError> {
+            self.handled.fetch_add(1, Relaxed);
             self.start()?;
             let body = String::from_utf8_lossy(&r.body).into_owned();
+            if body == "hang" {
+                self.hanging.fetch_add(1, Relaxed);
+                drop(self.hang.lock().unwrap());
+                self.hanging.fetch_sub(1, Relaxed);
+            }
             if body == "trap" || (r.path == "/restore" && take_one(&self.restore_traps)) {
                 return Err(self.lose());
             }
@@ -608,6 +801,12 @@ pub(crate) mod tests {
                 content_type: None,
                 body: body.into_bytes(),
             })
+        }
+        fn deadline(&self) -> Deadline {
+            match self.timeout_ms.load(Relaxed) {
+                0 => Deadline::after_ms(10_000),
+                ms => Deadline::after_ms(ms),
+            }
         }
         fn generation(&self) -> u64 {
             self.state.lock().unwrap().0
@@ -674,24 +873,91 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn batches_are_merged_up_to_batch_events_and_a_full_queue_drops() {
+    fn batches_are_merged_up_to_batch_events_and_a_full_queue_defers_to_the_log() {
         let guest = Arc::new(Recorder::default());
         let (feed, rx) = Feed::new(vec![guest.clone()], &settings(10, 4, 1000));
-        // Not started: the queue fills up to 10 events, the rest drops.
+        // Not started: the queue fills up to 10 events; the batch that does
+        // not fit, and every one after it (even one that would), are
+        // deferred to the log.
         feed.fan_out(events(0..3));
         feed.fan_out(events(3..9));
         feed.fan_out(events(9..12));
         feed.fan_out(events(12..13));
         let stats = &feed.cells[0].stats;
-        assert_eq!(stats.queued.load(Relaxed), 10);
-        assert_eq!(stats.dropped.load(Relaxed), 3);
+        assert_eq!(stats.queued.load(Relaxed), 9);
+        assert_eq!(stats.deferred.load(Relaxed), 4);
         feed.start(rx).unwrap();
-        wait_for("delivery", || guest.ids().len() == 10);
-        assert_eq!(guest.ids(), [0, 1, 2, 3, 4, 5, 6, 7, 8, 12]);
+        wait_for("delivery", || guest.ids().len() == 13);
+        assert_eq!(
+            guest.ids(),
+            (0..13).collect::<Vec<_>>(),
+            "each once, in order"
+        );
         let sizes = guest.batch_sizes.lock().unwrap().clone();
         assert!(sizes.iter().all(|&s| s <= 4), "{sizes:?}");
         assert_eq!(feed.events_in.load(Relaxed), 13);
         assert_eq!(stats.queued.load(Relaxed), 0);
+        assert_eq!(stats.dropped.load(Relaxed), 0);
+        assert!(!feed.cells[0].diverged());
+        // Queued again once caught up.
+        feed.fan_out(events(13..14));
+        wait_for("a queued batch", || guest.ids().len() == 14);
+        assert_eq!(stats.deferred.load(Relaxed), 4);
+    }
+
+    /// A batch larger than the whole queue is delivered from the log in
+    /// `batch_events` calls, and replayed the same way.
+    #[test]
+    fn a_batch_larger_than_the_queue_is_delivered_in_full_in_bounded_calls() {
+        let (guest, feed, cell) = registered(1_000_000);
+        let big = 80_000;
+        feed.fan_out(events(0..big));
+        feed.fan_out(events([big]));
+        wait_for("delivery", || guest.ids().len() == big as usize + 1);
+        assert_eq!(guest.ids(), (0..=big).collect::<Vec<_>>());
+        assert_eq!(cell.stats.dropped.load(Relaxed), 0);
+        // The last batch is deferred too unless the catch-up came first.
+        assert!(cell.stats.deferred.load(Relaxed) >= big);
+        let max_call = |g: &Recorder| g.batch_sizes.lock().unwrap().iter().copied().max();
+        assert_eq!(max_call(&guest), Some(100));
+        // The rebuild replays it in calls of the same size.
+        guest.batch_sizes.lock().unwrap().clear();
+        assert!(
+            cell.handle(request("POST", "/x", b"trap".to_vec()))
+                .is_err()
+        );
+        let (ids, _) = query(&cell);
+        assert_eq!(ids.len(), big as usize + 1);
+        assert_eq!(max_call(&guest), Some(100));
+    }
+
+    /// Deferred batches that the log dropped before the guest took them
+    /// are lost to it: counted, and the guest is marked diverged (its
+    /// API refuses) until a `/restore` replaces its state.
+    #[test]
+    fn deferred_batches_gone_from_the_log_mark_the_guest_diverged() {
+        let guest = Arc::new(Recorder::default());
+        // The recorder serves http, so the log holds up to 2 × 4 events
+        // before it drops its oldest batches.
+        let (feed, rx) = Feed::new(vec![guest.clone()], &settings(2, 100, 4));
+        let cell = feed.cells[0].clone();
+        feed.fan_out(events(0..2));
+        feed.fan_out(events(2..7));
+        feed.fan_out(events(7..11));
+        assert_eq!(cell.stats.deferred.load(Relaxed), 9);
+        feed.start(rx).unwrap();
+        wait_for("the loss", || cell.diverged());
+        assert_eq!(cell.stats.dropped.load(Relaxed), 9);
+        match cell.handle(request("GET", "/query", Vec::new())) {
+            Err(KvError::Unavailable(why)) => assert!(why.contains("lost events"), "{why}"),
+            other => panic!("expected a refusal while diverged, got {other:?}"),
+        }
+        let restored = cell
+            .handle(request("POST", RESTORE, b"[42]".to_vec()))
+            .unwrap();
+        assert_eq!(restored.status, 200);
+        assert!(!cell.diverged());
+        assert_eq!(query(&cell).0, [42]);
     }
 
     #[test]
@@ -841,5 +1107,90 @@ pub(crate) mod tests {
         let (ids, workers) = query(&cell);
         assert_eq!(ids, (0..8).collect::<Vec<_>>());
         assert_eq!(workers, ["w1"]);
+    }
+
+    /// Requests queued behind a call that hangs give up at their own
+    /// deadline: they are answered while the hung call still holds the
+    /// guest (no verdict depends on how long anything took).
+    #[test]
+    fn requests_waiting_behind_a_hung_call_give_up_at_their_own_deadline() {
+        let guest = Arc::new(Recorder::default());
+        guest.timeout_ms.store(200, Relaxed);
+        let (feed, _rx) = Feed::new(vec![guest.clone()], &settings(1000, 100, 1000));
+        let cell = feed.cells[0].clone();
+        let hang = guest.hang.lock().unwrap();
+        let hung = {
+            let cell = cell.clone();
+            std::thread::spawn(move || cell.handle(request("GET", "/query", b"hang".to_vec())))
+        };
+        wait_for("the hung call", || guest.hanging.load(Relaxed) == 1);
+        let waiting: Vec<_> = (0..20)
+            .map(|_| {
+                let cell = cell.clone();
+                std::thread::spawn(move || cell.handle(request("GET", "/query", Vec::new())))
+            })
+            .collect();
+        for waiter in waiting {
+            match waiter.join().unwrap() {
+                Err(KvError::Timeout(200)) => {}
+                other => panic!("expected a refusal at the deadline, got {other:?}"),
+            }
+        }
+        assert_eq!(
+            guest.hanging.load(Relaxed),
+            1,
+            "still hung when all were answered"
+        );
+        assert_eq!(
+            guest.handled.load(Relaxed),
+            1,
+            "no waiter reached the guest"
+        );
+        drop(hang);
+        assert_eq!(hung.join().unwrap().unwrap().status, 200);
+    }
+
+    /// A guest that loses its instance in every `on-batch` backs off after
+    /// 3 losses, although each rebuild replays a `/register` that succeeds;
+    /// while it backs off, nothing is rebuilt.
+    #[test]
+    fn batches_losing_every_instance_start_the_back_off_within_3_losses() {
+        let (guest, feed, cell) = registered(1000);
+        guest.traps.store(usize::MAX, Relaxed);
+        // Lost live (1), and again replaying it (2): skipped.
+        feed.fan_out(events([TRAP]));
+        wait_for("the rebuild", || cell.stats.rebuilds.load(Relaxed) == 2);
+        assert_eq!(cell.stats.backoffs.load(Relaxed), 0);
+        // Lost live (3): the back-off starts. (Had its window passed
+        // before the rebuild was tried, on a slow machine, that rebuild
+        // loses one more instance, which starts one more back-off.)
+        feed.fan_out(events([TRAP]));
+        wait_for("the back-off", || cell.stats.backoffs.load(Relaxed) >= 1);
+        drop(cell.lock());
+        assert_eq!(
+            guest.generation(),
+            cell.stats.backoffs.load(Relaxed) + 2,
+            "every loss from the 3rd in a row starts a back-off"
+        );
+    }
+
+    /// The same for requests that lose the instance (a `/query` that
+    /// traps), each after a rebuild replaying the registration.
+    #[test]
+    fn requests_losing_every_instance_start_the_back_off_within_3_losses() {
+        let (guest, _feed, cell) = registered(1000);
+        for _ in 0..3 {
+            assert!(
+                cell.handle(request("GET", "/query", b"trap".to_vec()))
+                    .is_err()
+            );
+        }
+        assert_eq!(cell.stats.backoffs.load(Relaxed), 1);
+        assert_eq!(guest.generation(), 3);
+        assert_eq!(
+            cell.stats.rebuilds.load(Relaxed),
+            2,
+            "one per loss after the first"
+        );
     }
 }

@@ -1,8 +1,19 @@
 //! The HTTP listener: host routes, and the indexer API forwarded to its guest.
+//!
+//! What clients can make the server hold is bounded: connections
+//! (`max_connections`; more wait in the kernel's backlog), each guest
+//! answer (`max_response_mib`) and the guest answers not yet written out,
+//! in all (`held_response_mib`); a client that stops reading, or sends no
+//! request head, is dropped after `client_timeout_ms`, and what it held
+//! with it.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -10,6 +21,8 @@ use hyper::body::Incoming;
 use hyper::{Method, StatusCode};
 use kvwasm_host::subscriber::Request;
 use serde_json::json;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::Service;
 
@@ -56,25 +69,192 @@ impl HttpStats {
     }
 }
 
-/// Serve connections from `listener` until the task is dropped.
+/// The caps on what clients make the server hold.
+pub(crate) struct Caps {
+    connections: Arc<Semaphore>,
+    /// KiB of guest answers held for clients.
+    held: Arc<Semaphore>,
+    held_kib: usize,
+    max_response: usize,
+    client_timeout: Duration,
+}
+
+impl Caps {
+    pub fn new(settings: &crate::ServeConfig) -> Caps {
+        let held_kib = settings.held_response_bytes() / 1024;
+        Caps {
+            connections: Arc::new(Semaphore::new(settings.max_connections)),
+            held: Arc::new(Semaphore::new(held_kib)),
+            held_kib,
+            max_response: settings.max_response_bytes(),
+            client_timeout: Duration::from_millis(settings.client_timeout_ms),
+        }
+    }
+
+    /// Bytes of guest answers held now (KiB granularity).
+    pub fn held_bytes(&self) -> u64 {
+        (self.held_kib - self.held.available_permits()) as u64 * 1024
+    }
+
+    /// `body` as a response body charged to the held budget until the
+    /// last of it is written out or the connection is dropped; `Err` with
+    /// the refusal when it is too large or the budget is spent.
+    fn hold(&self, body: Vec<u8>) -> Result<Bytes, Response> {
+        if body.len() > self.max_response {
+            return Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "the guest's answer ({} bytes) exceeds [serve].max_response_mib",
+                    body.len()
+                ),
+            ));
+        }
+        let kib = u32::try_from(body.len().div_ceil(1024)).unwrap_or(u32::MAX);
+        match self.held.clone().try_acquire_many_owned(kib) {
+            Ok(permit) => Ok(Bytes::from_owner(HeldAnswer {
+                body,
+                _permit: permit,
+            })),
+            Err(_) => Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "answers not yet read by their clients fill [serve].held_response_mib; \
+                 try again",
+            )),
+        }
+    }
+}
+
+/// A guest answer and its share of the held budget, released together.
+struct HeldAnswer {
+    body: Vec<u8>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl AsRef<[u8]> for HeldAnswer {
+    fn as_ref(&self) -> &[u8] {
+        &self.body
+    }
+}
+
+/// A connection whose writes fail once one has made no progress for
+/// `timeout`: a client that stops reading cannot keep what it was sent.
+struct WriteTimeout<T> {
+    io: T,
+    timeout: Duration,
+    /// Running while a write (or flush) is pending.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> WriteTimeout<T> {
+    fn new(io: T, timeout: Duration) -> Self {
+        WriteTimeout {
+            io,
+            timeout,
+            stalled: None,
+        }
+    }
+
+    fn watch<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        if poll.is_ready() {
+            self.stalled = None;
+            return poll;
+        }
+        let timeout = self.timeout;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if stalled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client stopped reading ([serve].client_timeout_ms)",
+            )));
+        }
+        Poll::Pending
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for WriteTimeout<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WriteTimeout<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.watch(cx, poll)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.watch(cx, poll)
+    }
+
+    /// Forwarded so hyper queues large bodies instead of copying them.
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.io).poll_flush(cx);
+        self.watch(cx, poll)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.watch(cx, poll)
+    }
+}
+
+/// Serve connections from `listener` until the task is dropped, at most
+/// `max_connections` at once.
 pub(crate) async fn serve(listener: tokio::net::TcpListener, service: Arc<Service>) {
     loop {
+        let Ok(slot) = service.caps.connections.clone().acquire_owned().await else {
+            return;
+        };
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
-                tracing::warn!("accept failed: {e}");
+                kvwasm_host::log_limit::warn(
+                    ("accept failed", ""),
+                    format_args!("accept failed: {e}"),
+                );
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             }
         };
         let service = service.clone();
         tokio::spawn(async move {
+            let _slot = slot;
+            let client_timeout = service.caps.client_timeout;
+            let stream = WriteTimeout::new(stream, client_timeout);
             let io = hyper_util::rt::TokioIo::new(stream);
             let handler = hyper::service::service_fn(move |request| {
                 let service = service.clone();
                 async move { Ok::<_, Infallible>(route(&service, request).await) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(client_timeout)
+                // Bodies are queued, not copied into the write buffer.
+                .writev(true)
                 .serve_connection(io, handler)
                 .await
             {
@@ -100,7 +280,17 @@ async fn answer(service: &Arc<Service>, request: hyper::Request<Incoming>) -> Re
         Err(response) => return response,
     };
     match (path.as_str(), &method) {
-        ("/health", &Method::GET) => plain(StatusCode::OK, "", Bytes::new()),
+        ("/health", &Method::GET) => match service.diverged().as_slice() {
+            [] => plain(StatusCode::OK, "", Bytes::new()),
+            diverged => json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({
+                    "error": "events were lost to these guests: their state diverged from the \
+                              sources until a POST /restore replaces it",
+                    "diverged": diverged,
+                }),
+            ),
+        },
         ("/metrics", &Method::GET) => plain(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
@@ -110,13 +300,13 @@ async fn answer(service: &Arc<Service>, request: hyper::Request<Incoming>) -> Re
         ("/register_peer", &Method::POST) => match peer_url(&body) {
             Ok(url) => {
                 service.peers.add(url.clone());
-                json_response(StatusCode::CREATED, &json!({ "url": url }))
+                json_response(StatusCode::CREATED, &json!({ "status": "ok", "url": url }))
             }
             Err(e) => error(StatusCode::BAD_REQUEST, &e),
         },
         ("/deregister_peer", &Method::POST) => match peer_url(&body) {
             Ok(url) if service.peers.remove(&url) => {
-                json_response(StatusCode::OK, &json!({ "url": url }))
+                json_response(StatusCode::OK, &json!({ "status": "ok", "url": url }))
             }
             Ok(_) => error(StatusCode::NOT_FOUND, "peer not found"),
             Err(e) => error(StatusCode::BAD_REQUEST, &e),
@@ -164,8 +354,12 @@ async fn forward(service: &Arc<Service>, request: Request) -> Response {
             let content_type = response
                 .content_type
                 .as_deref()
-                .unwrap_or("application/json");
-            plain(status, content_type, response.body.into())
+                .unwrap_or("application/json")
+                .to_owned();
+            match service.caps.hold(response.body) {
+                Ok(body) => plain(status, &content_type, body),
+                Err(refused) => refused,
+            }
         }
         Ok(Err(e)) => error(
             StatusCode::SERVICE_UNAVAILABLE,

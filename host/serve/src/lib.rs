@@ -5,6 +5,7 @@
 //! * `feed` — the fan-out, the per-guest queues and threads, guest rebuilds;
 //! * `log` — the replay log a replaced guest instance is rebuilt from;
 //! * `http` — the listener: host routes, the guest's API, body limits;
+//! * `pending` — events held until their worker is registered;
 //! * `peers` — peer replicas and startup recovery from a peer's `/dump`.
 
 pub mod config;
@@ -12,6 +13,7 @@ mod feed;
 mod http;
 mod log;
 mod peers;
+mod pending;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -40,9 +42,11 @@ const SINK_BATCHES: usize = 1024;
 pub(crate) struct Service {
     settings: ServeConfig,
     feed: Feed,
+    pending: pending::Pending,
     sink: Sink,
     peers: peers::Peers,
     http_stats: http::HttpStats,
+    caps: http::Caps,
     /// ZMQ sources by (model, tenant, instance_id, dp_rank).
     zmq: Mutex<BTreeMap<WorkerKey, SourceHandle>>,
     nats: Vec<(String, SourceHandle)>,
@@ -132,6 +136,7 @@ pub async fn start(settings: ServeConfig, guests: Vec<Arc<dyn Guest>>) -> anyhow
                 subjects: n.subjects.clone(),
                 model: n.model.clone(),
                 tenant: n.tenant.clone(),
+                block_size: n.block_size,
             };
             (
                 format!("nats:{}", n.url),
@@ -141,6 +146,8 @@ pub async fn start(settings: ServeConfig, guests: Vec<Arc<dyn Guest>>) -> anyhow
         .collect();
     let service = Arc::new(Service {
         peers: peers::Peers::new(&settings.peers),
+        caps: http::Caps::new(&settings),
+        pending: pending::Pending::new(settings.pending_events),
         settings,
         feed,
         sink,
@@ -152,7 +159,7 @@ pub async fn start(settings: ServeConfig, guests: Vec<Arc<dyn Guest>>) -> anyhow
         let service = service.clone();
         tokio::spawn(async move {
             while let Some(batch) = events.recv().await {
-                service.feed.fan_out(batch);
+                service.pending.admit(batch, &service.feed);
             }
         })
     };
@@ -165,7 +172,8 @@ pub async fn start(settings: ServeConfig, guests: Vec<Arc<dyn Guest>>) -> anyhow
         && !service.settings.peers.is_empty()
     {
         tokio::time::sleep(RECOVERY_DELAY).await;
-        peers::recover(&service.settings.peers, &indexer).await;
+        let models = peers::recover(&service.settings.peers, &indexer).await;
+        service.pending.restored(models, &service.feed);
     }
     service.register_configured_workers().await?;
     service.feed.start(receivers)?;
@@ -221,7 +229,8 @@ struct Registration {
     instance_id: u64,
     #[serde(default)]
     dp_rank: u32,
-    endpoint: String,
+    /// None for a worker whose events come over NATS.
+    endpoint: Option<String>,
     replay_endpoint: Option<String>,
     model_name: String,
     #[serde(alias = "routing_group", default = "default_tenant")]
@@ -270,6 +279,8 @@ impl Registration {
 pub(crate) enum Effect {
     Register(Registration),
     Unregister(Unregistration),
+    /// A `/restore` of a dump holding these (model, tenant) trees.
+    Restore(Vec<pending::Model>),
 }
 
 impl Effect {
@@ -283,6 +294,7 @@ impl Effect {
             ("POST", "/unregister") => serde_json::from_slice(&request.body)
                 .ok()
                 .map(Effect::Unregister),
+            ("POST", log::RESTORE) => Some(Effect::Restore(dumped_models(&request.body))),
             _ => None,
         }
     }
@@ -297,11 +309,22 @@ impl Service {
             .and_then(|_| self.feed.cells.first().cloned())
     }
 
-    /// Start (201 to `/register`) or stop (200 to `/unregister`) sources.
+    /// Start (201 to `/register`) or stop (200 to `/unregister`) sources,
+    /// and hand over the events held for what the guest can now place.
     pub(crate) fn apply(&self, effect: Effect, status: u16) {
         match effect {
-            Effect::Register(r) if status == 201 => self.start_zmq(&r),
+            Effect::Register(r) if status == 201 => {
+                self.registered(&r);
+                self.start_zmq(&r);
+            }
+            Effect::Restore(models) if status == 200 => self.pending.restored(models, &self.feed),
             Effect::Unregister(u) if status == 200 => {
+                self.pending.unregistered(
+                    u.instance_id,
+                    &u.model_name,
+                    u.tenant_id.as_deref(),
+                    u.dp_rank,
+                );
                 let mut zmq = self.zmq.lock().unwrap_or_else(|p| p.into_inner());
                 zmq.retain(|(model, tenant, instance, rank), _| {
                     !(*model == u.model_name
@@ -314,11 +337,25 @@ impl Service {
         }
     }
 
+    fn registered(&self, r: &Registration) {
+        self.pending.registered(
+            r.instance_id,
+            &r.model_name,
+            &r.tenant_id,
+            r.dp_rank,
+            &self.feed,
+        );
+    }
+
+    /// The worker's ZMQ source, if it has an endpoint.
     fn start_zmq(&self, r: &Registration) {
+        let Some(endpoint) = r.endpoint.clone() else {
+            return;
+        };
         let worker = ZmqWorker {
             instance_id: r.instance_id,
             dp_rank: r.dp_rank,
-            endpoint: r.endpoint.clone(),
+            endpoint,
             replay_endpoint: r.replay_endpoint.clone(),
             model: r.model_name.clone(),
             tenant: r.tenant_id.clone(),
@@ -342,10 +379,10 @@ impl Service {
             })
             .await?;
             match answer {
-                Ok(r) if r.status == 201 => {}
+                Ok(r) if r.status == 201 => self.registered(&Registration::from(worker)),
                 other => {
                     let why = match other {
-                        Ok(r) => format!("{}: {}", r.status, String::from_utf8_lossy(&r.body)),
+                        Ok(r) => format!("{}: {}", r.status, guest_text(&r.body)),
                         Err(e) => e.to_string(),
                     };
                     tracing::error!(
@@ -382,13 +419,31 @@ impl Service {
             vec![(String::new(), self.feed.events_in.load(Relaxed))],
         );
         family(
+            "serve_held_response_bytes",
+            "gauge",
+            "Bytes of guest answers held for clients that have not read them yet.",
+            vec![(String::new(), self.caps.held_bytes())],
+        );
+        family(
+            "serve_events_pending",
+            "gauge",
+            "Events held until their worker is registered.",
+            vec![(String::new(), self.pending.held() as u64)],
+        );
+        family(
+            "serve_events_pending_dropped_total",
+            "counter",
+            "Events of unregistered workers dropped: pending_events were held already.",
+            vec![(String::new(), self.pending.dropped.load(Relaxed))],
+        );
+        family(
             "serve_log_events",
             "gauge",
             "Events held by the replay log.",
             vec![(String::new(), self.feed.log.events() as u64)],
         );
         type Stat = fn(&GuestStats) -> u64;
-        let guest_families: [(&str, &str, &str, Stat); 6] = [
+        let guest_families: [(&str, &str, &str, Stat); 8] = [
             (
                 "serve_events_delivered_total",
                 "counter",
@@ -398,8 +453,14 @@ impl Service {
             (
                 "serve_events_dropped_total",
                 "counter",
-                "Events dropped: the guest's queue was full.",
+                "Events lost to the guest: deferred, then gone from the log.",
                 |s| s.dropped.load(Relaxed),
+            ),
+            (
+                "serve_events_deferred_total",
+                "counter",
+                "Events that did not fit the guest's queue, delivered from the log.",
+                |s| s.deferred.load(Relaxed),
             ),
             (
                 "serve_queued_events",
@@ -422,21 +483,23 @@ impl Service {
                 "Replaced instances rebuilt from the log.",
                 |s| s.rebuilds.load(Relaxed),
             ),
+            (
+                "serve_backoffs_total",
+                "counter",
+                "Back-offs started: instances lost 3 times or more in a row.",
+                |s| s.backoffs.load(Relaxed),
+            ),
         ];
         for (name, kind, help, stat) in guest_families {
-            let samples = self
-                .feed
-                .cells
-                .iter()
-                .map(|c| {
-                    (
-                        format!("{{guest=\"{}\"}}", escape(c.name())),
-                        stat(&c.stats),
-                    )
-                })
-                .collect();
+            let samples = self.guest_samples(|c| stat(&c.stats));
             family(name, kind, help, samples);
         }
+        family(
+            "serve_diverged",
+            "gauge",
+            "1 while events were lost to the guest and its state was not replaced since.",
+            self.guest_samples(|c| u64::from(c.diverged())),
+        );
         let requests = self
             .http_stats
             .snapshot()
@@ -476,6 +539,49 @@ impl Service {
         }
         out
     }
+}
+
+impl Service {
+    /// One `{guest="…"}` sample per guest.
+    fn guest_samples(&self, value: impl Fn(&GuestCell) -> u64) -> Vec<(String, u64)> {
+        self.feed
+            .cells
+            .iter()
+            .map(|c| (format!("{{guest=\"{}\"}}", escape(c.name())), value(c)))
+            .collect()
+    }
+
+    /// The API guests whose answers would be wrong: their state diverged
+    /// from the sources. (A plain subscriber's shows in `/metrics` only:
+    /// it answers nothing, and nothing but a restart can replace its state.)
+    fn diverged(&self) -> Vec<&str> {
+        self.feed
+            .cells
+            .iter()
+            .filter(|c| c.diverged() && c.serves_http())
+            .map(|c| c.name())
+            .collect()
+    }
+}
+
+/// A guest's answer for a log line: cut to the log's limit.
+pub(crate) fn guest_text(body: &[u8]) -> String {
+    kvwasm_host::log_limit::bounded(String::from_utf8_lossy(body).into_owned())
+}
+
+/// The (model, tenant) trees of a `/dump` document (keys `model:tenant`).
+fn dumped_models(dump: &[u8]) -> Vec<pending::Model> {
+    serde_json::from_slice::<BTreeMap<String, serde::de::IgnoredAny>>(dump)
+        .map(|trees| {
+            trees
+                .into_keys()
+                .filter_map(|key| {
+                    let (model, tenant) = key.split_once(':')?;
+                    Some((model.to_owned(), tenant.to_owned()))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A Prometheus label value.

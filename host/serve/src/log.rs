@@ -7,6 +7,7 @@
 //! becomes the log's base and the events it covers are dropped.
 
 use std::collections::VecDeque;
+use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kvwasm_host::subscriber::{Event, Request};
@@ -57,6 +58,10 @@ struct State {
     /// Events held in `entries`.
     events: usize,
     base: Option<Arc<Vec<u8>>>,
+    /// The newest event batch removed (compacted or dropped). Batches are
+    /// removed oldest first, so every batch up to it is gone and every
+    /// later one is held.
+    removed_through: u64,
 }
 
 pub(crate) struct EventLog {
@@ -98,8 +103,9 @@ impl EventLog {
             else {
                 break;
             };
-            if let Some((_, Entry::Events(events))) = state.entries.remove(oldest) {
+            if let Some((seq, Entry::Events(events))) = state.entries.remove(oldest) {
                 state.events -= events.len();
+                state.removed_through = state.removed_through.max(seq);
             }
         }
         seq
@@ -111,6 +117,25 @@ impl EventLog {
             base: state.base.clone(),
             entries: state.entries.iter().cloned().collect(),
         }
+    }
+
+    /// The event batches logged in `range`, in order; `None` if the log
+    /// no longer holds all of them.
+    pub fn batches_in(&self, range: &RangeInclusive<u64>) -> Option<Vec<(u64, Arc<[Event]>)>> {
+        let state = self.lock();
+        if state.removed_through >= *range.start() {
+            return None;
+        }
+        let batches = state
+            .entries
+            .iter()
+            .filter(|(seq, _)| range.contains(seq))
+            .filter_map(|(seq, entry)| match entry {
+                Entry::Events(events) => Some((*seq, events.clone())),
+                Entry::Request(_) => None,
+            })
+            .collect();
+        Some(batches)
     }
 
     /// Events held.
@@ -129,14 +154,17 @@ impl EventLog {
     pub fn compact(&self, dump: Vec<u8>, upto: u64) {
         let mut state = self.lock();
         let mut dropped = 0;
+        let mut removed_through = state.removed_through;
         state.entries.retain(|(seq, entry)| {
             let keep = *seq > upto || entry.is_registration();
             if !keep && let Entry::Events(events) = entry {
                 dropped += events.len();
+                removed_through = removed_through.max(*seq);
             }
             keep
         });
         state.events -= dropped;
+        state.removed_through = removed_through;
         state.base = Some(Arc::new(dump));
     }
 
@@ -209,5 +237,13 @@ mod tests {
         let seqs: Vec<u64> = snap.entries.iter().map(|(s, _)| *s).collect();
         assert_eq!(seqs, [1, 5]);
         assert_eq!(snap.covers(), Some(5..=5));
+        assert!(log.batches_in(&(4..=5)).is_none(), "batch 4 was compacted");
+        let held: Vec<u64> = log
+            .batches_in(&(5..=9))
+            .unwrap()
+            .iter()
+            .map(|(s, _)| *s)
+            .collect();
+        assert_eq!(held, [5]);
     }
 }

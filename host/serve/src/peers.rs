@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::GuestCell;
 use crate::feed::request;
 use crate::log::RESTORE;
+use crate::pending::Model;
 
 /// How long one peer may take to answer `/dump`.
 const DUMP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -50,13 +51,14 @@ impl Peers {
 }
 
 /// Restore `indexer` from the first of `peers` that answers `/dump`; with
-/// none reachable the replica starts empty.
-pub(crate) async fn recover(peers: &[String], indexer: &Arc<GuestCell>) {
+/// none reachable the replica starts empty. The (model, tenant) trees
+/// restored.
+pub(crate) async fn recover(peers: &[String], indexer: &Arc<GuestCell>) -> Vec<Model> {
     let client = match reqwest::Client::builder().timeout(DUMP_TIMEOUT).build() {
         Ok(client) => client,
         Err(e) => {
             tracing::error!("recovery: cannot build an HTTP client: {e}");
-            return;
+            return Vec::new();
         }
     };
     for peer in peers {
@@ -69,6 +71,7 @@ pub(crate) async fn recover(peers: &[String], indexer: &Arc<GuestCell>) {
             }
         };
         let bytes = dump.len();
+        let models = crate::dumped_models(&dump);
         let indexer = indexer.clone();
         let restored =
             tokio::task::spawn_blocking(move || indexer.handle(request("POST", RESTORE, dump)))
@@ -76,18 +79,20 @@ pub(crate) async fn recover(peers: &[String], indexer: &Arc<GuestCell>) {
         match restored {
             Ok(Ok(r)) if (200..300).contains(&r.status) => {
                 tracing::info!("recovered from {url} ({bytes} bytes)");
+                return models;
             }
             Ok(Ok(r)) => tracing::error!(
                 "recovery: the indexer refused {url}'s dump: {} {}",
                 r.status,
-                String::from_utf8_lossy(&r.body)
+                crate::guest_text(&r.body)
             ),
             Ok(Err(e)) => tracing::error!("recovery: restoring {url}'s dump failed: {e}"),
             Err(e) => tracing::error!("recovery: {e}"),
         }
-        return;
+        return Vec::new();
     }
     tracing::warn!("recovery: no peer answered /dump; starting empty");
+    Vec::new()
 }
 
 async fn fetch(client: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> {

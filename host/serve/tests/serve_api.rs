@@ -5,121 +5,13 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::{Harness, wait_for};
 use kvwasm_host::subscriber::{BlocksStored, Event, EventData, SourceKind};
-use kvwasm_serve::{Running, ServeConfig};
 use serde_json::{Value, json};
 
-/// A service on a port of its own, with its own runtime.
-struct Harness {
-    /// `subscribers.<name>`: the guest's name in /metrics (the registry is
-    /// per process, so each harness has its own).
-    guest: String,
-    running: Option<Running>,
-    runtime: tokio::runtime::Runtime,
-    client: reqwest::blocking::Client,
-    _dir: tempfile::TempDir,
-}
-
-impl Harness {
-    /// `[subscribers.<name>]` (builtin:kv-indexer, with `limits` added) as
-    /// the indexer; `serve` is added to `[serve]`.
-    fn start(name: &str, limits: &str, serve: &str) -> Harness {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("kvwasm.toml");
-        std::fs::write(
-            &path,
-            format!(
-                "[subscribers.{name}]\ncomponent = \"builtin:kv-indexer\"\n{limits}\n\
-                 [serve]\nindexer = \"{name}\"\nlisten = \"127.0.0.1:0\"\n{serve}\n"
-            ),
-        )
-        .unwrap();
-        let config = kvwasm_host::config::Config::load(&path).unwrap();
-        let settings = ServeConfig::parse(config.serve.as_ref()).unwrap();
-        let guests = kvwasm_serve::guests_from_config(&config, &settings).unwrap();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let running = runtime
-            .block_on(kvwasm_serve::start(settings, guests))
-            .unwrap();
-        Harness {
-            guest: format!("subscribers.{name}"),
-            running: Some(running),
-            runtime,
-            client: reqwest::blocking::Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
-            _dir: dir,
-        }
-    }
-
-    fn addr(&self) -> SocketAddr {
-        self.running.as_ref().unwrap().local_addr()
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr())
-    }
-
-    /// (status, body) of a request; `body` is sent as is.
-    fn call(&self, method: &str, path: &str, body: impl Into<Vec<u8>>) -> (u16, Vec<u8>) {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-        let response = self
-            .client
-            .request(method, self.url(path))
-            .body(body.into())
-            .send()
-            .unwrap();
-        (
-            response.status().as_u16(),
-            response.bytes().unwrap().to_vec(),
-        )
-    }
-
-    /// (status, parsed JSON body).
-    fn json(&self, method: &str, path: &str, body: &Value) -> (u16, Value) {
-        let (status, bytes) = self.call(method, path, body.to_string());
-        let value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|e| panic!("{path}: {e}: {}", String::from_utf8_lossy(&bytes)));
-        (status, value)
-    }
-
-    /// Hand `events` to the service exactly as a source does.
-    fn publish(&self, events: Vec<Event>) {
-        let sink = self.running.as_ref().unwrap().sink();
-        self.runtime.block_on(sink.send(events)).unwrap();
-    }
-
-    fn metrics(&self) -> String {
-        String::from_utf8(self.call("GET", "/metrics", "").1).unwrap()
-    }
-
-    /// The value of `family{<guest label>}` in /metrics.
-    fn guest_metric(&self, family: &str, label: &str) -> u64 {
-        self.metric(&format!("{family}{{{label}=\"{}\"}}", self.guest))
-    }
-
-    /// The value of the sample named exactly `sample` in /metrics.
-    fn metric(&self, sample: &str) -> u64 {
-        let text = self.metrics();
-        text.lines()
-            .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("{sample} missing:\n{text}"))
-    }
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        let _guard = self.runtime.enter();
-        self.running.take();
-    }
-}
+mod common;
 
 fn register(instance_id: u64, block_size: u32) -> Value {
     json!({"instance_id": instance_id, "endpoint": "tcp://127.0.0.1:5557",
@@ -158,17 +50,6 @@ fn query(h: &Harness, blocks: u32) -> Value {
     );
     assert_eq!(status, 200, "{answer}");
     answer
-}
-
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -219,14 +100,15 @@ fn api_status_codes_and_error_bodies_through_the_listener() {
     let answer: Value = serde_json::from_slice(&body).unwrap();
     assert!(answer["error"].is_string(), "{answer}");
 
-    // Peers: the host's own routes.
+    // Peers: the host's own routes, answered as Dynamo 1.6.1 does
+    // (`status` is what its clients read; `url` is extra).
     for _ in 0..2 {
-        let (status, _) = h.json(
+        let (status, answer) = h.json(
             "POST",
             "/register_peer",
             &json!({"url": "http://10.0.0.9:8090"}),
         );
-        assert_eq!(status, 201);
+        assert_eq!((status, &answer["status"]), (201, &json!("ok")), "{answer}");
     }
     assert_eq!(
         h.json("GET", "/peers", &json!(null)),
@@ -238,12 +120,12 @@ fn api_status_codes_and_error_bodies_through_the_listener() {
         &json!({"url": "http://10.0.0.1:1"}),
     );
     assert_eq!((status, answer), (404, json!({"error": "peer not found"})));
-    let (status, _) = h.json(
+    let (status, answer) = h.json(
         "POST",
         "/deregister_peer",
         &json!({"url": "http://10.0.0.9:8090"}),
     );
-    assert_eq!(status, 200);
+    assert_eq!((status, &answer["status"]), (200, &json!("ok")), "{answer}");
     assert_eq!(h.json("GET", "/peers", &json!(null)), (200, json!([])));
     assert_eq!(h.call("POST", "/register_peer", "{").0, 400);
     assert_eq!(h.call("DELETE", "/health", "").0, 405);
@@ -501,4 +383,179 @@ fn a_configured_nats_source_feeds_the_indexer() {
     let source = format!("{{source=\"nats:{}\"}}", nats.url());
     assert!(h.metric(&format!("kvwasm_source_events_total{source}")) >= 1);
     h.runtime.block_on(async move { drop(client) });
+}
+
+/// `blocks` events of `worker`, one block each, chained: block `b` holds
+/// tokens `worker * 1_000_000 + b * 16 ..+16`.
+fn chain(worker: u64, blocks: u64) -> Vec<Event> {
+    (0..blocks)
+        .map(|b| {
+            let first = (worker * 1_000_000 + b * 16) as u32;
+            Event {
+                worker_id: worker,
+                dp_rank: 0,
+                event_id: b + 1,
+                source: SourceKind::Zmq,
+                model: Some("m".into()),
+                tenant: Some("default".into()),
+                data: EventData::Stored(BlocksStored {
+                    block_hashes: vec![worker * 1_000_000 + b],
+                    parent_hash: b.checked_sub(1).map(|p| worker * 1_000_000 + p),
+                    token_ids: (first..first + 16).collect(),
+                    tokens_hashes: Vec::new(),
+                    block_size: Some(16),
+                    lora_name: None,
+                    tier: None,
+                }),
+            }
+        })
+        .collect()
+}
+
+/// One batch larger than `queue_events` (the default 65,536) is applied in
+/// full: nothing dropped, and every answer is the one the same events give
+/// fed in batches of 100.
+#[test]
+fn one_80000_event_batch_is_applied_in_full() {
+    let big = Harness::start("big_batch", "", "");
+    let small = Harness::start("small_batches", "", "");
+    let events: Vec<Event> = (1..=100).flat_map(|w| chain(w, 800)).collect();
+    assert_eq!(events.len(), 80_000);
+    big.publish(events.clone());
+    for batch in events.chunks(100) {
+        small.publish(batch.to_vec());
+    }
+    let delivered = "kvwasm_serve_events_delivered_total";
+    for h in [&big, &small] {
+        wait_for("every event", || {
+            h.guest_metric(delivered, "guest") == 80_000
+        });
+        wait_for("an empty queue", || {
+            h.guest_metric("kvwasm_serve_queued_events", "guest") == 0
+        });
+        assert_eq!(
+            h.guest_metric("kvwasm_serve_events_dropped_total", "guest"),
+            0
+        );
+        assert_eq!(
+            h.guest_metric("kvwasm_serve_batch_errors_total", "guest"),
+            0
+        );
+    }
+    assert!(big.guest_metric("kvwasm_serve_events_deferred_total", "guest") >= 80_000);
+    for worker in [1u64, 37, 100] {
+        let tokens: Vec<u32> = (0..800 * 16)
+            .map(|t| (worker * 1_000_000) as u32 + t)
+            .collect();
+        let body = json!({"token_ids": tokens, "model_name": "m"});
+        let (status, answer) = big.json("POST", "/query", &body);
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(
+            answer["scores"],
+            json!({worker.to_string(): {"0": 800 * 16}})
+        );
+        assert_eq!((status, answer), small.json("POST", "/query", &body));
+    }
+    // The same trees: the same events in each dump (their order, and so
+    // the ids the dump numbers them with, follow the trees' layout).
+    let dump = |h: &Harness| {
+        let (status, mut dump) = h.json("GET", "/dump", &json!(null));
+        assert_eq!(status, 200);
+        let events = dump["m:default"]["events"].as_array_mut().unwrap();
+        assert_eq!(events.len(), 80_000);
+        for event in events.iter_mut() {
+            event["event"]["event_id"] = json!(0);
+        }
+        events.sort_by_key(|e| e.to_string());
+        dump
+    };
+    assert_eq!(dump(&big), dump(&small));
+}
+
+/// A Dynamo deployment publishes RouterEvents over NATS only: its workers
+/// have no ZMQ endpoint. They register without one (`/register`,
+/// `[[serve.workers]]`), and events published before the registration are
+/// held until it comes; or `[[serve.nats]]` names the model and its block
+/// size, and no registration is needed.
+#[test]
+fn nats_workers_need_no_endpoint_and_their_early_events_wait_for_the_registration() {
+    let nats = kvwasm_tests::servers::NatsServer::start();
+    let url = nats.url();
+    // Worker 8 is configured; worker 7 registers later.
+    let by_registration = Harness::start(
+        "nats_registered",
+        "",
+        &format!(
+            "[[serve.nats]]\nurl = {url:?}\n\
+             [[serve.workers]]\ninstance_id = 8\nmodel_name = \"m\"\nblock_size = 16\n"
+        ),
+    );
+    let by_model = Harness::start(
+        "nats_model",
+        "",
+        &format!("[[serve.nats]]\nurl = {url:?}\nmodel = \"m\"\nblock_size = 16\n"),
+    );
+    let router_event = |worker: u64| {
+        json!({"worker_id": worker, "event": {"event_id": 1, "dp_rank": 0,
+            "data": {"stored": {"parent_hash": null, "blocks": [
+                {"block_hash": 100, "tokens_hash": 15310707395893867146_u64},
+                {"block_hash": 101, "tokens_hash": 15292316782987903195_u64}]}}}})
+    };
+    let client = by_model
+        .runtime
+        .block_on(async_nats::connect(nats.url()))
+        .unwrap();
+    let both = json!({"7": {"0": 32}, "8": {"0": 32}});
+    let pending = "kvwasm_serve_events_pending";
+    // Core NATS drops what is published before a subscription exists:
+    // publish (the same blocks) until both services have them.
+    wait_for("the RouterEvents", || {
+        by_model.runtime.block_on(async {
+            for worker in [7, 8] {
+                let subject = "namespace.dynamo.component.backend.kv-events";
+                client
+                    .publish(subject, router_event(worker).to_string().into())
+                    .await
+                    .unwrap();
+            }
+            client.flush().await.unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        // 404 until the first store makes the tree.
+        let scores = |h: &Harness| {
+            let body = json!({"token_ids": (0..32).collect::<Vec<_>>(), "model_name": "m"});
+            let (status, answer) = h.json("POST", "/query", &body);
+            if status == 200 {
+                answer["scores"].clone()
+            } else {
+                json!(null)
+            }
+        };
+        scores(&by_model) == both
+            && scores(&by_registration) == json!({"8": {"0": 32}})
+            && by_registration.metric(pending) >= 1
+    });
+    let registration = json!({"instance_id": 7, "model_name": "m", "block_size": 16});
+    let (status, answer) = by_registration.json("POST", "/register", &registration);
+    assert_eq!((status, &answer["status"]), (201, &json!("ok")), "{answer}");
+    assert_eq!(by_registration.metric(pending), 0);
+    wait_for("the held events", || {
+        query(&by_registration, 2)["scores"] == both
+    });
+    assert_eq!(
+        query(&by_registration, 2),
+        query(&by_model, 2),
+        "the same answers either way"
+    );
+    let (_, workers) = by_registration.json("GET", "/workers", &json!(null));
+    assert_eq!(
+        workers,
+        json!([{"instance_id": 7, "endpoints": {"0": null}},
+               {"instance_id": 8, "endpoints": {"0": null}}])
+    );
+    assert_eq!(
+        by_registration.metric("kvwasm_serve_events_pending_dropped_total"),
+        0
+    );
+    by_model.runtime.block_on(async move { drop(client) });
 }
