@@ -47,12 +47,19 @@ pub(crate) struct Service {
     peers: peers::Peers,
     http_stats: http::HttpStats,
     caps: http::Caps,
-    /// ZMQ sources by (model, tenant, instance_id, dp_rank).
-    zmq: Mutex<BTreeMap<WorkerKey, SourceHandle>>,
+    /// ZMQ sources by (model, routing group, instance_id, dp_rank).
+    zmq: Mutex<BTreeMap<WorkerKey, ZmqSource>>,
     nats: Vec<(String, SourceHandle)>,
 }
 
 type WorkerKey = (String, String, u64, u32);
+
+/// A worker's ZMQ source and the `tenant_id` it registered with (a tag
+/// within its routing group that `/unregister` may name).
+struct ZmqSource {
+    tenant: String,
+    handle: SourceHandle,
+}
 
 /// A started service; dropping it stops the listener and the sources.
 pub struct Running {
@@ -224,6 +231,8 @@ async fn shutdown_signal() {
 }
 
 /// A `/register` body, as far as the host needs it (the guest checks it).
+/// The indexer keeps one tree per (model, `routing_group`), as Dynamo
+/// 1.6.1 does; `tenant_id` only tags the registration (docs/events.md).
 #[derive(Clone, Debug, Deserialize)]
 struct Registration {
     instance_id: u64,
@@ -233,16 +242,18 @@ struct Registration {
     endpoint: Option<String>,
     replay_endpoint: Option<String>,
     model_name: String,
-    #[serde(alias = "routing_group", default = "default_tenant")]
+    #[serde(default = "default_tenant")]
+    routing_group: String,
+    #[serde(default = "default_tenant")]
     tenant_id: String,
 }
 
-/// An `/unregister` body: no tenant means every tenant, no rank every rank.
+/// An `/unregister` body: no group or tenant means any, no rank every rank.
 #[derive(Clone, Debug, Deserialize)]
 struct Unregistration {
     instance_id: u64,
     model_name: String,
-    #[serde(alias = "routing_group")]
+    routing_group: Option<String>,
     tenant_id: Option<String>,
     dp_rank: Option<u32>,
 }
@@ -259,6 +270,7 @@ impl From<&config::WorkerConfig> for Registration {
             endpoint: w.endpoint.clone(),
             replay_endpoint: w.replay_endpoint.clone(),
             model_name: w.model_name.clone(),
+            routing_group: default_tenant(),
             tenant_id: w.tenant_id.clone(),
         }
     }
@@ -268,7 +280,7 @@ impl Registration {
     fn key(&self) -> WorkerKey {
         (
             self.model_name.clone(),
-            self.tenant_id.clone(),
+            self.routing_group.clone(),
             self.instance_id,
             self.dp_rank,
         )
@@ -319,17 +331,22 @@ impl Service {
             }
             Effect::Restore(models) if status == 200 => self.pending.restored(models, &self.feed),
             Effect::Unregister(u) if status == 200 => {
-                self.pending.unregistered(
-                    u.instance_id,
-                    &u.model_name,
-                    u.tenant_id.as_deref(),
-                    u.dp_rank,
-                );
+                // Held events are kept by (model, group): with a tenant
+                // named, the group's other tenants stay registered.
+                if u.tenant_id.is_none() {
+                    self.pending.unregistered(
+                        u.instance_id,
+                        &u.model_name,
+                        u.routing_group.as_deref(),
+                        u.dp_rank,
+                    );
+                }
                 let mut zmq = self.zmq.lock().unwrap_or_else(|p| p.into_inner());
-                zmq.retain(|(model, tenant, instance, rank), _| {
+                zmq.retain(|(model, group, instance, rank), source| {
                     !(*model == u.model_name
                         && *instance == u.instance_id
-                        && u.tenant_id.as_ref().is_none_or(|t| t == tenant)
+                        && u.routing_group.as_ref().is_none_or(|g| g == group)
+                        && u.tenant_id.as_ref().is_none_or(|t| *t == source.tenant)
                         && u.dp_rank.is_none_or(|r| r == *rank))
                 });
             }
@@ -341,7 +358,7 @@ impl Service {
         self.pending.registered(
             r.instance_id,
             &r.model_name,
-            &r.tenant_id,
+            &r.routing_group,
             r.dp_rank,
             &self.feed,
         );
@@ -358,11 +375,15 @@ impl Service {
             endpoint,
             replay_endpoint: r.replay_endpoint.clone(),
             model: r.model_name.clone(),
-            tenant: r.tenant_id.clone(),
+            tenant: r.routing_group.clone(),
         };
         let handle = sources::spawn_zmq(worker, self.sink.clone());
         let mut zmq = self.zmq.lock().unwrap_or_else(|p| p.into_inner());
-        zmq.insert(r.key(), handle);
+        let source = ZmqSource {
+            tenant: r.tenant_id.clone(),
+            handle,
+        };
+        zmq.insert(r.key(), source);
     }
 
     /// `/register` each `[[serve.workers]]` with the indexer; a refused one
@@ -516,8 +537,11 @@ impl Service {
         );
         let mut by_counter: BTreeMap<&'static str, Vec<(String, u64)>> = BTreeMap::new();
         let zmq = self.zmq.lock().unwrap_or_else(|p| p.into_inner());
-        let zmq_labels = zmq.iter().map(|((model, tenant, instance, rank), handle)| {
-            (format!("zmq:{instance}:{rank}@{model}/{tenant}"), handle)
+        let zmq_labels = zmq.iter().map(|((model, group, instance, rank), source)| {
+            (
+                format!("zmq:{instance}:{rank}@{model}/{group}"),
+                &source.handle,
+            )
         });
         let nats_labels = self
             .nats
