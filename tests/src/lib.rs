@@ -235,12 +235,24 @@ pub fn write_config(dir: &Path, text: &str) -> PathBuf {
 /// A config with the hostile test guest (backend `hostile`) granted
 /// `dir/data` at `/data`, 64 MiB and 300 ms per call, plus `extra` lines.
 pub fn hostile_config(dir: &Path, extra: &str) -> PathBuf {
+    hostile_config_with_deadline(dir, 300, extra)
+}
+
+/// [`hostile_config`] with a 30 s deadline, for attacks whose verdict is a
+/// limit other than the deadline (descriptors, log bytes): their work (a
+/// thousand opens, 40 MiB strings) must not run into a 300 ms deadline on
+/// a loaded machine, or the test sees -8 instead of the limit's code.
+pub fn patient_hostile_config(dir: &Path, extra: &str) -> PathBuf {
+    hostile_config_with_deadline(dir, 30_000, extra)
+}
+
+fn hostile_config_with_deadline(dir: &Path, call_timeout_ms: u64, extra: &str) -> PathBuf {
     std::fs::create_dir_all(dir.join("data")).expect("create data dir");
     write_config(
         dir,
         &format!(
             "[backends.hostile]\ncomponent = {:?}\ndir = \"data\"\n\
-             memory_limit_mib = 64\ncall_timeout_ms = 300\n{extra}",
+             memory_limit_mib = 64\ncall_timeout_ms = {call_timeout_ms}\n{extra}",
             kvwasm_guest_artifacts::HOSTILE_PATH
         ),
     )

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kvwasm_tests::{Probe, hostile_config};
+use kvwasm_tests::{Probe, hostile_config, patient_hostile_config};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
 /// The hostile config's `call_timeout_ms`.
@@ -190,7 +190,7 @@ fn a_descriptor_flood_is_capped_per_instance_and_leaves_the_consumer_room() {
     std::fs::write(dir.path().join("data/fd-target"), b"x").unwrap();
 
     // Default limits: the instance's resource table stops it.
-    let config = hostile_config(dir.path(), "");
+    let config = patient_hostile_config(dir.path(), "");
     let (out, stderr) = probe(&config).run(&[
         "get-manifest:fds:100000",
         "consumer-fds:200",
@@ -203,7 +203,7 @@ fn a_descriptor_flood_is_capped_per_instance_and_leaves_the_consumer_room() {
 
     // A table as large as the process's limit: the process-wide headroom
     // stops it, and the consumer can still open files and sockets.
-    let config = hostile_config(dir.path(), "max_resources = 1000000\n");
+    let config = patient_hostile_config(dir.path(), "max_resources = 1000000\n");
     // Files the host creates past the headroom are refused and removed.
     let (out, stderr) = probe(&config).run(&[
         "get-manifest:fds:1000000",
@@ -246,7 +246,7 @@ fn a_descriptor_flood_is_capped_per_instance_and_leaves_the_consumer_room() {
 #[test]
 fn a_log_flood_stays_bounded() {
     let dir = tempfile::tempdir().unwrap();
-    let config = hostile_config(dir.path(), "");
+    let config = patient_hostile_config(dir.path(), "");
     // 5 × 40 MiB error strings, 40 MiB of stderr lines (logged at debug:
     // the probe runs with KVWASM_LOG=debug), a trap storm whose refusals
     // during back-off would each log a warning.

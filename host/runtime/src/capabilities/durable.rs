@@ -28,6 +28,7 @@ use std::sync::{LazyLock, Mutex};
 
 use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
 
+use super::descriptors::Headroom;
 use super::dirs::{io_error_code, open_dir_beneath, split_name};
 use crate::bindings::kvwasm::kv_store::payload_io::Synced;
 
@@ -99,7 +100,7 @@ impl Seen {
 pub(crate) fn sync_paths(
     dir: &std::fs::File,
     paths: &[String],
-    backend: &str,
+    headroom: &Headroom,
 ) -> Result<Synced, ErrorCode> {
     if paths.len() > MAX_PATHS {
         return Err(ErrorCode::Invalid);
@@ -111,7 +112,7 @@ pub(crate) fn sync_paths(
     let mut subdirs: Vec<(&str, std::fs::File)> = Vec::new();
     for path in paths {
         if path == "." {
-            sync_one(dir.as_raw_fd(), None, backend, &mut synced)?;
+            sync_one(dir.as_raw_fd(), None, headroom, &mut synced)?;
             continue;
         }
         let (sub, name) = split_name(path)?;
@@ -123,14 +124,14 @@ pub(crate) fn sync_paths(
             if subdirs.len() == OPEN_SUBDIRS {
                 subdirs.clear();
             }
-            let Some(open) = open_dir_beneath(dir, sub, backend)? else {
+            let Some(open) = open_dir_beneath(dir, sub, headroom)? else {
                 return Err(ErrorCode::Invalid);
             };
             let fd = open.as_raw_fd();
             subdirs.push((sub, open));
             fd
         };
-        sync_one(parent, Some(name), backend, &mut synced)?;
+        sync_one(parent, Some(name), headroom, &mut synced)?;
     }
     Ok(synced)
 }
@@ -140,7 +141,7 @@ pub(crate) fn sync_paths(
 fn sync_one(
     parent: RawFd,
     name: Option<&str>,
-    backend: &str,
+    headroom: &Headroom,
     synced: &mut Synced,
 ) -> Result<(), ErrorCode> {
     let name = name
@@ -155,7 +156,7 @@ fn sync_one(
         return Ok(());
     }
     let opened = match &name {
-        Some(name) => Some(open_at(parent, name, backend)?),
+        Some(name) => Some(open_at(parent, name, headroom)?),
         None => None,
     };
     let fd = opened.as_ref().map_or(parent, AsRawFd::as_raw_fd);
@@ -215,7 +216,7 @@ fn stat_fd(fd: RawFd) -> Result<libc::stat, ErrorCode> {
 /// Open the plain name `name` in `dir` to sync it: never a link, and
 /// without blocking on what is not a file or directory (which
 /// [`Seen::new`] then refuses).
-fn open_at(dir: RawFd, name: &CString, backend: &str) -> Result<OwnedFd, ErrorCode> {
+fn open_at(dir: RawFd, name: &CString, headroom: &Headroom) -> Result<OwnedFd, ErrorCode> {
     let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
     // SAFETY: `name` is NUL-terminated and a plain name (no `/`), resolved
     // in `dir`, a directory descriptor the caller holds.
@@ -225,8 +226,7 @@ fn open_at(dir: RawFd, name: &CString, backend: &str) -> Result<OwnedFd, ErrorCo
     }
     // SAFETY: `fd` was just opened and is owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    if !super::descriptors::within_headroom(fd.as_raw_fd()) {
-        super::descriptors::refused(backend, "opening a file to sync it");
+    if !headroom.keeps(fd.as_raw_fd(), "opening a file to sync it") {
         return Err(ErrorCode::InsufficientMemory);
     }
     Ok(fd)
@@ -246,7 +246,12 @@ fn coarse_clock() -> (i64, i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capabilities::descriptors::Share;
     use std::os::unix::fs::MetadataExt;
+
+    fn headroom() -> Headroom {
+        Headroom::new("test".into(), Share::Store, None)
+    }
 
     /// Wait until the coarse clock has passed `path`'s change time, so the
     /// next sync of it is remembered (a condition, not a guess at time).
@@ -260,7 +265,7 @@ mod tests {
     fn sync(dir: &std::path::Path, paths: &[&str]) -> (u32, u32) {
         let dir = std::fs::File::open(dir).unwrap();
         let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
-        let synced = sync_paths(&dir, &paths, "test").unwrap();
+        let synced = sync_paths(&dir, &paths, &headroom()).unwrap();
         (synced.files, synced.directories)
     }
 
@@ -297,7 +302,7 @@ mod tests {
         std::fs::write(dir.path().join("outside"), b"x").unwrap();
         std::os::unix::fs::symlink("../outside", inner.join("link")).unwrap();
         let open = std::fs::File::open(&inner).unwrap();
-        let one = |p: &str| sync_paths(&open, &[p.to_owned()], "test").map(drop);
+        let one = |p: &str| sync_paths(&open, &[p.to_owned()], &headroom()).map(drop);
         assert!(one("../outside").is_err());
         assert!(one("/etc/passwd").is_err());
         assert!(one("/passwd").is_err());

@@ -114,7 +114,7 @@ impl payload_io::Host for HostState {
             Descriptor::Dir(d) => &d.dir,
             Descriptor::File(_) => return Ok(Err(ErrorCode::NotDirectory)),
         };
-        let synced = durable::sync_paths(dir, &paths, &self.backend);
+        let synced = durable::sync_paths(dir, &paths, &self.headroom);
         if let Ok(done) = &synced {
             let synced = u64::from(done.files + done.directories);
             crate::metrics::for_backend(&self.backend).synced(synced, paths.len() as u64 - synced);
