@@ -98,15 +98,12 @@ impl Caps {
 
     /// `body` as a response body charged to the held budget until the
     /// last of it is written out or the connection is dropped; `Err` with
-    /// the refusal when it is too large or the budget is spent.
-    fn hold(&self, body: Vec<u8>) -> Result<Bytes, Response> {
+    /// the reason for a 503 when it is too large or the budget is spent.
+    fn hold(&self, body: Vec<u8>) -> Result<Bytes, String> {
         if body.len() > self.max_response {
-            return Err(error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &format!(
-                    "the guest's answer ({} bytes) exceeds [serve].max_response_mib",
-                    body.len()
-                ),
+            return Err(format!(
+                "the guest's answer ({} bytes) exceeds [serve].max_response_mib",
+                body.len()
             ));
         }
         let kib = u32::try_from(body.len().div_ceil(1024)).unwrap_or(u32::MAX);
@@ -115,11 +112,9 @@ impl Caps {
                 body,
                 _permit: permit,
             })),
-            Err(_) => Err(error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "answers not yet read by their clients fill [serve].held_response_mib; \
-                 try again",
-            )),
+            Err(_) => Err("answers not yet read by their clients fill \
+                 [serve].held_response_mib; try again"
+                .into()),
         }
     }
 }
@@ -358,7 +353,7 @@ async fn forward(service: &Arc<Service>, request: Request) -> Response {
                 .to_owned();
             match service.caps.hold(response.body) {
                 Ok(body) => plain(status, &content_type, body),
-                Err(refused) => refused,
+                Err(reason) => error(StatusCode::SERVICE_UNAVAILABLE, &reason),
             }
         }
         Ok(Err(e)) => error(

@@ -311,7 +311,7 @@ mod tests {
         assert_eq!(one(".."), Err(ErrorCode::Invalid));
         let too_many = vec![".".to_owned(); MAX_PATHS + 1];
         assert_eq!(
-            sync_paths(&open, &too_many, "test").map(drop),
+            sync_paths(&open, &too_many, &headroom()).map(drop),
             Err(ErrorCode::Invalid)
         );
     }
