@@ -228,7 +228,14 @@ fn local_hash(tokens: &[u32]) -> u64 {
 fn eventually(expected: &Value, mut answer: impl FnMut() -> Value) {
     let started = Instant::now();
     loop {
-        let got = answer();
+        let mut got = answer();
+        // Dynamo 1.6.1's `instances` summary (checked against Dynamo's own
+        // indexer in indexer_parity.rs) when the expectation leaves it out.
+        if expected.get("instances").is_none()
+            && let Some(fields) = got.as_object_mut()
+        {
+            fields.remove("instances");
+        }
         if got == *expected {
             return;
         }
