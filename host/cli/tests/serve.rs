@@ -402,6 +402,12 @@ fn vllm_and_sglang_publishers_with_forced_gaps_are_indexed_as_computed() {
             &json!({"token_ids": tokens, "model_name": "m"}),
         );
         assert_eq!(status, 200, "{answer}");
+        let mut answer = answer;
+        // Dynamo 1.6.1's `instances` summary is checked against Dynamo's
+        // own indexer in indexer_parity.rs; `expected_scores` leaves it out.
+        if let Some(fields) = answer.as_object_mut() {
+            fields.remove("instances");
+        }
         answer
     };
     let whole: Vec<u32> = (0..64).collect();
