@@ -550,8 +550,10 @@ fn nats_workers_need_no_endpoint_and_their_early_events_wait_for_the_registratio
     let (_, workers) = by_registration.json("GET", "/workers", &json!(null));
     assert_eq!(
         workers,
-        json!([{"instance_id": 7, "endpoints": {"0": null}},
-               {"instance_id": 8, "endpoints": {"0": null}}])
+        json!([{"instance_id": 7, "model_name": "m", "routing_group": "default",
+                "block_size": 16, "endpoints": {"0": null}},
+               {"instance_id": 8, "model_name": "m", "routing_group": "default",
+                "block_size": 16, "endpoints": {"0": null}}])
     );
     assert_eq!(
         by_registration.metric("kvwasm_serve_events_pending_dropped_total"),
