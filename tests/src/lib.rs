@@ -672,3 +672,46 @@ pub mod idle {
         }
     }
 }
+
+/// Run `command` with its output captured, killing it past `limit`:
+/// (status, stdout, stderr). `what` names it in the panic.
+pub fn run_bounded(
+    mut command: Command,
+    what: &str,
+    limit: std::time::Duration,
+) -> (std::process::ExitStatus, String, String) {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        stdout.read_to_string(&mut s).map(|_| s)
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        stderr.read_to_string(&mut s).map(|_| s)
+    });
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if start.elapsed() > limit {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("{what} still running after {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    (
+        status,
+        out.join().expect("reader").expect("stdout"),
+        err.join().expect("reader").expect("stderr"),
+    )
+}

@@ -4,10 +4,9 @@
 //! guest, Redis, prefix dedup, the native backend on the same directory);
 //! this test runs it against the shim these tests were built with.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use kvwasm_tests::shim_dir;
 
@@ -25,37 +24,10 @@ fn llama_cpp_restores_its_kv_state_through_the_shim_bit_for_bit() {
     // with it cached, the runs take seconds.
     let limit = Duration::from_secs(if llama_stamp().exists() { 300 } else { 3000 });
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama-e2e.sh");
-    let mut child = Command::new("bash")
-        .arg(&script)
-        .env("KVWASM_SHIM_DIR", shim_dir())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run scripts/llama-e2e.sh");
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        stdout.read_to_string(&mut s).map(|_| s)
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        stderr.read_to_string(&mut s).map(|_| s)
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if start.elapsed() > limit {
-            child.kill().ok();
-            child.wait().ok();
-            panic!("scripts/llama-e2e.sh still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let stdout = out.join().unwrap().unwrap();
-    let stderr = err.join().unwrap().unwrap();
+    let mut command = Command::new("bash");
+    command.arg(&script).env("KVWASM_SHIM_DIR", shim_dir());
+    let (status, stdout, stderr) =
+        kvwasm_tests::run_bounded(command, "scripts/llama-e2e.sh", limit);
     assert!(
         status.success(),
         "scripts/llama-e2e.sh failed ({status}):\n{stdout}\n{stderr}"

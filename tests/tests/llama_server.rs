@@ -9,10 +9,9 @@
 //! store its chunks once; bad stores answer HTTP errors and leave the slot
 //! and the server as they were.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use kvwasm_tests::shim_dir;
 
@@ -40,39 +39,14 @@ fn llama_server_saves_and_restores_slots_through_the_shim() {
     // cores); with it cached, the runs take a few minutes.
     let limit = Duration::from_secs(if server_cached() { 900 } else { 4000 });
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama-e2e.sh");
-    let mut child = Command::new("bash")
+    let mut command = Command::new("bash");
+    command
         .arg(&script)
         .arg("--server")
         .env("KVWASM_SHIM_DIR", shim_dir())
-        .env("KVWASM_HOSTILE_GUEST", kvwasm_guest_artifacts::HOSTILE_PATH)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run scripts/llama-e2e.sh --server");
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        stdout.read_to_string(&mut s).map(|_| s)
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        stderr.read_to_string(&mut s).map(|_| s)
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if start.elapsed() > limit {
-            child.kill().ok();
-            child.wait().ok();
-            panic!("scripts/llama-e2e.sh --server still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let stdout = out.join().unwrap().unwrap();
-    let stderr = err.join().unwrap().unwrap();
+        .env("KVWASM_HOSTILE_GUEST", kvwasm_guest_artifacts::HOSTILE_PATH);
+    let (status, stdout, stderr) =
+        kvwasm_tests::run_bounded(command, "scripts/llama-e2e.sh --server", limit);
     assert!(
         status.success(),
         "scripts/llama-e2e.sh --server failed ({status}):\n{stdout}\n{stderr}"
