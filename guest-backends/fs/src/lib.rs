@@ -82,11 +82,17 @@ struct FsStore {
     chunks: Dir,
     /// Bit `i`: this instance has made sure `chunks/<i>` exists.
     fanout_made: Cell<u16>,
-    /// Hashes of the chunks put (written or found in place) since the last
-    /// sync: a manifest may name them, so they are made durable first. A
-    /// hash set: an ordered one cost a put about 0.5 µs of comparisons once
-    /// thousands of chunks wait for a manifest.
+    /// Hashes of the chunks put (written, or found in place and not known
+    /// to be durable) since the last sync: a manifest may name them, so
+    /// they are made durable first. A hash set: an ordered one cost a put
+    /// about 0.5 µs of comparisons once thousands of chunks wait for a
+    /// manifest.
     unsynced: RefCell<HashSet<Vec<u8>>>,
+    /// Bit `i`: a chunk in `chunks/<i>` was put since the last sync. Its
+    /// directory entry is durable only once the directory is, so the
+    /// directory is listed for the sync even when every such chunk was
+    /// found durable (the host skips it if unchanged since it synced it).
+    touched: Cell<u16>,
     /// Temp-file names: a per-instance random seed plus a counter.
     tmp_seed: u64,
     tmp_seq: Cell<u64>,
@@ -111,6 +117,7 @@ impl GuestStore for FsStore {
             chunks,
             fanout_made: Cell::new(0),
             unsynced: RefCell::default(),
+            touched: Cell::new(0),
             // RandomState is seeded from wasi:random; two instances writing
             // the same chunk at once must not share a temp-file name.
             tmp_seed: RandomState::new().hash_one(0u8),
@@ -120,26 +127,31 @@ impl GuestStore for FsStore {
 
     fn put_chunk(&self, hash: Vec<u8>, data: &Payload) -> Result<PutOutcome> {
         validate::hash(&hash)?;
-        let path = chunk_path(&hash);
+        let slot = fanout_slot(&hash);
         // A chunk is present when a file of the right size is there: a
         // crash between rename and fsync can leave a short file behind,
         // and such a file is rewritten rather than trusted.
-        let outcome = match self.chunks.fd.stat_at(PathFlags::empty(), &path) {
-            Ok(stat) if stat.size == data.len() => PutOutcome::AlreadyPresent,
-            Ok(_) | Err(ErrorCode::NoEntry) => {
+        let outcome = match self.find_chunk(&hash)? {
+            Some(found) if found.size == data.len() => {
+                // Found in place, it may be another writer's, not synced
+                // yet (or never: it crashed). Unless the host synced this
+                // very file before, it is made durable before this
+                // instance's next manifest.
+                if !found.durable {
+                    self.unsynced.borrow_mut().insert(hash);
+                }
+                PutOutcome::AlreadyPresent
+            }
+            _ => {
                 // Only a write needs the fan-out directory: a warm save on
-                // a new instance (after an idle release) makes no calls
-                // for it.
-                self.make_fanout_dir(fanout_slot(&hash))?;
-                self.write_file(&self.chunks, &path, data, false)?;
+                // a new instance (after an idle release) makes none.
+                self.make_fanout_dir(slot)?;
+                self.write_file(&self.chunks, &chunk_path(&hash), data, false)?;
+                self.unsynced.borrow_mut().insert(hash);
                 PutOutcome::Stored
             }
-            Err(e) => return Err(e).fs_context("stat chunk"),
         };
-        // A chunk found in place may be another writer's, not synced
-        // yet: it is made durable before this instance's next manifest
-        // too (at the cost of a `stat` if the host synced it before).
-        self.unsynced.borrow_mut().insert(hash);
+        self.touched.set(self.touched.get() | 1 << slot);
         Ok(outcome)
     }
 
@@ -201,17 +213,11 @@ impl FsStore {
     /// since. Returns how many chunk files had to be synced.
     fn sync_chunks(&self) -> Result<u32> {
         let unsynced = std::mem::take(&mut *self.unsynced.borrow_mut());
-        if unsynced.is_empty() {
+        let slots = self.touched.replace(0);
+        if slots == 0 {
             return Ok(0);
         }
-        let mut slots = 0u16;
-        let mut paths: Vec<String> = unsynced
-            .iter()
-            .map(|hash| {
-                slots |= 1 << fanout_slot(hash);
-                chunk_path(hash)
-            })
-            .collect();
+        let mut paths: Vec<String> = unsynced.iter().map(|hash| chunk_path(hash)).collect();
         paths.extend(
             (0..FANOUT_DIRS.len())
                 .filter(|slot| slots & 1 << slot != 0)
@@ -225,11 +231,23 @@ impl FsStore {
                 Err(e) => {
                     // Keep them queued so a retry syncs them.
                     self.unsynced.borrow_mut().extend(unsynced);
+                    self.touched.set(self.touched.get() | slots);
                     return Err(e).fs_context("sync chunks");
                 }
             }
         }
         Ok(files)
+    }
+
+    /// The chunk `hash`, if a regular file is there: its size and whether
+    /// the host knows it durable (one host call).
+    fn find_chunk(&self, hash: &[u8]) -> Result<Option<payload_io::FoundFile>> {
+        match payload_io::find_file(&self.chunks.fd, &chunk_path(hash)) {
+            Ok(found) => Ok(found),
+            // Not a regular file: the put replaces it (the rename does).
+            Err(ErrorCode::Unsupported) => Ok(None),
+            Err(e) => Err(e).fs_context("find chunk"),
+        }
     }
 
     /// Make sure fan-out directory `slot` exists under `chunks` (once per

@@ -30,7 +30,7 @@ use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
 
 use super::descriptors::Headroom;
 use super::dirs::{io_error_code, open_dir_beneath, split_name};
-use crate::bindings::kvwasm::kv_store::payload_io::Synced;
+use crate::bindings::kvwasm::kv_store::payload_io::{FoundFile, Synced};
 
 /// Paths one `sync-paths` call may list: a call does bounded work before
 /// the guest's epoch deadline is checked again.
@@ -134,6 +134,36 @@ pub(crate) fn sync_paths(
         sync_one(parent, Some(name), headroom, &mut synced)?;
     }
     Ok(synced)
+}
+
+/// `payload-io.find-file`: the regular file at `path` beneath `dir`, its
+/// size and whether the host synced this version of it. The directory part
+/// is resolved beneath `dir` (never outside the grant); the last component
+/// is not followed.
+pub(crate) fn find_file(
+    dir: &std::fs::File,
+    path: &str,
+    headroom: &Headroom,
+) -> Result<Option<FoundFile>, ErrorCode> {
+    let (sub, name) = split_name(path)?;
+    let name = CString::new(name).map_err(|_| ErrorCode::Invalid)?;
+    let parent = match open_dir_beneath(dir, sub, headroom) {
+        Ok(parent) => parent,
+        Err(ErrorCode::NoEntry) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let there = match stat_at(parent.as_ref().unwrap_or(dir).as_raw_fd(), &name) {
+        Ok(st) => st,
+        Err(ErrorCode::NoEntry) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match Seen::new(&there)? {
+        seen if seen.is_dir => Err(ErrorCode::Unsupported),
+        seen => Ok(Some(FoundFile {
+            size: seen.version.size as u64,
+            durable: seen.is_synced(),
+        })),
+    }
 }
 
 /// Sync `name` (a plain name) in `parent`, or `parent` itself, unless the
@@ -313,6 +343,60 @@ mod tests {
         assert_eq!(
             sync_paths(&open, &too_many, &headroom()).map(drop),
             Err(ErrorCode::Invalid)
+        );
+    }
+    #[test]
+    fn find_file_says_durable_only_for_the_version_the_host_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("chunk");
+        std::fs::write(&file, b"bytes").unwrap();
+        past_change_time(&file);
+        let open = std::fs::File::open(dir.path()).unwrap();
+        let found = |name: &str| {
+            find_file(&open, name, &headroom()).map(|f| f.map(|f| (f.size, f.durable)))
+        };
+        assert_eq!(found("chunk"), Ok(Some((5, false))), "never synced");
+        assert_eq!(sync(dir.path(), &["chunk"]), (1, 0));
+        assert_eq!(found("chunk"), Ok(Some((5, true))));
+
+        // Replaced by another writer: the same name, not the synced file.
+        let tmp = dir.path().join("tmp");
+        std::fs::write(&tmp, b"BYTES").unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+        assert_eq!(found("chunk"), Ok(Some((5, false))));
+        assert_eq!(found("missing"), Ok(None));
+    }
+
+    #[test]
+    fn find_file_stays_in_the_directory_and_follows_no_last_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = dir.path().join("inner");
+        std::fs::create_dir(&inner).unwrap();
+        std::fs::write(dir.path().join("outside"), b"x").unwrap();
+        std::fs::create_dir(inner.join("sub")).unwrap();
+        std::fs::write(inner.join("sub/file"), b"xy").unwrap();
+        std::os::unix::fs::symlink("../outside", inner.join("link")).unwrap();
+        std::os::unix::fs::symlink("..", inner.join("up")).unwrap();
+        let open = std::fs::File::open(&inner).unwrap();
+        let found = |name: &str| find_file(&open, name, &headroom()).map(|f| f.map(|f| f.size));
+        assert_eq!(found("sub/file"), Ok(Some(2)));
+        assert_eq!(found("sub/missing"), Ok(None));
+        assert_eq!(found("nowhere/file"), Ok(None));
+        for name in ["..", ".", "", "sub/.."] {
+            assert_eq!(found(name), Err(ErrorCode::Invalid), "{name:?}");
+        }
+        for name in ["../outside", "up/outside", "/etc/passwd"] {
+            assert!(found(name).is_err(), "{name:?} is outside the directory");
+        }
+        assert_eq!(
+            found("link"),
+            Err(ErrorCode::Unsupported),
+            "a link is not followed"
+        );
+        assert_eq!(
+            found("sub"),
+            Err(ErrorCode::Unsupported),
+            "a directory is no file"
         );
     }
 }

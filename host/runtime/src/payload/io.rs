@@ -121,6 +121,17 @@ impl payload_io::Host for HostState {
         }
         Ok(synced)
     }
+
+    fn find_file(
+        &mut self,
+        dir: Resource<Descriptor>,
+        path: String,
+    ) -> wasmtime::Result<Result<Option<payload_io::FoundFile>, ErrorCode>> {
+        Ok(match self.table.get(&dir)? {
+            Descriptor::Dir(d) => durable::find_file(&d.dir, &path, &self.headroom),
+            Descriptor::File(_) => Err(ErrorCode::NotDirectory),
+        })
+    }
 }
 
 /// Create the plain name `name` in `parent`, write `bytes` to it and
