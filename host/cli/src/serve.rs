@@ -37,7 +37,8 @@ The [serve] table (unknown keys are errors):
   max_connections = 256          open client connections at most
   client_timeout_ms = 10000      a client reading nothing (or sending no request) is dropped
   log_events = 4000000           replay log size; past it the indexer's /dump becomes its base
-  peers = [\"http://10.0.0.2:8090\"]  recovery at startup from the first reachable peer's /dump
+  peers = [\"http://10.0.0.2:8090\"]  recovery at startup, and rebuilds of a diverged indexer,
+                                 from the first reachable peer's /dump
 
   [[serve.workers]]              a worker registered at startup, like POST /register
   instance_id = 1

@@ -48,6 +48,92 @@ fn same_answers_as_dynamo_on_multi_rank_vllm_streams() {
     );
 }
 
+/// Dynamo 1.6.1's tree keeps one engine hash per block (the first
+/// writer's) and matches removals against it (docs/events.md, "Differences
+/// from Dynamo 1.6.1").
+const MIXED_HASHING: &str = "Dynamo 1.6.1 skips removals of blocks another engine stored first \
+                             under its own engine hash";
+
+/// Engines hashing the same content to different block hashes on the same
+/// model (vLLM's xxhash option beside its default): stores, removals and
+/// per-rank clears, then a fresh replica restored from kvwasm's `/dump`
+/// and fed only what is published after it, so the removals it applies
+/// must find blocks under each worker's own engine hashes from the dump.
+/// kvwasm is held to the ground truth; compared with Dynamo's, every
+/// answer that differs must be one where Dynamo is wrong (the named
+/// difference), and its `/dump` is compared without engine hashes.
+#[test]
+fn same_answers_as_dynamo_when_engines_hash_the_same_blocks_differently() {
+    let dynamo = Service::dynamo("Dynamo 1.6.1", &[]);
+    let kvwasm = Service::kvwasm("kvwasm", "");
+    let mut world = World::new(61, "", 91, 16);
+    world.mix_engine_hashing();
+    world.clear_percent = 4;
+    let mut scenario = Scenario::new(world);
+    scenario.register(&dynamo);
+    scenario.register(&kvwasm);
+    scenario.publish(300);
+    scenario.checkpoint_where_reference_is_wrong(
+        "engines hashing differently",
+        &dynamo,
+        &[&kvwasm],
+        MIXED_HASHING,
+    );
+
+    let replica = Service::kvwasm(
+        "kvwasm replica (restored from kvwasm's /dump)",
+        &format!("peers = [{:?}]\n", kvwasm.url),
+    );
+    scenario.compare_with_truth("a fresh replica restored from kvwasm's /dump", &[&replica]);
+    // No replay endpoint: nothing from before the dump reaches it, so no
+    // forced gaps from here on.
+    scenario.register_live_only(&replica);
+    scenario.wait_subscribed(&replica);
+    scenario.world.gap_percent = 0;
+    scenario.publish(300);
+    scenario.checkpoint_where_reference_is_wrong(
+        "the restored replica after 300 more batches",
+        &dynamo,
+        &[&kvwasm, &replica],
+        MIXED_HASHING,
+    );
+}
+
+/// An engine's ZMQ publisher restarts and nobody registers it again: its
+/// seq starts over at 0. kvwasm takes seq 0 after a later seq as a restart
+/// and follows the new stream (gaps in it replayed from the new
+/// publisher). Dynamo 1.6.1 skips the new publisher's batches as stale
+/// until its seq passes the old one's (docs/events.md, "Differences from
+/// Dynamo 1.6.1"), so kvwasm is held to the ground truth alone, and the
+/// difference is checked as named.
+#[test]
+fn a_publisher_restarted_without_a_new_registration_is_followed_from_seq_0() {
+    let dynamo = Service::dynamo("Dynamo 1.6.1", &[]);
+    let kvwasm = Service::kvwasm("kvwasm", "");
+    let mut scenario = Scenario::new(World::new(40, "", 101, 16));
+    scenario.register(&dynamo);
+    scenario.register(&kvwasm);
+    scenario.publish(200);
+    scenario.checkpoint("before the restart", &dynamo, &[&kvwasm]);
+
+    // Feed 2: instance 102, whose batches carry ranks 0 and 1.
+    let restarted = 2;
+    let marker = scenario.restart_publisher_in_place(restarted, &kvwasm);
+    assert_eq!(
+        kvwasm.metric("kvwasm_source_restarts_total{source=\"zmq:102:0@m16/default\"}"),
+        1,
+        "kvwasm took seq 0 as a restart"
+    );
+    // The named difference (it can only show as an absence: Dynamo had
+    // the same messages, the last one sent again until kvwasm had it).
+    assert!(
+        scenario.marker_score(&dynamo, restarted, marker).is_null(),
+        "Dynamo 1.6.1 skips a restarted publisher's seq 0 as stale"
+    );
+    scenario.publish(200);
+    scenario.checkpoint_with_truth("after a restart without registration", &[&kvwasm]);
+}
+
 /// Distinct models and instances per generated case: the two indexers are
 /// shared by every case (and shrink step) of the property test.
 static CASES: AtomicU64 = AtomicU64::new(0);
@@ -167,12 +253,91 @@ fn an_80000_event_batch_is_applied_in_full_with_nothing_dropped() {
     scenario.publish(20);
     scenario.checkpoint("after one 80,000-event batch", &dynamo, &[&kvwasm]);
     assert_eq!(
-        kvwasm.metric("kvwasm_serve_events_dropped_total{guest=\"idx\"}"),
+        kvwasm.metric("kvwasm_serve_events_dropped_total{guest=\"subscribers.idx\"}"),
         0,
         "events dropped"
     );
     // The precondition holds by construction: one batch of 80,000 events
-    // against `queue_events = 65536` above.
+    // against `queue_events = 65536` above; the counters are the guest's.
+    assert!(
+        kvwasm.metric("kvwasm_serve_events_deferred_total{guest=\"subscribers.idx\"}") >= 80_000
+    );
+}
+
+/// A batch larger than twice `log_events` is gone from the replay log
+/// before the indexer can take it (by construction, not by timing): the
+/// indexer diverges, says so, and is rebuilt automatically from a peer's
+/// `/dump` once one is registered, then follows the stream again.
+#[test]
+fn events_lost_to_a_tiny_log_are_rebuilt_from_a_peer_automatically() {
+    let dynamo = Service::dynamo("Dynamo 1.6.1", &[]);
+    let kvwasm = Service::kvwasm("kvwasm (tiny log)", "queue_events = 64\nlog_events = 100\n");
+    let mut scenario = Scenario::new(World::new(37, "", 81, 12));
+    scenario.register(&dynamo);
+    scenario.register(&kvwasm);
+    scenario.publish(50);
+    scenario.publish_one_batch(0, 1000);
+    scenario.publish(50);
+    scenario.end_streams();
+    scenario.settle(&[&dynamo]);
+
+    // Diverged, with no peer: /health and every answer say so.
+    let started = std::time::Instant::now();
+    let health = loop {
+        let (status, health) = kvwasm.call("GET", "/health", None);
+        if status == 503 {
+            break health;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(120),
+            "kvwasm never diverged: {status} {health}; stderr:\n{}",
+            kvwasm.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(
+        health["diverged"],
+        serde_json::json!(["subscribers.idx"]),
+        "{health}"
+    );
+    let rebuild = health["rebuild"].as_str().unwrap_or_default();
+    assert!(rebuild.contains("/register_peer"), "{health}");
+    assert_eq!(
+        kvwasm.metric("kvwasm_serve_diverged{guest=\"subscribers.idx\"}"),
+        1
+    );
+    assert!(kvwasm.metric("kvwasm_serve_events_dropped_total{guest=\"subscribers.idx\"}") >= 1000);
+    let (status, _) = kvwasm.call("GET", "/dump", None);
+    assert_eq!(status, 503, "a diverged indexer answers nothing");
+
+    // Dynamo's indexer as the peer: rebuilt from its /dump without any
+    // operator's /restore.
+    kvwasm.expect(
+        201,
+        "POST",
+        "/register_peer",
+        Some(&serde_json::json!({"url": dynamo.url})),
+    );
+    let started = std::time::Instant::now();
+    while kvwasm.call("GET", "/health", None).0 != 200 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(120),
+            "never rebuilt: {:?}; stderr:\n{}",
+            kvwasm.call("GET", "/health", None),
+            kvwasm.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        kvwasm.metric("kvwasm_serve_peer_rebuilds_total{guest=\"subscribers.idx\"}"),
+        1
+    );
+    scenario.compare("rebuilt from Dynamo's /dump", &dynamo, &[&kvwasm]);
+
+    // Then it follows the publishers (removals of blocks the dump gave it
+    // included).
+    scenario.publish(150);
+    scenario.checkpoint("rebuilt, then 150 more batches", &dynamo, &[&kvwasm]);
 }
 
 #[test]

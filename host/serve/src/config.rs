@@ -51,7 +51,7 @@ pub struct ServeConfig {
     #[serde(default = "default_log_events")]
     pub log_events: usize,
     /// Peer replicas (`http://host:port`): the first reachable one's `/dump`
-    /// restores this one at startup.
+    /// restores this one at startup, and its indexer whenever it diverged.
     #[serde(default)]
     pub peers: Vec<String>,
     /// `[[serve.workers]]`: ZMQ publishers registered at startup.

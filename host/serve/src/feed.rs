@@ -122,6 +122,9 @@ pub struct GuestCell {
     /// sources. An API guest answers nothing but `/restore` (and the
     /// registrations) until a `/restore` replaces its state.
     diverged: AtomicBool,
+    /// Notified when the guest diverges, or a peer it could be rebuilt
+    /// from is registered (the service's rebuild task waits on it).
+    rebuild_wanted: tokio::sync::Notify,
 }
 
 struct CellState {
@@ -161,6 +164,7 @@ impl GuestCell {
             }),
             deferred: Mutex::default(),
             diverged: AtomicBool::new(false),
+            rebuild_wanted: tokio::sync::Notify::new(),
             backoff: Mutex::default(),
         }
     }
@@ -188,6 +192,24 @@ impl GuestCell {
         self.diverged.load(Relaxed)
     }
 
+    /// Its state no longer follows the sources: refuse answers, and wake
+    /// the rebuild.
+    pub(crate) fn mark_diverged(&self) {
+        self.diverged.store(true, Relaxed);
+        self.rebuild_wanted.notify_one();
+    }
+
+    /// Wake the rebuild task (a peer was registered).
+    pub(crate) fn want_rebuild(&self) {
+        self.rebuild_wanted.notify_one();
+    }
+
+    /// Until [`GuestCell::mark_diverged`] or [`GuestCell::want_rebuild`]
+    /// (at once if one came since the last wait).
+    pub(crate) async fn rebuild_wanted(&self) {
+        self.rebuild_wanted.notified().await;
+    }
+
     /// Take the deferred batches from the log and deliver them; those the
     /// log no longer holds are lost to this guest, which is marked
     /// diverged.
@@ -204,13 +226,18 @@ impl GuestCell {
             Some(batches) => self.deliver(&batches),
             None => {
                 self.stats.dropped.fetch_add(events as u64, Relaxed);
-                self.diverged.store(true, Relaxed);
+                self.mark_diverged();
+                let until = if self.serves_http() {
+                    "until it is rebuilt from a peer's /dump or a POST /restore replaces it"
+                } else {
+                    "until the service restarts (a subscriber without http-api cannot be \
+                     restored)"
+                };
                 kvwasm_host::log_limit::warn(
                     ("diverged", self.name()),
                     format_args!(
                         "subscriber {:?}: {events} events did not fit its queue and the log no \
-                         longer holds them (log_events); its state has diverged until a \
-                         /restore replaces it",
+                         longer holds them (log_events); its state has diverged {until}",
                         self.name()
                     ),
                 );
@@ -237,8 +264,9 @@ impl GuestCell {
         if self.diverged() && !is_state_change(&request) {
             return Err(KvError::Unavailable(format!(
                 "subscriber {:?} lost events (its queue was full and the log no longer held \
-                 them): its answers would be wrong until a POST /restore (a peer's /dump) \
-                 replaces its state",
+                 them): its answers would be wrong until it is rebuilt from a peer's /dump \
+                 (automatically while peers are registered) or a POST /restore replaces its \
+                 state",
                 self.name()
             )));
         }

@@ -281,8 +281,9 @@ async fn answer(service: &Arc<Service>, request: hyper::Request<Incoming>) -> Re
                 StatusCode::SERVICE_UNAVAILABLE,
                 &json!({
                     "error": "events were lost to these guests: their state diverged from the \
-                              sources until a POST /restore replaces it",
+                              sources until a peer's /dump (or a POST /restore) replaces it",
                     "diverged": diverged,
+                    "rebuild": service.rebuild_status(),
                 }),
             ),
         },
@@ -295,6 +296,9 @@ async fn answer(service: &Arc<Service>, request: hyper::Request<Incoming>) -> Re
         ("/register_peer", &Method::POST) => match peer_url(&body) {
             Ok(url) => {
                 service.peers.add(url.clone());
+                if let Some(indexer) = service.indexer() {
+                    indexer.want_rebuild();
+                }
                 json_response(StatusCode::CREATED, &json!({ "status": "ok", "url": url }))
             }
             Err(e) => error(StatusCode::BAD_REQUEST, &e),

@@ -6,7 +6,8 @@
 //! * `log` — the replay log a replaced guest instance is rebuilt from;
 //! * `http` — the listener: host routes, the guest's API, body limits;
 //! * `pending` — events held until their worker is registered;
-//! * `peers` — peer replicas and startup recovery from a peer's `/dump`.
+//! * `peers` — peer replicas, and their `/dump` for startup recovery and
+//!   the rebuild of a diverged indexer.
 
 pub mod config;
 mod feed;
@@ -37,6 +38,10 @@ use kvwasm_event_sources::{self as sources, NatsSource, Sink, SourceHandle, ZmqW
 const RECOVERY_DELAY: Duration = Duration::from_secs(1);
 /// Batches the sources may have in flight to the fan-out.
 const SINK_BATCHES: usize = 1024;
+/// How long a diverged indexer waits after a failed rebuild from a peer,
+/// at first; doubled after each failure up to [`REBUILD_RETRY_MAX`].
+const REBUILD_RETRY_FIRST: Duration = Duration::from_millis(200);
+const REBUILD_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The running service's shared state.
 pub(crate) struct Service {
@@ -50,6 +55,32 @@ pub(crate) struct Service {
     /// ZMQ sources by (model, routing group, instance_id, dp_rank).
     zmq: Mutex<BTreeMap<WorkerKey, ZmqSource>>,
     nats: Vec<(String, SourceHandle)>,
+    rebuilds: Rebuilds,
+}
+
+/// The automatic rebuilds of a diverged indexer from a peer's `/dump`.
+#[derive(Default)]
+struct Rebuilds {
+    done: std::sync::atomic::AtomicU64,
+    failed: std::sync::atomic::AtomicU64,
+    /// Why the last attempt failed, while the indexer stays diverged.
+    last_failure: Mutex<Option<String>>,
+}
+
+impl Rebuilds {
+    fn succeeded(&self) {
+        self.done.fetch_add(1, Relaxed);
+        *self.failure() = None;
+    }
+
+    fn failed(&self, why: String) {
+        self.failed.fetch_add(1, Relaxed);
+        *self.failure() = Some(why);
+    }
+
+    fn failure(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.last_failure.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 type WorkerKey = (String, String, u64, u32);
@@ -161,6 +192,7 @@ pub async fn start(settings: ServeConfig, guests: Vec<Arc<dyn Guest>>) -> anyhow
         http_stats: Default::default(),
         zmq: Mutex::default(),
         nats,
+        rebuilds: Rebuilds::default(),
     });
     let fan_out = {
         let service = service.clone();
@@ -179,17 +211,23 @@ pub async fn start(settings: ServeConfig, guests: Vec<Arc<dyn Guest>>) -> anyhow
         && !service.settings.peers.is_empty()
     {
         tokio::time::sleep(RECOVERY_DELAY).await;
-        let models = peers::recover(&service.settings.peers, &indexer).await;
-        service.pending.restored(models, &service.feed);
+        match service.restore_from_peers(&indexer).await {
+            Ok(url) => tracing::info!("recovered from {url}"),
+            Err(e) => tracing::warn!("recovery: {e}; starting empty"),
+        }
     }
     service.register_configured_workers().await?;
     service.feed.start(receivers)?;
-    let server = tokio::spawn(http::serve(listener, service.clone()));
+    let mut tasks = vec![fan_out];
+    if let Some(indexer) = service.indexer() {
+        tasks.push(tokio::spawn(service.clone().rebuild_when_diverged(indexer)));
+    }
+    tasks.push(tokio::spawn(http::serve(listener, service.clone())));
     tracing::info!(%addr, "kvwasm serve: listening");
     Ok(Running {
         addr,
         service,
-        tasks: vec![fan_out, server],
+        tasks,
     })
 }
 
@@ -351,6 +389,104 @@ impl Service {
                 });
             }
             _ => {}
+        }
+    }
+
+    /// Restore `indexer` from the first peer that answers `/dump`, as a
+    /// `POST /restore` of it would (logged for replay; events held for
+    /// its trees handed over); the peer's URL.
+    async fn restore_from_peers(&self, indexer: &Arc<GuestCell>) -> Result<String, String> {
+        let peers = self.peers.list();
+        let dump = peers::first_dump(&peers, self.settings.max_body_bytes()).await?;
+        let models = dumped_models(&dump.body);
+        let restore = request("POST", log::RESTORE, dump.body);
+        let call = {
+            let indexer = indexer.clone();
+            tokio::task::spawn_blocking(move || indexer.handle(restore))
+        };
+        match call.await {
+            Ok(Ok(r)) if r.status == 200 => {
+                self.apply(Effect::Restore(models), r.status);
+                Ok(dump.url)
+            }
+            Ok(Ok(r)) => Err(format!(
+                "the indexer refused {}: {} {}",
+                dump.url,
+                r.status,
+                guest_text(&r.body)
+            )),
+            Ok(Err(e)) => Err(format!("restoring {} failed: {e}", dump.url)),
+            Err(e) => Err(format!("restoring {}: {e}", dump.url)),
+        }
+    }
+
+    /// While `indexer` is diverged, rebuild it from a peer's `/dump`,
+    /// retrying with back-off; with no peer registered, wait for one (or
+    /// an operator's `/restore`). Runs until the service stops.
+    ///
+    /// The rebuilt state is the peer's at its `/dump`, then every event
+    /// this replica receives after: as for startup recovery, both replicas
+    /// follow the same publishers. Events lost again while the dump was
+    /// fetched mark the indexer diverged again.
+    async fn rebuild_when_diverged(self: Arc<Service>, indexer: Arc<GuestCell>) {
+        let mut retry = REBUILD_RETRY_FIRST;
+        loop {
+            if !indexer.diverged() {
+                retry = REBUILD_RETRY_FIRST;
+                indexer.rebuild_wanted().await;
+                continue;
+            }
+            if self.peers.list().is_empty() {
+                tracing::error!(
+                    "subscriber {:?} diverged and no peer is registered to rebuild it from: \
+                     POST /register_peer a replica (or set [serve] peers), or POST /restore \
+                     a /dump",
+                    indexer.name()
+                );
+                self.rebuilds.failed("no peer is registered".into());
+                indexer.rebuild_wanted().await;
+                continue;
+            }
+            let lost_before = indexer.stats.dropped.load(Relaxed);
+            match self.restore_from_peers(&indexer).await {
+                Ok(url) => {
+                    self.rebuilds.succeeded();
+                    tracing::warn!(
+                        "subscriber {:?} diverged: rebuilt from {url}",
+                        indexer.name()
+                    );
+                    if indexer.stats.dropped.load(Relaxed) != lost_before {
+                        indexer.mark_diverged();
+                    }
+                    retry = REBUILD_RETRY_FIRST;
+                }
+                Err(why) => {
+                    kvwasm_host::log_limit::warn(
+                        ("rebuild from a peer", indexer.name()),
+                        format_args!(
+                            "subscriber {:?} diverged; rebuilding it from a peer failed \
+                             (retrying in {retry:?}): {why}",
+                            indexer.name()
+                        ),
+                    );
+                    self.rebuilds.failed(why);
+                    // A peer registered meanwhile is tried at once.
+                    let _ = tokio::time::timeout(retry, indexer.rebuild_wanted()).await;
+                    retry = (retry * 2).min(REBUILD_RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    /// What `/health` says of a diverged indexer's rebuild.
+    fn rebuild_status(&self) -> String {
+        let failure = self.rebuilds.failure().clone();
+        match failure {
+            _ if self.peers.list().is_empty() => "no peer is registered to rebuild it from: \
+                POST /register_peer a replica (or set [serve] peers), or POST /restore a /dump"
+                .into(),
+            Some(why) => format!("rebuilding from a peer's /dump, retrying: {why}"),
+            None => "rebuilding from a peer's /dump".into(),
         }
     }
 
@@ -521,6 +657,25 @@ impl Service {
             "1 while events were lost to the guest and its state was not replaced since.",
             self.guest_samples(|c| u64::from(c.diverged())),
         );
+        let indexer = self.indexer();
+        let indexer_samples = |value: u64| -> Vec<(String, u64)> {
+            indexer
+                .iter()
+                .map(|c| (format!("{{guest=\"{}\"}}", escape(c.name())), value))
+                .collect()
+        };
+        family(
+            "serve_peer_rebuilds_total",
+            "counter",
+            "Diverged indexer states replaced by a peer's /dump, automatically.",
+            indexer_samples(self.rebuilds.done.load(Relaxed)),
+        );
+        family(
+            "serve_peer_rebuild_failures_total",
+            "counter",
+            "Attempts to rebuild a diverged indexer that failed (no peer, or none answered).",
+            indexer_samples(self.rebuilds.failed.load(Relaxed)),
+        );
         let requests = self
             .http_stats
             .snapshot()
@@ -614,4 +769,180 @@ fn escape(value: &str) -> String {
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    //! The automatic rebuild of a diverged indexer from a peer: the feed's
+    //! in-memory guest behind the real listener, its peer another service.
+
+    use super::*;
+    use crate::feed::tests::{Recorder, events};
+    use std::time::Instant;
+
+    /// An indexer whose log holds 8 events at most (twice `log_events`):
+    /// a batch of more is gone from the log before the guest can take it.
+    fn tiny_log() -> ServeConfig {
+        ServeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            indexer: Some("recorder".into()),
+            queue_events: 2,
+            log_events: 4,
+            max_body_mib: 1,
+            ..Default::default()
+        }
+    }
+
+    /// A service answering `/dump` with the ids `ids`.
+    async fn peer(ids: Vec<u64>) -> Running {
+        let guest = Arc::new(Recorder::default());
+        guest.state.lock().unwrap().1 = ids;
+        start(tiny_log(), vec![guest]).await.unwrap()
+    }
+
+    async fn call(running: &Running, method: &str, path: &str, body: &str) -> (u16, String) {
+        let url = format!("http://{}{path}", running.local_addr());
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let response = reqwest::Client::new()
+            .request(method, url)
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap())
+    }
+
+    /// GET `path` until its answer is what `want` wants; only a stuck
+    /// service reaches the limit.
+    async fn eventually(
+        running: &Running,
+        what: &str,
+        path: &str,
+        want: impl Fn(u16, &str) -> bool,
+    ) {
+        let started = Instant::now();
+        loop {
+            let (status, body) = call(running, "GET", path, "").await;
+            if want(status, &body) {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "{what}: GET {path} still answers {status} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn sample(metrics: &str, name: &str) -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+            .parse()
+            .unwrap()
+    }
+
+    /// Diverge `running`'s indexer: one batch larger than its whole log.
+    async fn lose_events(running: &Running) {
+        running.service.feed.fan_out(events(0..2));
+        running.service.feed.fan_out(events(2..12));
+        eventually(running, "the loss", "/health", |status, _| status == 503).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_diverged_indexer_is_rebuilt_from_a_peer_once_one_is_registered() {
+        let peer = peer(vec![40, 41, 42]).await;
+        let running = start(tiny_log(), vec![Arc::new(Recorder::default())])
+            .await
+            .unwrap();
+        lose_events(&running).await;
+        let (_, health) = call(&running, "GET", "/health", "").await;
+        let health: serde_json::Value = serde_json::from_str(&health).unwrap();
+        assert_eq!(health["diverged"], serde_json::json!(["recorder"]));
+        let rebuild = health["rebuild"].as_str().unwrap();
+        assert!(
+            rebuild.contains("no peer is registered") && rebuild.contains("/register_peer"),
+            "{rebuild}"
+        );
+        assert_eq!(call(&running, "GET", "/query", "").await.0, 503);
+
+        let body = format!("{{\"url\": \"http://{}\"}}", peer.local_addr());
+        assert_eq!(call(&running, "POST", "/register_peer", &body).await.0, 201);
+        eventually(&running, "the rebuild", "/health", |status, _| {
+            status == 200
+        })
+        .await;
+        assert_eq!(
+            call(&running, "GET", "/query", "").await,
+            (200, "[[40,41,42],[]]".into())
+        );
+        let (_, metrics) = call(&running, "GET", "/metrics", "").await;
+        let rebuilds = "kvwasm_serve_peer_rebuilds_total{guest=\"recorder\"}";
+        assert_eq!(sample(&metrics, rebuilds), 1);
+        assert_eq!(
+            sample(&metrics, "kvwasm_serve_diverged{guest=\"recorder\"}"),
+            0
+        );
+        assert_eq!(
+            sample(
+                &metrics,
+                "kvwasm_serve_events_dropped_total{guest=\"recorder\"}"
+            ),
+            10
+        );
+
+        // It follows the sources again, and a rebuild of its instance
+        // replays the peer's dump (logged as a /restore).
+        running.service.feed.fan_out(events([50]));
+        eventually(&running, "a later event", "/query", |_, body| {
+            body == "[[40,41,42,50],[]]"
+        })
+        .await;
+    }
+
+    /// A peer whose `/dump` exceeds `max_body_mib` is refused without being
+    /// read past it; the rebuild is retried and takes the next peer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_dump_past_max_body_mib_is_refused_and_the_rebuild_retried() {
+        // About 1.3 MiB of JSON, past the 1 MiB limit.
+        let large = peer((1_000_000..1_160_000).collect()).await;
+        let small = peer(vec![7]).await;
+        let running = start(tiny_log(), vec![Arc::new(Recorder::default())])
+            .await
+            .unwrap();
+        let body = format!("{{\"url\": \"http://{}\"}}", large.local_addr());
+        assert_eq!(call(&running, "POST", "/register_peer", &body).await.0, 201);
+        lose_events(&running).await;
+        eventually(&running, "a refused dump", "/health", |status, body| {
+            status == 503 && body.contains("exceeds 1048576 bytes")
+        })
+        .await;
+        let (_, metrics) = call(&running, "GET", "/metrics", "").await;
+        assert!(
+            sample(
+                &metrics,
+                "kvwasm_serve_peer_rebuild_failures_total{guest=\"recorder\"}"
+            ) >= 1
+        );
+        assert_eq!(
+            sample(
+                &metrics,
+                "kvwasm_serve_peer_rebuilds_total{guest=\"recorder\"}"
+            ),
+            0
+        );
+
+        let body = format!("{{\"url\": \"http://{}\"}}", small.local_addr());
+        assert_eq!(call(&running, "POST", "/register_peer", &body).await.0, 201);
+        eventually(&running, "the rebuild", "/health", |status, _| {
+            status == 200
+        })
+        .await;
+        assert_eq!(
+            call(&running, "GET", "/query", "").await,
+            (200, "[[7],[]]".into())
+        );
+    }
 }

@@ -1,14 +1,10 @@
 //! Peer replicas (`/register_peer`, `/deregister_peer`, `/peers`) and
-//! startup recovery from the first reachable peer's `/dump`
-//! (events-common.md, "Recovery (1)"). Peers never synchronise live.
+//! fetching the first reachable peer's `/dump`, for startup recovery
+//! (events-common.md, "Recovery (1)") and the rebuild of a diverged
+//! indexer. Peers never synchronise live.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
-
-use crate::GuestCell;
-use crate::feed::request;
-use crate::log::RESTORE;
-use crate::pending::Model;
 
 /// How long one peer may take to answer `/dump`.
 const DUMP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -50,57 +46,55 @@ impl Peers {
     }
 }
 
-/// Restore `indexer` from the first of `peers` that answers `/dump`; with
-/// none reachable the replica starts empty. The (model, tenant) trees
-/// restored.
-pub(crate) async fn recover(peers: &[String], indexer: &Arc<GuestCell>) -> Vec<Model> {
-    let client = match reqwest::Client::builder().timeout(DUMP_TIMEOUT).build() {
-        Ok(client) => client,
-        Err(e) => {
-            tracing::error!("recovery: cannot build an HTTP client: {e}");
-            return Vec::new();
-        }
-    };
-    for peer in peers {
-        let url = format!("{}/dump", peer.trim_end_matches('/'));
-        let dump = match fetch(&client, &url).await {
-            Ok(dump) => dump,
-            Err(e) => {
-                tracing::warn!("recovery: {url}: {e}");
-                continue;
-            }
-        };
-        let bytes = dump.len();
-        let models = crate::dumped_models(&dump);
-        let indexer = indexer.clone();
-        let restored =
-            tokio::task::spawn_blocking(move || indexer.handle(request("POST", RESTORE, dump)))
-                .await;
-        match restored {
-            Ok(Ok(r)) if (200..300).contains(&r.status) => {
-                tracing::info!("recovered from {url} ({bytes} bytes)");
-                return models;
-            }
-            Ok(Ok(r)) => tracing::error!(
-                "recovery: the indexer refused {url}'s dump: {} {}",
-                r.status,
-                crate::guest_text(&r.body)
-            ),
-            Ok(Err(e)) => tracing::error!("recovery: restoring {url}'s dump failed: {e}"),
-            Err(e) => tracing::error!("recovery: {e}"),
-        }
-        return Vec::new();
-    }
-    tracing::warn!("recovery: no peer answered /dump; starting empty");
-    Vec::new()
+/// A peer's `/dump`.
+pub(crate) struct Dump {
+    pub url: String,
+    pub body: Vec<u8>,
 }
 
-async fn fetch(client: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> {
-    let response = client.get(url).send().await.map_err(|e| e.to_string())?;
+/// The `/dump` of the first of `peers` that answers one within
+/// [`DUMP_TIMEOUT`] and `max_bytes` (what a `/restore` body may hold); why
+/// none did.
+pub(crate) async fn first_dump(peers: &[String], max_bytes: usize) -> Result<Dump, String> {
+    let client = reqwest::Client::builder()
+        .timeout(DUMP_TIMEOUT)
+        .build()
+        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+    let mut failures = Vec::new();
+    for peer in peers {
+        let url = format!("{}/dump", peer.trim_end_matches('/'));
+        match fetch(&client, &url, max_bytes).await {
+            Ok(body) => return Ok(Dump { url, body }),
+            Err(e) => failures.push(format!("{url}: {e}")),
+        }
+    }
+    if failures.is_empty() {
+        return Err("no peer is registered".into());
+    }
+    Err(failures.join("; "))
+}
+
+/// `url`'s body, read chunk by chunk and refused past `max_bytes` (a peer
+/// cannot make the host buffer more than a `/restore` may carry).
+async fn fetch(client: &reqwest::Client, url: &str, max_bytes: usize) -> Result<Vec<u8>, String> {
+    let too_large = || format!("its /dump exceeds {max_bytes} bytes ([serve].max_body_mib)");
+    let mut response = client.get(url).send().await.map_err(|e| e.to_string())?;
     let status = response.status();
     if !status.is_success() {
         return Err(format!("answered {status}"));
     }
-    let body = response.bytes().await.map_err(|e| e.to_string())?;
-    Ok(body.to_vec())
+    if response
+        .content_length()
+        .is_some_and(|len| len > max_bytes as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > max_bytes {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }

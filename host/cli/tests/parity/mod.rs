@@ -7,7 +7,7 @@ pub mod publisher;
 pub mod services;
 pub mod stream;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::runtime::Runtime;
 
 use compare::Report;
@@ -157,6 +157,51 @@ impl Scenario {
         }
     }
 
+    /// `POST /register` of every feed without its replay endpoint: `service`
+    /// gets only what is published once it has subscribed (see
+    /// [`Scenario::wait_subscribed`]).
+    pub fn register_live_only(&self, service: &Service) {
+        for (f, feed) in self.world.feeds.iter().enumerate() {
+            let model = &self.world.models[feed.model];
+            service.expect(
+                201,
+                "POST",
+                "/register",
+                Some(&json!({
+                    "instance_id": feed.instance,
+                    "dp_rank": feed.registered_rank,
+                    "endpoint": self.publishers[f].endpoint,
+                    "model_name": model.name,
+                    "block_size": model.block_size,
+                })),
+            );
+        }
+    }
+
+    /// Wait until kvwasm `service` has received a message from every
+    /// publisher (each sends its last message again meanwhile): from then
+    /// on it receives all they publish.
+    pub fn wait_subscribed(&self, service: &Service) {
+        for (f, feed) in self.world.feeds.iter().enumerate() {
+            let model = &self.world.models[feed.model].name;
+            let sample = format!(
+                "kvwasm_source_messages_total{{source=\"zmq:{}:{}@{model}/default\"}}",
+                feed.instance, feed.registered_rank
+            );
+            let started = std::time::Instant::now();
+            while service.metric(&sample) == 0 {
+                assert!(
+                    started.elapsed() < std::time::Duration::from_secs(120),
+                    "{} never received a message of feed {f}; stderr:\n{}",
+                    service.name,
+                    service.log()
+                );
+                self.publishers[f].nudge();
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+
     /// Register every feed.
     pub fn register(&self, service: &Service) {
         for f in 0..self.world.feeds.len() {
@@ -220,11 +265,87 @@ impl Scenario {
         self.compare(what, reference, subjects);
     }
 
+    /// End the streams, wait for `subjects`, and compare their every answer
+    /// with the ground truth alone.
+    pub fn checkpoint_with_truth(&mut self, what: &str, subjects: &[&Service]) {
+        self.end_streams();
+        self.settle(subjects);
+        let mut report = Report::default();
+        compare::compare_with_truth(&self.world, subjects, &mut report);
+        report.assert_clean(what);
+    }
+
+    /// Compare `subjects`' every answer with the ground truth alone now
+    /// (the streams settled).
+    pub fn compare_with_truth(&self, what: &str, subjects: &[&Service]) {
+        let mut report = Report::default();
+        compare::compare_with_truth(&self.world, subjects, &mut report);
+        report.assert_clean(what);
+    }
+
+    /// End the streams, wait for all, hold `subjects` to the ground truth,
+    /// and compare them with `reference`, which may be wrong where they
+    /// differ only: the named `difference`.
+    pub fn checkpoint_where_reference_is_wrong(
+        &mut self,
+        what: &str,
+        reference: &Service,
+        subjects: &[&Service],
+        difference: &str,
+    ) {
+        self.end_streams();
+        let mut all = vec![reference];
+        all.extend_from_slice(subjects);
+        self.settle(&all);
+        self.compare_with_truth(what, subjects);
+        let mut report = Report::default();
+        compare::compare_all(&self.world, reference, subjects, &mut report);
+        let wrong = format!("{} is wrong (the ground truth agrees with", reference.name);
+        report.mismatches.retain(|m| !m.contains(&wrong));
+        report.assert_clean(&format!("{what} (but where {difference})"));
+    }
+
     /// Compare every answer now (the streams settled).
     pub fn compare(&self, what: &str, reference: &Service, subjects: &[&Service]) {
         let mut report = Report::default();
         compare::compare_all(&self.world, reference, subjects, &mut report);
         report.assert_clean(what);
+    }
+
+    /// Feed `f`'s publisher restarts on the same endpoints, counting from
+    /// seq 0 again, and nobody registers it again. Its first batch, a
+    /// marker, is sent until `follower` has applied it (its subscriber
+    /// reconnects meanwhile); the marker's prompt.
+    pub fn restart_publisher_in_place(&mut self, f: usize, follower: &Service) -> usize {
+        let endpoint = self.publishers[f].endpoint.clone();
+        let replay_endpoint = self.publishers[f].replay_endpoint.clone();
+        drop(self.publishers.remove(f));
+        self.publishers.insert(
+            f,
+            Publisher::start_at(&self.runtime, &endpoint, &replay_endpoint),
+        );
+        let (batch, p) = self.world.marker(f);
+        self.send(f, &batch, true);
+        let feed = &self.world.feeds[f];
+        let markers = [(feed.instance, feed.registered_rank, p)];
+        let publishers = [&self.publishers[f]];
+        if let Err(stuck) = compare::settle(&self.world, &[follower], &publishers, &markers) {
+            panic!("the restarted publisher's seq 0: {stuck}");
+        }
+        p
+    }
+
+    /// What `service` scores prompt `p` (whole) for feed `f`'s registered rank.
+    pub fn marker_score(&self, service: &Service, f: usize, p: usize) -> Value {
+        let prompt = &self.world.prompts[p];
+        let model = &self.world.models[prompt.model];
+        let feed = &self.world.feeds[f];
+        let (_, answer) = service.call(
+            "POST",
+            "/query",
+            Some(&json!({"token_ids": prompt.tokens, "model_name": model.name})),
+        );
+        answer["scores"][feed.instance.to_string()][feed.registered_rank.to_string()].clone()
     }
 
     /// Feed `f`'s engine restarts: its instance's rank is unregistered from

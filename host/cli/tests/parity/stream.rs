@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use kvwasm_tests::crash::Rng;
 use serde_json::{Value, json};
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// One KV event as a vLLM 0.33 publisher sends it.
 #[derive(Debug, Clone)]
@@ -45,9 +45,10 @@ pub struct Prompt {
     /// As sent in stores and queries (see [`Event::Stored`]).
     pub lora_name: Option<String>,
     pub tokens: Vec<u32>,
-    /// The engine's hash of each block (content-addressed: the parent's
-    /// hash, the adapter and the block's tokens, as vLLM's prefix hashes).
-    pub engine: Vec<u64>,
+    /// Each engine hashing's hash of each block ([`HASHINGS`]; content-
+    /// addressed: the parent's hash, the adapter and the block's tokens, as
+    /// vLLM's prefix hashes).
+    pub engines: Vec<Vec<u64>>,
     /// Dynamo's local hash of each block (what `/query` computes).
     pub local: Vec<u64>,
 }
@@ -60,6 +61,19 @@ pub struct Feed {
     pub registered_rank: u32,
     pub model: usize,
     pub ranks: Vec<u32>,
+    /// How its engine hashes blocks (an index into [`Prompt::engines`]).
+    pub hashing: usize,
+}
+
+/// Engine block hashings: vLLM's default, and another giving the same
+/// content other hashes (vLLM's xxhash option, or an unset
+/// `PYTHONHASHSEED` before 0.33).
+pub const HASHINGS: usize = 2;
+
+impl Prompt {
+    pub fn blocks(&self) -> usize {
+        self.engines[0].len()
+    }
 }
 
 /// The adapter a name means: an empty name is none (as Dynamo reads it).
@@ -118,6 +132,7 @@ impl World {
             registered_rank,
             model,
             ranks: ranks.to_vec(),
+            hashing: 0,
         };
         let feeds = vec![
             feed(i, 0, 0, &[0]),
@@ -145,6 +160,37 @@ impl World {
         world
     }
 
+    /// Instances `i+1` (first model) and `i+3` (second) hash blocks the
+    /// other way from now on: each model's tree holds the same content
+    /// under two engine hashes. Before anything is published.
+    pub fn mix_engine_hashing(&mut self) {
+        let first = self.feeds[0].instance;
+        for feed in &mut self.feeds {
+            if feed.instance == first + 1 || feed.instance == first + 3 {
+                feed.hashing = 1;
+            }
+        }
+    }
+
+    /// Whether instances hash the same content differently.
+    pub fn mixed_hashing(&self) -> bool {
+        self.feeds
+            .iter()
+            .any(|f| f.hashing != self.feeds[0].hashing)
+    }
+
+    /// The local hash of the block an engine hash (of any hashing) names.
+    pub fn local_of(&self, engine: u64) -> Option<u64> {
+        self.blocks.get(&engine).map(|b| b.local)
+    }
+
+    fn hashing_of(&self, instance: u64) -> usize {
+        self.feeds
+            .iter()
+            .find(|f| f.instance == instance)
+            .map_or(0, |f| f.hashing)
+    }
+
     fn add_prompt(&mut self, model: usize) {
         let block_size = self.models[model].block_size as usize;
         let earlier: Vec<usize> = (0..self.prompts.len())
@@ -159,7 +205,7 @@ impl World {
         };
         if !earlier.is_empty() && self.rng.range(0, 10) < 6 {
             let base = &self.prompts[earlier[self.rng.range(0, earlier.len() as u64) as usize]];
-            let shared = self.rng.range(1, base.engine.len() as u64 + 1) as usize;
+            let shared = self.rng.range(1, base.blocks() as u64 + 1) as usize;
             tokens.extend_from_slice(&base.tokens[..shared * block_size]);
             if self.rng.range(0, 5) > 0 {
                 lora_name = base.lora_name.clone();
@@ -176,31 +222,38 @@ impl World {
         let block_size = self.models[model].block_size;
         let local =
             kvwasm_kv_indexer_core::hash::block_hashes(&tokens, block_size, adapter(&lora_name));
-        let mut engine = Vec::new();
-        let mut parent: Option<u64> = None;
-        for (b, block) in tokens.chunks_exact(block_size as usize).enumerate() {
-            let mut bytes = parent.unwrap_or(0).to_le_bytes().to_vec();
-            bytes.extend_from_slice(adapter(&lora_name).unwrap_or("").as_bytes());
-            bytes.push(0);
-            block
-                .iter()
-                .for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
-            let hash = xxh3_64(&bytes);
-            self.blocks.insert(
-                hash,
-                BlockInfo {
-                    parent,
-                    local: local[b],
-                },
-            );
-            engine.push(hash);
-            parent = Some(hash);
+        let mut engines = Vec::new();
+        for hashing in 0..HASHINGS {
+            let mut engine = Vec::new();
+            let mut parent: Option<u64> = None;
+            for (b, block) in tokens.chunks_exact(block_size as usize).enumerate() {
+                let mut bytes = parent.unwrap_or(0).to_le_bytes().to_vec();
+                bytes.extend_from_slice(adapter(&lora_name).unwrap_or("").as_bytes());
+                bytes.push(0);
+                block
+                    .iter()
+                    .for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
+                let hash = match hashing {
+                    0 => xxh3_64(&bytes),
+                    _ => xxh3_64_with_seed(&bytes, 0x5eed),
+                };
+                self.blocks.insert(
+                    hash,
+                    BlockInfo {
+                        parent,
+                        local: local[b],
+                    },
+                );
+                engine.push(hash);
+                parent = Some(hash);
+            }
+            engines.push(engine);
         }
         self.prompts.push(Prompt {
             model,
             lora_name,
             tokens,
-            engine,
+            engines,
             local,
         });
         self.prompts.len() - 1
@@ -262,26 +315,25 @@ impl World {
             })
             .collect();
         let p = candidates[self.pick(candidates.len())];
+        let hashing = self.feeds[f].hashing;
         let held = self.held.entry(worker).or_default();
         let prompt = &self.prompts[p];
-        let leading = prompt
-            .engine
-            .iter()
-            .take_while(|h| held.contains(h))
-            .count();
-        let blocks = prompt.engine.len();
+        let engine = &prompt.engines[hashing];
+        let leading = engine.iter().take_while(|h| held.contains(h)).count();
+        let blocks = engine.len();
         let start = self.rng.range(0, leading.min(blocks - 1) as u64 + 1) as usize;
         let end = self.rng.range(start as u64 + 1, blocks as u64 + 1) as usize;
-        self.stored(p, start, end)
+        self.stored(p, start, end, hashing)
     }
 
-    fn stored(&self, p: usize, start: usize, end: usize) -> Event {
+    fn stored(&self, p: usize, start: usize, end: usize, hashing: usize) -> Event {
         let prompt = &self.prompts[p];
+        let engine = &prompt.engines[hashing];
         let block_size = self.models[prompt.model].block_size;
         let size = block_size as usize;
         Event::Stored {
-            hashes: prompt.engine[start..end].to_vec(),
-            parent: start.checked_sub(1).map(|b| prompt.engine[b]),
+            hashes: engine[start..end].to_vec(),
+            parent: start.checked_sub(1).map(|b| engine[b]),
             tokens: prompt.tokens[start * size..end * size].to_vec(),
             block_size,
             lora_name: prompt.lora_name.clone(),
@@ -353,7 +405,7 @@ impl World {
         let tokens = vec![MARKER_TOKENS + self.markers; block_size as usize];
         let p = self.push_prompt(model, None, tokens);
         let worker = (self.feeds[f].instance, self.feeds[f].registered_rank);
-        let event = self.stored(p, 0, 1);
+        let event = self.stored(p, 0, 1, self.feeds[f].hashing);
         self.apply(worker, &event);
         (
             Batch {
@@ -378,17 +430,20 @@ impl World {
             .map(|f| f.model)
     }
 
-    /// The scores the truth gives a query of `engine` (a prompt's block
-    /// hashes, in order) on `model`: per instance and rank, the tokens of
-    /// the leading blocks it holds, as Dynamo's `scores` (ranks with none
-    /// left out).
-    pub fn scores(&self, model: usize, engine: &[u64]) -> Value {
+    /// The scores the truth gives a query of prompt `p`'s first `cut`
+    /// blocks: per instance and rank, the tokens of the leading blocks it
+    /// holds (by its own engine's hashes), as Dynamo's `scores` (ranks with
+    /// none left out).
+    pub fn scores(&self, p: usize, cut: usize) -> Value {
+        let prompt = &self.prompts[p];
+        let model = prompt.model;
         let block_size = u64::from(self.models[model].block_size);
         let mut scores: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
         for (&(instance, rank), held) in &self.held {
             if self.instance_model(instance) != Some(model) {
                 continue;
             }
+            let engine = &prompt.engines[self.hashing_of(instance)][..cut];
             let leading = engine.iter().take_while(|h| held.contains(h)).count() as u64;
             if leading > 0 {
                 scores
