@@ -14,7 +14,9 @@ set -euo pipefail
 prefix="${1:-$HOME/.local}"
 cd "$(dirname "$0")/.."
 
-cargo build --release --locked -p kvwasm-cli -p kvwasm-shim
+# The whole workspace, as scripts/test.sh builds it (then a no-op): a
+# `-p` subset may resolve features differently and rebuild wasmtime.
+cargo build --release --locked
 built="${CARGO_TARGET_DIR:-target}/release"
 
 install -D -m 755 "$built/kvwasm" "$prefix/bin/kvwasm"

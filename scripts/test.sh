@@ -39,6 +39,9 @@ bash scripts/fuzz-mrdn.sh 60
 step "cargo test --release --workspace"
 cargo test --release --workspace --locked
 
+step "scripts/install.sh into a temporary prefix: the installed kvwasm, shim and headers work alone"
+bash scripts/test-install.sh
+
 step "kvwasm check --quick: the fs guest behind the shim, and the native C backend"
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
@@ -52,6 +55,7 @@ target/release/kvwasm bench --quick --no-progress --native "$scratch/libkv_store
     --dir "scratch=$scratch/bench" --plot "$scratch/bench.svg" >/dev/null
 target/release/kvwasm bench --events --quick >/dev/null
 target/release/kvwasm bench --fabric --quick >/dev/null
+target/release/kvwasm bench --component builtin:memory --quick >/dev/null
 target/release/kvwasm bench --scale --quick --native "$scratch/libkv_store_cfs.so" \
     --dir "scratch=$scratch/bench" --plot "$scratch/scale.svg" >/dev/null
 

@@ -6,6 +6,7 @@
 //! the targets run back to back, alternating which goes first, so that slow
 //! drift on a noisy machine hits them alike.
 
+pub mod component;
 mod cpu;
 pub mod events;
 pub mod fabric;

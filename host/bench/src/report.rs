@@ -130,15 +130,20 @@ fn section(out: &mut String, title: &str, body: &str) {
 /// One row per case: each target's median and spread, then each
 /// non-baseline target's ratio to the baseline.
 fn table(r: &Results, rows: &[&Row]) -> String {
+    rows_table(&r.targets, rows)
+}
+
+/// [`table`] for any targets, the first the baseline.
+pub(crate) fn rows_table(targets: &[String], rows: &[&Row]) -> String {
     let mut out = String::from("| case |");
-    for t in &r.targets {
+    for t in targets {
         let _ = write!(out, " {t} |");
     }
-    for t in &r.targets[1..] {
-        let _ = write!(out, " {t} ÷ {} |", r.targets[0]);
+    for t in &targets[1..] {
+        let _ = write!(out, " {t} ÷ {} |", targets[0]);
     }
     out.push_str("\n|---|");
-    out.push_str(&"---|".repeat(2 * r.targets.len() - 1));
+    out.push_str(&"---|".repeat(2 * targets.len() - 1));
     out.push('\n');
     for row in rows {
         let _ = write!(out, "| {} ({}) |", row.case, row.unit.label());

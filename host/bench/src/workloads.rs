@@ -620,7 +620,7 @@ pub fn open_probe(lib: &Path, uri: &str) -> Result<String, String> {
     ))
 }
 
-fn parse_probe(text: &str) -> Option<(f64, f64)> {
+pub(crate) fn parse_probe(text: &str) -> Option<(f64, f64)> {
     let line = text.lines().find(|l| l.starts_with("dlopen_ms="))?;
     let mut values = line
         .split_whitespace()
@@ -651,18 +651,18 @@ fn chunk_count(size: usize, quick: bool) -> usize {
 }
 
 /// The 8-byte key of chunk `i` (xxh3-64, as llama.cpp keys its chunks).
-fn key(i: usize) -> [u8; 8] {
+pub(crate) fn key(i: usize) -> [u8; 8] {
     xxhash_rust::xxh3::xxh3_64(&(i as u64).to_le_bytes()).to_le_bytes()
 }
 
 /// Make chunk `i`'s bytes unique: its index in the first 8 bytes.
-fn stamp(buf: &mut [u8], i: usize) {
+pub(crate) fn stamp(buf: &mut [u8], i: usize) {
     if buf.len() >= 8 {
         buf[..8].copy_from_slice(&(i as u64).to_le_bytes());
     }
 }
 
-fn random_bytes(len: usize) -> Vec<u8> {
+pub(crate) fn random_bytes(len: usize) -> Vec<u8> {
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
     let mut out = Vec::with_capacity(len + 8);
     while out.len() < len {
@@ -707,11 +707,11 @@ pub(crate) fn time(f: impl FnOnce() -> Result<(), String>) -> Result<Duration, S
     Ok(start.elapsed())
 }
 
-fn gbps(bytes: f64, d: Duration) -> f64 {
+pub(crate) fn gbps(bytes: f64, d: Duration) -> f64 {
     bytes / d.as_secs_f64() / 1e9
 }
 
-fn millis(d: Duration) -> f64 {
+pub(crate) fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 

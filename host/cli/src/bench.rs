@@ -104,6 +104,21 @@ pub struct BenchArgs {
     /// new handle, which starts a new instance.
     #[arg(long, requires = "remote")]
     same_handle: bool,
+    /// Measure backend components instead, each against the Rust memory
+    /// guest (builtin:memory) in the same run: component size, first open
+    /// with an empty artifact cache (the compile), first open with the
+    /// cache warm, resident memory per instance, put/get at 4 KiB and
+    /// 1 MiB. SPEC (repeat): a project's kvwasm.toml (run under the limits
+    /// it sets; NAME=FILE picks one of several backends), a .wasm file or
+    /// builtin:NAME (default limits).
+    #[arg(long = "component", value_name = "SPEC", conflicts_with_all = ["fabric", "events", "scale", "remote"])]
+    components: Vec<String>,
+    /// Internal: measure the backend --backend (config in $KVWASM_CONFIG)
+    /// in this fresh process.
+    #[arg(long, hide = true)]
+    component_probe: bool,
+    #[arg(long, hide = true)]
+    backend: Option<String>,
     /// Internal: time dlopen and the first open in this fresh process.
     #[arg(long, hide = true)]
     open_probe: bool,
@@ -123,6 +138,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             kvwasm_bench::open_probe(lib, uri).map_err(anyhow::Error::msg)?
         );
         return Ok(());
+    }
+    if args.component_probe || !args.components.is_empty() {
+        return bench_components(&args);
     }
     if args.scale_probe || args.scale {
         return bench_scale(&args);
@@ -254,6 +272,52 @@ fn bench_fabric(args: &BenchArgs) -> anyhow::Result<()> {
     print!("{}", kvwasm_bench::fabric::markdown(&pairs, reps));
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&pairs)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `--component` (and its child, `--component-probe`): components against
+/// the Rust memory guest.
+fn bench_components(args: &BenchArgs) -> anyhow::Result<()> {
+    let shim = args
+        .shim
+        .clone()
+        .or_else(|| crate::consumer::locate_library("wasm"))
+        .context(
+            "libkv_store_wasm.so not found: pass --shim or build it (cargo build --release)",
+        )?;
+    if args.component_probe {
+        let backend = args
+            .backend
+            .as_deref()
+            .context("--component-probe needs --backend")?;
+        let sample = kvwasm_bench::component::probe(&shim, backend, args.quick)
+            .map_err(anyhow::Error::msg)?;
+        println!("{}", serde_json::to_string(&sample)?);
+        return Ok(());
+    }
+    let scratch = tempfile::tempdir()?;
+    let targets = std::iter::once(kvwasm_bench::component::BASELINE)
+        .chain(args.components.iter().map(String::as_str))
+        .map(|spec| kvwasm_bench::component::ComponentTarget::parse(spec, scratch.path()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    let plan = kvwasm_bench::component::ComponentPlan {
+        targets,
+        shim,
+        reps: if args.quick { 1 } else { args.reps.max(1) },
+        quick: args.quick,
+        scratch: scratch.path().to_owned(),
+        probe: (
+            std::env::current_exe().context("locating this executable")?,
+            vec!["bench".into()],
+        ),
+    };
+    let results = kvwasm_bench::component::run(&plan).map_err(anyhow::Error::msg)?;
+    print!("{}", kvwasm_bench::component::markdown(&results));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&results)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

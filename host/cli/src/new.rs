@@ -44,9 +44,9 @@ pub const WIT_FILES: &[(&str, &str)] = &[
 ///
 ///   kvwasm new --lang rust acme-kv            # ./acme-kv, a memory-backed store
 ///   kvwasm new --lang rust --kind fs acme-kv  # files in the directory the operator grants
-///   kvwasm new --lang c|python|js acme-kv
+///   kvwasm new --lang c|python|js [--kind fs] acme-kv
 ///
-/// Then `cd acme-kv && ./build.sh && kvwasm check --component acme-kv.wasm`.
+/// Then `cd acme-kv && ./build.sh && kvwasm check --component acme-kv.wasm --config kvwasm.toml`.
 /// The build scripts of C, Python and JavaScript install their toolchains
 /// from the package registries into ~/.cache/kvwasm-tools, once.
 #[derive(clap::Args)]
@@ -55,8 +55,9 @@ pub struct NewArgs {
     /// The language of the store.
     #[arg(long, value_enum)]
     lang: Lang,
-    /// Where the data lives: the instance's memory, or files in a granted
-    /// directory (Rust only).
+    /// Where the data lives: the instance's memory, or files in the
+    /// directory the operator grants (moved with payload-io in C, Python
+    /// and JavaScript; std::fs in Rust).
     #[arg(long, value_enum, default_value_t = Kind::Memory)]
     kind: Kind,
     /// The project's directory, created (or empty); its last component is
@@ -131,49 +132,78 @@ const RUST_MEMORY: &[Template] = &[
 ];
 const RUST_FS: &[Template] = &[
     file("src/lib.rs", include_str!("../templates/rust/lib_fs.rs")),
-    file(
-        "kvwasm.toml",
-        include_str!("../templates/rust/kvwasm_fs.toml"),
-    ),
+    FS_CONFIG,
 ];
 
+/// The config of every `--kind fs` project: the directory it is granted.
+const FS_CONFIG: Template = file("kvwasm.toml", include_str!("../templates/kvwasm_fs.toml"));
+
 const C: &[Template] = &[
-    file("store.c", include_str!("../templates/c/store.c")),
     file("README.md", include_str!("../templates/c/README.md")),
-    file("kvwasm.toml", include_str!("../templates/c/kvwasm.toml")),
     file(".gitignore", include_str!("../templates/c/gitignore")),
     script("build.sh", include_str!("../templates/c/build.sh")),
 ];
+const C_MEMORY: &[Template] = &[
+    file("store.c", include_str!("../templates/c/store.c")),
+    file("kvwasm.toml", include_str!("../templates/c/kvwasm.toml")),
+];
+const C_FS: &[Template] = &[
+    file("store.c", include_str!("../templates/c/store_fs.c")),
+    FS_CONFIG,
+];
+
 const PYTHON: &[Template] = &[
+    file("README.md", include_str!("../templates/python/README.md")),
+    file(".gitignore", include_str!("../templates/python/gitignore")),
+    script("build.sh", include_str!("../templates/python/build.sh")),
+];
+const PYTHON_MEMORY: &[Template] = &[
     file("app.py", include_str!("../templates/python/app.py")),
     file("store.py", include_str!("../templates/python/store.py")),
-    file("README.md", include_str!("../templates/python/README.md")),
     file(
         "kvwasm.toml",
         include_str!("../templates/python/kvwasm.toml"),
     ),
-    file(".gitignore", include_str!("../templates/python/gitignore")),
-    script("build.sh", include_str!("../templates/python/build.sh")),
 ];
+const PYTHON_FS: &[Template] = &[
+    file("app.py", include_str!("../templates/python/app_fs.py")),
+    file("store.py", include_str!("../templates/python/store_fs.py")),
+    FS_CONFIG,
+];
+
 const JS: &[Template] = &[
-    file("store.js", include_str!("../templates/js/store.js")),
     file("README.md", include_str!("../templates/js/README.md")),
-    file("kvwasm.toml", include_str!("../templates/js/kvwasm.toml")),
     file(".gitignore", include_str!("../templates/js/gitignore")),
     script("build.sh", include_str!("../templates/js/build.sh")),
 ];
+const JS_MEMORY: &[Template] = &[
+    file("store.js", include_str!("../templates/js/store.js")),
+    file("kvwasm.toml", include_str!("../templates/js/kvwasm.toml")),
+];
+const JS_FS: &[Template] = &[
+    file("store.js", include_str!("../templates/js/store_fs.js")),
+    FS_CONFIG,
+];
 
-/// The templates of a language and kind.
-fn templates(lang: Lang, kind: Kind) -> anyhow::Result<Vec<&'static Template>> {
+/// The templates of a language and kind, and the WIT world the project
+/// builds: a memory store needs only payloads; a file store also imports
+/// `payload-io` and the granted directories.
+fn templates(lang: Lang, kind: Kind) -> (Vec<&'static Template>, &'static str) {
     let (common, kind_files): (&[Template], &[Template]) = match (lang, kind) {
         (Lang::Rust, Kind::Memory) => (RUST, RUST_MEMORY),
         (Lang::Rust, Kind::Fs) => (RUST, RUST_FS),
-        (Lang::Python, Kind::Memory) => (PYTHON, &[]),
-        (Lang::Js, Kind::Memory) => (JS, &[]),
-        (Lang::C, Kind::Memory) => (C, &[]),
-        (_, Kind::Fs) => bail!("--kind fs is written for --lang rust only; use --kind memory"),
+        (Lang::C, Kind::Memory) => (C, C_MEMORY),
+        (Lang::C, Kind::Fs) => (C, C_FS),
+        (Lang::Python, Kind::Memory) => (PYTHON, PYTHON_MEMORY),
+        (Lang::Python, Kind::Fs) => (PYTHON, PYTHON_FS),
+        (Lang::Js, Kind::Memory) => (JS, JS_MEMORY),
+        (Lang::Js, Kind::Fs) => (JS, JS_FS),
     };
-    Ok(common.iter().chain(kind_files).collect())
+    let world = match kind {
+        Kind::Memory => "backend",
+        Kind::Fs => "filesystem-backend",
+    };
+    (common.iter().chain(kind_files).collect(), world)
 }
 
 pub fn run_new(args: NewArgs) -> anyhow::Result<()> {
@@ -184,7 +214,7 @@ pub fn run_new(args: NewArgs) -> anyhow::Result<()> {
         .with_context(|| format!("{} has no name to give the backend", args.path.display()))?
         .to_owned();
     check_name(&name)?;
-    let templates = templates(args.lang, args.kind)?;
+    let (templates, world) = templates(args.lang, args.kind);
     let dir = &args.path;
     if dir.exists() && std::fs::read_dir(dir)?.next().is_some() {
         bail!("{} exists and is not empty", dir.display());
@@ -195,7 +225,9 @@ pub fn run_new(args: NewArgs) -> anyhow::Result<()> {
         let mut text = template
             .text
             .replace("{{name}}", &name)
-            .replace("{{crate}}", &crate_name);
+            .replace("{{crate}}", &crate_name)
+            .replace("{{world}}", world)
+            .replace("{{world_c}}", &world.replace('-', "_"));
         if template.path == "Cargo.lock" {
             text = with_own_package(&text, &name);
         }
@@ -203,7 +235,7 @@ pub fn run_new(args: NewArgs) -> anyhow::Result<()> {
     }
     write_wit(&dir.join("wit"))?;
     eprintln!(
-        "wrote {}: cd {} && ./build.sh && kvwasm check --component {name}.wasm",
+        "wrote {}: cd {} && ./build.sh && kvwasm check --component {name}.wasm --config kvwasm.toml",
         dir.display(),
         dir.display()
     );

@@ -1,8 +1,10 @@
 //! `kvwasm new` and `kvwasm wit`: the projects they write build outside
 //! this checkout with nothing but their own build script, and pass
 //! `kvwasm check` as written; one deliberate bug per language (a duplicate
-//! `put-chunk` answering `stored`) fails it, quoting the rule. The in-tree
-//! starter is exactly what `kvwasm new --lang rust --kind fs` writes.
+//! `put-chunk` answering `stored`) fails it, quoting the rule. The
+//! `--kind fs` projects of C, Python and JavaScript pass every check with
+//! the grant their config names. The in-tree starter is exactly what
+//! `kvwasm new --lang rust --kind fs` writes.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -205,15 +207,18 @@ fn check(project: &Path, name: &str) -> Report {
     }
 }
 
-/// A project `kvwasm new --lang <lang> <name>` wrote in a fresh temporary
-/// directory, outside this checkout.
-fn new_project(lang: &str, name: &str) -> (tempfile::TempDir, PathBuf) {
+/// A project `kvwasm new --lang <lang> --kind <kind> <name>` wrote in a
+/// fresh temporary directory, outside this checkout.
+fn new_project(lang: &str, kind: &str, name: &str) -> (tempfile::TempDir, PathBuf) {
     let scratch = tempfile::Builder::new()
         .prefix("kvwasm-vendor-")
         .tempdir_in(std::env::temp_dir())
         .unwrap();
     assert!(!scratch.path().starts_with(repo().canonicalize().unwrap()));
-    kvwasm(&["new", "--lang", lang, name], scratch.path());
+    kvwasm(
+        &["new", "--lang", lang, "--kind", kind, name],
+        scratch.path(),
+    );
     let project = scratch.path().join(name);
     (scratch, project)
 }
@@ -240,6 +245,53 @@ fn build(project: &Path, name: &str, env: &[(&str, &Path)]) {
     assert!(project.join(format!("{name}.wasm")).is_file());
 }
 
+/// `kvwasm bench --component kvwasm.toml --quick` in the project: a row of
+/// figures for the project's backend next to builtin:memory's, every
+/// figure a number (a smoke run: no timing is asserted).
+fn bench_quick(project: &Path, name: &str) {
+    let shim = kvwasm_tests::shim_path();
+    let out = Command::new(KVWASM)
+        .args(["bench", "--quick", "--shim", shim.to_str().unwrap()])
+        .args(["--component", "kvwasm.toml"])
+        .current_dir(project)
+        .env_remove("KVWASM_CONFIG")
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        table.contains(&format!(
+            "| case | builtin:memory | {name} | {name} ÷ builtin:memory |"
+        )),
+        "{table}"
+    );
+    for case in [
+        "component size",
+        "first open, empty artifact cache",
+        "first open in a process, warm artifact cache",
+        "resident memory per instance",
+        "put 4 KiB",
+        "get 4 KiB",
+        "put 1 MiB",
+        "get 1 MiB",
+    ] {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(&format!("| {case}")))
+            .unwrap_or_else(|| panic!("no row {case:?}: {table}"));
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        // | case | memory | project | ratio |
+        for cell in &cells[2..5] {
+            let value = cell.trim_end_matches('×');
+            assert!(value.parse::<f64>().is_ok(), "{case}: {cell:?} in {row}");
+        }
+    }
+}
+
 /// Replace `from` (which must occur exactly once) by `to` in the project's
 /// `file`.
 fn plant_bug(project: &Path, file: &str, from: &str, to: &str) {
@@ -255,7 +307,7 @@ fn plant_bug(project: &Path, file: &str, from: &str, to: &str) {
 /// its rule, and nothing else does.
 fn passes_then_fails_with_the_bug(lang: &str, env: &[(&str, &Path)], bug: (&str, &str, &str)) {
     let name = format!("acme-{lang}");
-    let (_scratch, project) = new_project(lang, &name);
+    let (_scratch, project) = new_project(lang, "memory", &name);
     build(&project, &name, env);
     let report = check(&project, &name);
     assert!(report.with("fail").is_empty(), "{:#}", report.json);
@@ -266,6 +318,11 @@ fn passes_then_fails_with_the_bug(lang: &str, env: &[(&str, &Path)], bug: (&str,
         report.json
     );
     assert!(report.ok);
+
+    if lang == "c" {
+        // Cheap to compile: also measured (a smoke run) as operators would.
+        bench_quick(&project, &name);
+    }
 
     let (file, from, to) = bug;
     plant_bug(&project, file, from, to);
@@ -342,4 +399,38 @@ fn a_new_c_project_builds_alone_passes_check_and_fails_it_with_a_bug() {
             "EXPORTS_KVWASM_KV_STORE_STORE_PUT_OUTCOME_STORED;",
         ),
     );
+}
+
+/// A `--kind fs` project passes every check, durability included, with the
+/// directory grant its `kvwasm.toml` names, as written; its files are in
+/// that directory.
+fn an_fs_project_passes_everything(lang: &str) {
+    let name = format!("acme-{lang}-fs");
+    let (_scratch, project) = new_project(lang, "fs", &name);
+    build(&project, &name, &[]);
+    let report = check(&project, &name);
+    assert!(report.with("fail").is_empty(), "{:#}", report.json);
+    assert!(report.with("warn").is_empty(), "{:#}", report.json);
+    assert!(report.ok);
+    let data = project.join("data");
+    assert!(
+        std::fs::read_dir(&data).unwrap().next().is_some(),
+        "nothing written to {}",
+        data.display()
+    );
+}
+
+#[test]
+fn a_new_c_fs_project_builds_alone_and_passes_check() {
+    an_fs_project_passes_everything("c");
+}
+
+#[test]
+fn a_new_python_fs_project_builds_alone_and_passes_check() {
+    an_fs_project_passes_everything("python");
+}
+
+#[test]
+fn a_new_js_fs_project_builds_alone_and_passes_check() {
+    an_fs_project_passes_everything("js");
 }

@@ -67,7 +67,8 @@ impl Builtin {
         }
     }
 
-    fn bytes(self) -> &'static [u8] {
+    /// The component's bytes, as embedded.
+    pub fn bytes(self) -> &'static [u8] {
         match self {
             Builtin::Fs => kvwasm_guest_artifacts::FS,
             Builtin::Memory => kvwasm_guest_artifacts::MEMORY,

@@ -65,10 +65,10 @@ install_tools() {
 ) 9>"$tools/.c-toolchain.lock"
 
 rm -rf gen
-"$tools/wit-bindgen-$WIT_BINDGEN/bin/wit-bindgen" c wit --world backend --out-dir gen >/dev/null
+"$tools/wit-bindgen-$WIT_BINDGEN/bin/wit-bindgen" c wit --world {{world}} --out-dir gen >/dev/null
 clang --target=wasm32-wasi -mexec-model=reactor -O2 -Wall -Wextra -Werror -Igen \
-    -o gen/core.wasm store.c gen/backend.c gen/backend_component_type.o
+    -o gen/core.wasm store.c gen/{{world_c}}.c gen/{{world_c}}_component_type.o
 "$tools/wasm-tools-$WASM_TOOLS/bin/wasm-tools" component new gen/core.wasm \
     --adapt "wasi_snapshot_preview1=$tools/wasi-adapter-$ADAPTER/wasi_snapshot_preview1.reactor.wasm" \
     -o {{name}}.wasm
-echo "built {{name}}.wasm; test it with: kvwasm check --component {{name}}.wasm" >&2
+echo "built {{name}}.wasm; test it with: kvwasm check --component {{name}}.wasm --config kvwasm.toml" >&2

@@ -17,6 +17,6 @@ mkdir -p "$tools"
         touch "$prefix/.installed"
     fi
 ) 9>"$tools/.componentize-js-$VERSION.lock"
-"$prefix/node_modules/.bin/componentize-js" --wit wit --world-name backend \
+"$prefix/node_modules/.bin/componentize-js" --wit wit --world-name {{world}} \
     -o {{name}}.wasm store.js
 echo "built {{name}}.wasm; test it with: kvwasm check --component {{name}}.wasm --config kvwasm.toml" >&2

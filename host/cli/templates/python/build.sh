@@ -17,5 +17,5 @@ mkdir -p "$tools"
         touch "$venv/.installed"
     fi
 ) 9>"$tools/.componentize-py-$VERSION.lock"
-"$venv/bin/componentize-py" -d wit -w kvwasm:kv-store/backend componentize app -o {{name}}.wasm
+"$venv/bin/componentize-py" -d wit -w kvwasm:kv-store/{{world}} componentize app -o {{name}}.wasm
 echo "built {{name}}.wasm; test it with: kvwasm check --component {{name}}.wasm --config kvwasm.toml" >&2
