@@ -244,6 +244,49 @@ fn a_warm_save_after_an_idle_release_asks_the_server_nothing_per_chunk() {
     );
 }
 
+/// A server that lost everything between two saves (`FLUSHALL` here; a
+/// restart without persistence alike): the host's record still says the
+/// chunks are there, so the puts answer 1, but the manifest's re-check
+/// finds them gone and fails, publishing nothing. The guest then forgets
+/// the namespace's record (the host's, so for every instance): the next
+/// save asks the server, stores every chunk and publishes.
+#[test]
+fn a_server_that_lost_its_data_fails_one_manifest_then_the_record_is_forgotten() {
+    let server = RedisServer::without_password();
+    let dir = tempfile::tempdir().unwrap();
+    let entry = "idle_release_ms = 30\ncall_timeout_ms = 5000\n";
+    let backend = in_process(dir.path(), &server, entry, "");
+    let handle = StoreHandle::open(backend, "slots").unwrap();
+    let chunks: Vec<Vec<u8>> = (0..6).map(|i| kvwasm_tests::pattern(2048, i)).collect();
+    let key = |chunk: &[u8]| kvwasm_tests::xxh3_key(chunk);
+    let save = |expect_present: bool| {
+        for chunk in &chunks {
+            assert_eq!(
+                handle.put_chunk(&key(chunk), chunk).unwrap(),
+                expect_present
+            );
+        }
+        handle.put_manifest("slot", b"names them")
+    };
+    save(false).unwrap();
+
+    server.cli(&["FLUSHALL"]);
+    kvwasm_tests::idle::wait_for_release(&handle);
+    let err = save(true).unwrap_err();
+    assert!(
+        matches!(&err, kvwasm_host::KvError::Io(m) if m.contains("6 chunks")),
+        "{err:?}"
+    );
+    assert_eq!(server.cli(&["DBSIZE"]).trim(), "0", "nothing published");
+
+    save(false).unwrap();
+    assert_eq!(
+        server.cli(&["DBSIZE"]).trim(),
+        "7",
+        "six chunks, the manifest"
+    );
+}
+
 #[test]
 fn batched_dedup_saves_in_three_round_trips() {
     let server = RedisServer::start();
