@@ -166,13 +166,125 @@ fn long_chunks_are_checked_and_staged_short_ones_written_through() {
     assert_eq!(server.calls("set"), 3, "the long chunk, then the manifest");
     assert_eq!(reader.get_chunk(b"long").unwrap().as_slice(), &long[..]);
 
-    // A warm save from a new handle: both answered "already present"; only
-    // the short chunk's bytes went to the server, and were not written.
-    let again = StoreHandle::open(backend, "ns").unwrap();
+    // A warm save from a new handle: both answered "already present" from
+    // what the host remembers the server acknowledged (`known-chunks`),
+    // without a command; its manifest would re-check them in one pipeline.
+    let again = StoreHandle::open(backend.clone(), "ns").unwrap();
     assert!(again.put_chunk(b"short", &short).unwrap());
     assert!(again.put_chunk(b"long", &long).unwrap());
-    assert_eq!(server.calls("set"), 4, "one SET NX, refused");
-    assert_eq!(server.calls("exists"), 3);
+    assert_eq!((server.calls("set"), server.calls("exists")), (3, 2));
+
+    // Another namespace remembers nothing of this one: its server is asked,
+    // and the chunks are new there.
+    let other = StoreHandle::open(backend, "other").unwrap();
+    assert!(!other.put_chunk(b"short", &short).unwrap(), "new");
+    assert!(!other.put_chunk(b"long", &long).unwrap(), "new");
+    assert_eq!((server.calls("set"), server.calls("exists")), (4, 3));
+}
+
+/// Issue 37: what the server acknowledged outlives the instance that heard
+/// it. Idle release drops an instance after `idle_release_ms`; the first
+/// warm save after it used to ask the server about every chunk again (a
+/// `SET NX` or `EXISTS` round trip per put). Now the new instance finds
+/// them in the host's `known-chunks` record of the backend and namespace:
+/// the puts send no command, and the manifest re-checks them all in one
+/// pipeline. Another backend on the same server and namespace shares
+/// nothing of that record.
+#[test]
+fn a_warm_save_after_an_idle_release_asks_the_server_nothing_per_chunk() {
+    let server = RedisServer::without_password();
+    let dir = tempfile::tempdir().unwrap();
+    let entry = "idle_release_ms = 30\ncall_timeout_ms = 5000\n";
+    let backend = in_process(dir.path(), &server, entry, "");
+    let handle = StoreHandle::open(backend.clone(), "slots").unwrap();
+    // Long chunks are checked with `EXISTS`, short ones written with `SET NX`.
+    let chunks: Vec<Vec<u8>> = (0..8)
+        .map(|i| kvwasm_tests::pattern(64 << 10, i))
+        .chain((8..24).map(|i| kvwasm_tests::pattern(2048, i)))
+        .collect();
+    let key = |chunk: &[u8]| kvwasm_tests::xxh3_key(chunk);
+    for chunk in &chunks {
+        assert!(!handle.put_chunk(&key(chunk), chunk).unwrap(), "new");
+    }
+    handle.put_manifest("slot", b"names them").unwrap();
+    let cold = (server.calls("set"), server.calls("exists"));
+    assert_eq!(cold, (16 + 8 + 1, 8 + 8), "{cold:?}");
+
+    kvwasm_tests::idle::wait_for_release(&handle);
+    let hits = backend.metrics.snapshot().known_chunk_hits;
+    for chunk in &chunks {
+        assert!(handle.put_chunk(&key(chunk), chunk).unwrap(), "present");
+    }
+    assert_eq!(
+        (server.calls("set"), server.calls("exists")),
+        cold,
+        "no command for any put"
+    );
+    let warm = backend.metrics.snapshot();
+    assert!(warm.instances_restarted >= 1, "{warm:?}");
+    assert_eq!(warm.known_chunk_hits - hits, 24, "{warm:?}");
+    handle.put_manifest("slot", b"names them").unwrap();
+    assert_eq!(
+        (server.calls("set"), server.calls("exists")),
+        (cold.0 + 1, cold.1 + 24),
+        "the manifest, after one re-check of all 24"
+    );
+
+    // The same server and namespace through another backend entry: its
+    // instances ask the server, which answers that the chunks are there.
+    let stranger = in_process(dir.path(), &server, entry, "");
+    let other = StoreHandle::open(stranger, "slots").unwrap();
+    for chunk in &chunks {
+        assert!(other.put_chunk(&key(chunk), chunk).unwrap(), "present");
+    }
+    assert_eq!(
+        (server.calls("set"), server.calls("exists")),
+        (cold.0 + 1 + 16, cold.1 + 24 + 8),
+        "a round trip per chunk"
+    );
+}
+
+/// A server that lost everything between two saves (`FLUSHALL` here; a
+/// restart without persistence alike): the host's record still says the
+/// chunks are there, so the puts answer 1, but the manifest's re-check
+/// finds them gone and fails, publishing nothing. The guest then forgets
+/// the namespace's record (the host's, so for every instance): the next
+/// save asks the server, stores every chunk and publishes.
+#[test]
+fn a_server_that_lost_its_data_fails_one_manifest_then_the_record_is_forgotten() {
+    let server = RedisServer::without_password();
+    let dir = tempfile::tempdir().unwrap();
+    let entry = "idle_release_ms = 30\ncall_timeout_ms = 5000\n";
+    let backend = in_process(dir.path(), &server, entry, "");
+    let handle = StoreHandle::open(backend, "slots").unwrap();
+    let chunks: Vec<Vec<u8>> = (0..6).map(|i| kvwasm_tests::pattern(2048, i)).collect();
+    let key = |chunk: &[u8]| kvwasm_tests::xxh3_key(chunk);
+    let save = |expect_present: bool| {
+        for chunk in &chunks {
+            assert_eq!(
+                handle.put_chunk(&key(chunk), chunk).unwrap(),
+                expect_present
+            );
+        }
+        handle.put_manifest("slot", b"names them")
+    };
+    save(false).unwrap();
+
+    server.cli(&["FLUSHALL"]);
+    kvwasm_tests::idle::wait_for_release(&handle);
+    let err = save(true).unwrap_err();
+    assert!(
+        matches!(&err, kvwasm_host::KvError::Io(m) if m.contains("6 chunks")),
+        "{err:?}"
+    );
+    assert_eq!(server.cli(&["DBSIZE"]).trim(), "0", "nothing published");
+
+    save(false).unwrap();
+    assert_eq!(
+        server.cli(&["DBSIZE"]).trim(),
+        "7",
+        "six chunks, the manifest"
+    );
 }
 
 #[test]

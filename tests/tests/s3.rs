@@ -4,8 +4,11 @@
 //! granted environment variables.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvwasm_host::config::Config;
+use kvwasm_host::{Backend, StoreHandle};
 use kvwasm_tests::servers::S3Server;
 use kvwasm_tests::{Probe, assert_open_refused, write_config};
 
@@ -321,4 +324,80 @@ fn prefetched_chunks_come_back_exact_in_any_order() {
         );
     }
     assert_eq!(out.len(), 2 + order.len(), "{stderr}");
+}
+
+/// The backend `name` on `server`, in this process, releasing idle
+/// instances after 30 ms, with its credentials in variables of its own
+/// (set here: no other test reads them).
+fn releasing_in_process(dir: &Path, server: &S3Server, name: &str) -> Arc<Backend> {
+    let (key_var, secret_var) = ("KVWASM_TEST_S3_IDLE_KEY", "KVWASM_TEST_S3_IDLE_SECRET");
+    // SAFETY: every test setting these variables sets the same values, and
+    // std serialises environment access among its own readers.
+    unsafe {
+        std::env::set_var(key_var, &server.access_key);
+        std::env::set_var(secret_var, &server.secret_key);
+    }
+    let text = format!(
+        "[backends.{name}]\ncomponent = \"builtin:s3\"\nhttp = [\"{0}\"]\n\
+         env = [\"{key_var}\", \"{secret_var}\"]\nidle_release_ms = 30\ncall_timeout_ms = 5000\n\
+         settings = {{ endpoint = \"{0}\", bucket = \"{1}\", access_key_id_env = \"{key_var}\", \
+         secret_access_key_env = \"{secret_var}\" }}\n",
+        server.endpoint, server.bucket
+    );
+    Arc::new(Config::parse(&text, dir).unwrap().backend(name).unwrap())
+}
+
+/// Issue 37, for S3: after an idle release, the first warm save sends no
+/// `HEAD` per chunk. The new instance finds every chunk in the host's
+/// `known-chunks` record (the only request of its puts is its start's
+/// bucket check), and the manifest re-checks them in one wave. Before,
+/// each put was a `HEAD` round trip. Another backend entry on the same
+/// bucket and namespace shares nothing of that record.
+#[test]
+fn a_warm_save_after_an_idle_release_sends_no_head_per_chunk() {
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let backend = releasing_in_process(dir.path(), &server, "s3_idle");
+    let handle = StoreHandle::open(backend.clone(), "slots").unwrap();
+    let chunks: Vec<Vec<u8>> = (0..24).map(|i| kvwasm_tests::pattern(2048, i)).collect();
+    let key = |chunk: &[u8]| kvwasm_tests::xxh3_key(chunk);
+    for chunk in &chunks {
+        assert!(!handle.put_chunk(&key(chunk), chunk).unwrap(), "new");
+    }
+    handle.put_manifest("slot", b"names them").unwrap();
+    let cold = backend.metrics.snapshot();
+    assert_eq!(
+        cold.http_requests,
+        1 + 24 + 24 + 1,
+        "the bucket check, a HEAD and a PUT per chunk, the manifest: {cold:?}"
+    );
+
+    kvwasm_tests::idle::wait_for_release(&handle);
+    let released = backend.metrics.snapshot();
+    for chunk in &chunks {
+        assert!(handle.put_chunk(&key(chunk), chunk).unwrap(), "present");
+    }
+    let warm = backend.metrics.snapshot();
+    assert_eq!(warm.instances_restarted - released.instances_restarted, 1);
+    assert_eq!(
+        warm.http_requests - released.http_requests,
+        1,
+        "only the new instance's bucket check: {warm:?}"
+    );
+    assert_eq!(warm.known_chunk_hits - released.known_chunk_hits, 24);
+    handle.put_manifest("slot", b"names them").unwrap();
+    assert_eq!(
+        backend.metrics.snapshot().http_requests - warm.http_requests,
+        24 + 1,
+        "one HEAD per chunk in one wave, then the manifest"
+    );
+
+    // Another backend entry on the same bucket and namespace asks the
+    // service about every chunk, which has them.
+    let stranger = releasing_in_process(dir.path(), &server, "s3_idle_other");
+    let other = StoreHandle::open(stranger.clone(), "slots").unwrap();
+    for chunk in &chunks {
+        assert!(other.put_chunk(&key(chunk), chunk).unwrap(), "present");
+    }
+    assert_eq!(stranger.metrics.snapshot().http_requests, 1 + 24);
 }

@@ -6,7 +6,8 @@
 //! MinIO's MemKV client does:
 //!
 //! * `put-chunk` answers `already-present` from what this handle has
-//!   staged or seen, else asks the server (one existence check per unknown
+//!   staged or any instance on the namespace saw (below), else asks the
+//!   server (one existence check per unknown
 //!   hash, so the return code is exact) unless the operator chose
 //!   `dedup_check = "flush"`.
 //! * The chunk's bytes are kept past the call (the host lends them for it
@@ -35,15 +36,25 @@
 //!   on and not checked again at the flush: a store that drops a chunk
 //!   between its put and the manifest evicts or expires chunks, which
 //!   breaks manifests anyway (next point).
+//! * What the server acknowledged holding (a put it answered, an existence
+//!   check, a get) is remembered in the host's `known-chunks` record of
+//!   this backend and namespace, not in the instance: idle release drops
+//!   instances after `idle_release_ms`, and the first save after a pause
+//!   would otherwise ask about every chunk again (a round trip each). So
+//!   every instance and handle on the namespace, for the life of the
+//!   process, answers a hash any of them saw without asking.
 //! * Chunks the server may have dropped since this handle saw them (Redis
-//!   eviction or a TTL, an S3 lifecycle rule): every hash `put-chunk`
-//!   answered `already-present` for without staging it is *vouched for*,
+//!   eviction or a TTL, an S3 lifecycle rule, an operator's `FLUSHDB`):
+//!   every hash `put-chunk` answered `already-present` for without staging
+//!   it is *vouched for*,
 //!   and the next flush re-checks it in the same existence round trip as
 //!   the staged ones (a warm save is two round trips: this check and the
 //!   manifest). A vouched chunk that is gone is written again if its bytes
 //!   are still in the prefetch cache; otherwise the flush, and so the
-//!   `put-manifest`, fails with `io` naming it, and the handle forgets it,
-//!   so putting it again stores it. Nothing is published naming a chunk
+//!   `put-manifest`, fails with `io` naming it, and the whole record of the
+//!   namespace is forgotten (the server lost data it held, so anything
+//!   else remembered may be gone too): putting the chunks again asks the
+//!   server and stores them. Nothing is published naming a chunk
 //!   that was gone at that check; a store that evicts chunks *after* a
 //!   manifest names them still breaks that manifest, so keep Redis on
 //!   `maxmemory-policy noeviction` and S3 `chunks/` without expiry.
@@ -67,6 +78,7 @@ use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 
+use crate::bindings::kvwasm::kv_store::known_chunks;
 use crate::bindings::kvwasm::kv_store::payload_streams::copy;
 use crate::prefetch::{Cached, Prefetch};
 use crate::{
@@ -297,10 +309,15 @@ impl KeySpace {
     }
 }
 
-/// Hashes a handle knows to be stored, so repeated saves skip the server.
-/// Bounded: forgotten wholesale when full (a forgotten hash costs one
-/// existence check, never a wrong answer).
-const MAX_KNOWN: usize = 1 << 20;
+/// Hashes one `known-chunks.remember` call may list (the WIT's bound).
+const REMEMBER_PER_CALL: usize = 4096;
+
+/// Record in the host's `known-chunks` that the server holds `hashes`.
+fn remember(hashes: &[Vec<u8>]) {
+    for batch in hashes.chunks(REMEMBER_PER_CALL) {
+        known_chunks::remember(batch);
+    }
+}
 
 #[derive(Default)]
 struct Staging {
@@ -309,7 +326,6 @@ struct Staging {
     /// Hash → its position in `pending`.
     pending_index: HashMap<Vec<u8>, usize>,
     pending_bytes: usize,
-    known: HashSet<Vec<u8>>,
     /// Chunks written behind and not yet settled.
     behind: HashSet<Vec<u8>>,
     /// Hashes answered `already-present` without being staged since the
@@ -325,13 +341,6 @@ impl Staging {
         self.pending_bytes += value.len();
         self.pending_index.insert(hash.clone(), self.pending.len());
         self.pending.push((hash, value));
-    }
-
-    fn remember(&mut self, hash: Vec<u8>) {
-        if self.known.len() >= MAX_KNOWN {
-            self.known.clear();
-        }
-        self.known.insert(hash);
     }
 
     fn staged(&self, hash: &[u8]) -> Option<&Value> {
@@ -385,11 +394,12 @@ impl<R: Remote> RemoteStore<R> {
         let mut staging = self.staging.borrow_mut();
         let mut out = Wave::default();
         let mut uncached = Vec::new();
+        let mut found = Vec::new();
         for (hash, value) in wave.into_iter().zip(values) {
+            if value.is_some() {
+                found.push(hash.clone());
+            }
             if out.first.is_none() && first == Some(hash.as_slice()) {
-                if value.is_some() {
-                    staging.remember(hash);
-                }
                 out.first = Some(value);
                 continue;
             }
@@ -399,11 +409,11 @@ impl<R: Remote> RemoteStore<R> {
                 uncached.push(hash);
                 continue;
             }
-            match staging.prefetch.insert(hash.clone(), value, budget) {
-                Ok(()) => staging.remember(hash),
-                Err((hash, _)) => uncached.push(hash),
+            if let Err((hash, _)) = staging.prefetch.insert(hash, value, budget) {
+                uncached.push(hash);
             }
         }
+        remember(&found);
         out.more = uncached.is_empty();
         staging.prefetch.requeue(uncached);
         Ok(out)
@@ -431,6 +441,7 @@ impl<R: Remote> RemoteStore<R> {
         let mut staging = self.staging.borrow_mut();
         let mut first = None;
         let mut count = 0;
+        let mut stored = Vec::new();
         for hash in behind {
             match failed.remove(&self.keys.chunk(&hash)) {
                 Some((value, e)) => {
@@ -438,9 +449,10 @@ impl<R: Remote> RemoteStore<R> {
                     first.get_or_insert_with(|| format!("{}: {e}", validate::hash_hex(&hash)));
                     staging.stage(hash, value);
                 }
-                None => staging.remember(hash),
+                None => stored.push(hash),
             }
         }
+        remember(&stored);
         if let Some(first) = first {
             eprintln!("{count} chunks written behind failed (e.g. {first}); staged for the flush");
         }
@@ -493,19 +505,21 @@ impl<R: Remote> RemoteStore<R> {
             skipped: staged - missing_staged,
             rechecked: vouched.len(),
         };
-        let pending = std::mem::take(&mut staging.pending);
+        let pending: Vec<Vec<u8>> = std::mem::take(&mut staging.pending)
+            .into_iter()
+            .map(|(hash, _)| hash)
+            .collect();
         staging.pending_index.clear();
         staging.pending_bytes = 0;
         staging.vouched.clear();
-        for (hash, _) in pending {
-            staging.remember(hash);
-        }
         if gone.is_empty() {
+            remember(&pending);
             return Ok(flushed);
         }
-        for hash in &gone {
-            staging.known.remove(hash);
-        }
+        // The server lost chunks it held: whatever else was remembered may
+        // be gone too, so every instance asks again from now on.
+        known_chunks::forget_all();
+        remember(&pending);
         let names: Vec<String> = gone.iter().take(8).map(|h| validate::hash_hex(h)).collect();
         Err(Error::Io(format!(
             "{} chunks this handle answered already-present for are gone from the server \
@@ -553,21 +567,20 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
 
     fn put_chunk(&self, hash: Vec<u8>, data: &Payload) -> Result<PutOutcome> {
         validate::hash(&hash)?;
-        let known = {
+        {
             let staging = self.staging.borrow();
             if staging.pending_index.contains_key(&hash) || staging.behind.contains(&hash) {
                 return Ok(PutOutcome::AlreadyPresent);
             }
-            staging.known.contains(&hash)
-        };
+        }
+        let known = known_chunks::contains(&hash);
         let present = known
             || match self.options.dedup {
                 DedupCheck::Put if data.len() < R::WRITE_THROUGH_BELOW as u64 => {
                     if self.remote().put_if_absent(&self.keys.chunk(&hash), data)? {
                         self.written_at_put.set(self.written_at_put.get() + 1);
-                        let mut staging = self.staging.borrow_mut();
-                        staging.vouched.remove(&hash);
-                        staging.remember(hash);
+                        self.staging.borrow_mut().vouched.remove(&hash);
+                        remember(std::slice::from_ref(&hash));
                         return Ok(PutOutcome::Stored);
                     }
                     true
@@ -576,9 +589,11 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
                 DedupCheck::Flush => false,
             };
         if present {
+            if !known {
+                remember(std::slice::from_ref(&hash));
+            }
             let vouched = {
                 let mut staging = self.staging.borrow_mut();
-                staging.remember(hash.clone());
                 staging.vouched.insert(hash);
                 staging.vouched.len()
             };
@@ -646,7 +661,7 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             .pop()
             .flatten();
         let value = value.ok_or(Error::NotFound)?;
-        self.staging.borrow_mut().remember(hash);
+        remember(std::slice::from_ref(&hash));
         Ok(value.into_payload())
     }
 

@@ -92,6 +92,9 @@ fn grant_for(interface: &str) -> &'static str {
         n if n.starts_with("wasi:cli/") || n.starts_with("wasi:io/") => "always (inert)",
         "kvwasm:kv-store/types" => "always (payloads)",
         "kvwasm:kv-store/payload-streams" => "always (payloads to and from streams it holds)",
+        "kvwasm:kv-store/known-chunks" => {
+            "always (a bounded record of its own, per namespace, of chunks its server holds)"
+        }
         "kvwasm:events/types" => "always (event records)",
         "kvwasm:events/block-hash" => "always (pure hashing)",
         _ => "unknown to kvwasm: instantiation will fail",

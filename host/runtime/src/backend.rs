@@ -44,6 +44,9 @@ pub struct Backend {
     /// Subscribers only: stored events reach the guest with their token ids
     /// already hashed (`prehash_tokens`, see [`crate::subscriber`]).
     pub prehash_tokens: bool,
+    /// What this backend's instances said its server holds, per namespace
+    /// (`known-chunks`): outlives the instances idle release drops.
+    pub known_chunks: Arc<crate::known_chunks::KnownChunks>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -85,6 +88,7 @@ impl Backend {
             metrics: crate::metrics::for_backend(name),
             events_out: None,
             prehash_tokens: false,
+            known_chunks: Arc::default(),
         }
     }
 

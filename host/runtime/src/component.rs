@@ -10,7 +10,7 @@ use crate::artifact_cache::{self, Origin};
 use crate::bindings::advisor::exports::kvwasm::events::{advisor, advisor_moves};
 use crate::bindings::events::exports::kvwasm::events::{http_api, subscriber};
 use crate::bindings::fabric::FabricPre;
-use crate::bindings::kvwasm::kv_store::{payload_io, payload_streams, types};
+use crate::bindings::kvwasm::kv_store::{known_chunks, payload_io, payload_streams, types};
 use crate::bindings::{BackendExportsPre, BackendInfo};
 use crate::engine::{Metering, engine, engine_for};
 use crate::error::KvError;
@@ -460,6 +460,7 @@ fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
     types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     payload_io::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     payload_streams::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+    known_chunks::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     crate::block_hash::add_to_linker(&mut linker)?;
     wasmtime_wasi_config::add_to_linker(&mut linker, |s: &mut HostState| {
         wasmtime_wasi_config::WasiConfig::from(&*s.settings)

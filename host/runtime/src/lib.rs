@@ -40,6 +40,7 @@ mod guest_log;
 pub mod handle;
 mod instance;
 mod io;
+pub mod known_chunks;
 pub mod limits;
 pub mod log_limit;
 pub mod metrics;

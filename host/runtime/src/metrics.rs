@@ -32,6 +32,8 @@ pub struct BackendMetrics {
     instances_restarted: AtomicU64,
     syncs: AtomicU64,
     syncs_skipped: AtomicU64,
+    known_chunk_hits: AtomicU64,
+    http_requests: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -55,6 +57,11 @@ pub struct Counters {
     /// Files and directories `sync-paths` found durable already (the host
     /// synced them before, and they have not changed since).
     pub syncs_skipped: u64,
+    /// Hashes a guest found in the host's `known-chunks` record (each one
+    /// a server round trip saved after an idle release).
+    pub known_chunk_hits: u64,
+    /// `wasi:http` requests the host sent for the guest (allowed ones).
+    pub http_requests: u64,
 }
 
 impl BackendMetrics {
@@ -83,6 +90,16 @@ impl BackendMetrics {
     pub(crate) fn synced(&self, synced: u64, skipped: u64) {
         self.syncs.fetch_add(synced, Relaxed);
         self.syncs_skipped.fetch_add(skipped, Relaxed);
+    }
+
+    /// A `known-chunks.contains` that found its hash.
+    pub(crate) fn known_chunk_hit(&self) {
+        self.known_chunk_hits.fetch_add(1, Relaxed);
+    }
+
+    /// An outgoing `wasi:http` request the grant allowed.
+    pub(crate) fn http_request(&self) {
+        self.http_requests.fetch_add(1, Relaxed);
     }
 
     /// One finished call: `bytes_in` from the consumer, `bytes_out` to it.
@@ -123,6 +140,8 @@ impl BackendMetrics {
             instances_restarted: self.instances_restarted.load(Relaxed),
             syncs: self.syncs.load(Relaxed),
             syncs_skipped: self.syncs_skipped.load(Relaxed),
+            known_chunk_hits: self.known_chunk_hits.load(Relaxed),
+            http_requests: self.http_requests.load(Relaxed),
         }
     }
 }
@@ -151,7 +170,7 @@ pub fn snapshot() -> BTreeMap<String, Counters> {
 pub fn prometheus_text() -> String {
     let all = snapshot();
     type Family = (&'static str, &'static str, fn(&Counters) -> u64);
-    let families: [Family; 12] = [
+    let families: [Family; 14] = [
         ("calls", "Calls into backend guests.", |c| c.calls),
         ("errors", "Calls that failed (misses excluded).", |c| {
             c.errors
@@ -195,6 +214,16 @@ pub fn prometheus_text() -> String {
             "syncs_skipped",
             "Files and directories sync-paths found durable already, unchanged since the host synced them.",
             |c| c.syncs_skipped,
+        ),
+        (
+            "known_chunk_hits",
+            "Chunk hashes a guest found in the host's record of what its server holds (known-chunks).",
+            |c| c.known_chunk_hits,
+        ),
+        (
+            "http_requests",
+            "Outgoing wasi:http requests sent for the backend.",
+            |c| c.http_requests,
         ),
     ];
     let mut out = String::new();

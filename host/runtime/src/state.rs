@@ -18,6 +18,13 @@ use crate::limits::InstanceLimits;
 pub struct HostState {
     /// The backend's name, for log lines about what this guest was refused.
     pub(crate) backend: Arc<str>,
+    /// The backend's counters.
+    pub(crate) metrics: Arc<crate::metrics::BackendMetrics>,
+    /// The namespace the instance opened: the only one whose
+    /// `known-chunks` record it reaches.
+    pub(crate) namespace: Arc<str>,
+    /// The backend's `known-chunks` records.
+    pub(crate) known_chunks: Arc<crate::known_chunks::KnownChunks>,
     /// The descriptors the instance may open (its cap, its kind's share).
     pub(crate) headroom: crate::capabilities::descriptors::Headroom,
     /// Whether `read-directory` is granted.

@@ -316,9 +316,11 @@ mod tests {
         std::fs::rename(&tmp, &file).unwrap();
         assert_eq!(sync(dir.path(), &["a/chunk", "a"]), (1, 1));
 
-        // Written in place, same size: a new change time.
+        // Written in place, same size: a new change time. (Whether the
+        // sync above was remembered depends on the tick it fell in; past
+        // the change time, this one is.)
         past_change_time(&file);
-        assert_eq!(sync(dir.path(), &["a/chunk"]), (1, 0));
+        sync(dir.path(), &["a/chunk"]);
         assert_eq!(sync(dir.path(), &["a/chunk"]), (0, 0));
         std::fs::write(&file, b"bytez").unwrap();
         assert_eq!(sync(dir.path(), &["a/chunk"]), (1, 0));

@@ -172,6 +172,7 @@ impl WasiHttpHooks for HttpPolicy {
             }
             return Box::new(std::future::ready(Err(HttpError::HttpRequestDenied)));
         }
+        self.metrics.http_request();
         let request = match pool_key(request) {
             Ok(request) => request,
             Err(e) => return Box::new(std::future::ready(Err(e))),
