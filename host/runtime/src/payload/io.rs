@@ -134,14 +134,10 @@ fn write_new<'a>(
 ) -> Result<NewFile<'a>, ErrorCode> {
     use std::io::Write;
     let mut new = NewFile::create(parent, name, headroom)?;
-    let written = new.file.write_all(bytes).and_then(|()| {
-        if sync {
-            new.file.sync_data()
-        } else {
-            start_writeback(&new.file);
-            Ok(())
-        }
-    });
+    let written = new
+        .file
+        .write_all(bytes)
+        .and_then(|()| if sync { new.file.sync_data() } else { Ok(()) });
     match written {
         Ok(()) => Ok(new),
         Err(e) => {
@@ -149,20 +145,6 @@ fn write_new<'a>(
             Err(io_error_code(e))
         }
     }
-}
-
-/// Ask the kernel to start writing `file`'s dirty pages back now, without
-/// waiting for it. A file written without `sync` is one a backend syncs
-/// later in a batch (`sync-paths` before a manifest): by then its data has
-/// been on its way to the disk since the write, so the batch waits for the
-/// last files and one journal commit instead of each file's writeback and
-/// commit in turn (a cold 98 MB llama-server save through the fs guest:
-/// docs/llama.md). Only a hint: a failure here is seen by the sync.
-fn start_writeback(file: &std::fs::File) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: `file` is a descriptor this call borrows; offset 0 and
-    // length 0 mean the whole file.
-    unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
 }
 
 impl HostState {
