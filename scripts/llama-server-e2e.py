@@ -438,7 +438,8 @@ def median(xs):
 
 
 def bench(work):
-    """Upstream's slot files against the fs guest and Redis, same disk,
+    """Upstream's slot files against the fs guest (synced, and as a cache:
+    durability = "none") and Redis, same disk,
     same run: cold saves (new prompts), warm saves (the next turn of a
     conversation already saved) and restores, as llama-server times them."""
     base = tempfile.mkdtemp(prefix="llama-server-bench.", dir=os.environ.get("KVWASM_BENCH_DIR") or None)
