@@ -110,76 +110,30 @@ pub(crate) fn sync_paths(
         directories: 0,
     };
     let mut subdirs: Vec<(&str, std::fs::File)> = Vec::new();
-    // First every file's writeback is started, then each is synced: the
-    // syncs then find their data written, and its allocation committed by
-    // the first one, instead of each waiting for its own writeback and
-    // journal commit in turn (a cold 98 MB llama-server save of 385 chunks
-    // spent most of its 2.5 s so: docs/llama.md).
-    // A path that fails here fails the same way below, after the paths
-    // before it were synced.
-    for path in paths.iter().filter(|p| *p != ".") {
-        let Ok((sub, name)) = split_name(path) else {
-            break;
-        };
-        let Ok(parent) = parent_of(dir, sub, &mut subdirs, headroom) else {
-            break;
-        };
-        start_writeback(parent, name, headroom);
-    }
     for path in paths {
         if path == "." {
             sync_one(dir.as_raw_fd(), None, headroom, &mut synced)?;
             continue;
         }
         let (sub, name) = split_name(path)?;
-        let parent = parent_of(dir, sub, &mut subdirs, headroom)?;
+        let parent = if sub.is_empty() {
+            dir.as_raw_fd()
+        } else if let Some((_, open)) = subdirs.iter().find(|(s, _)| *s == sub) {
+            open.as_raw_fd()
+        } else {
+            if subdirs.len() == OPEN_SUBDIRS {
+                subdirs.clear();
+            }
+            let Some(open) = open_dir_beneath(dir, sub, headroom)? else {
+                return Err(ErrorCode::Invalid);
+            };
+            let fd = open.as_raw_fd();
+            subdirs.push((sub, open));
+            fd
+        };
         sync_one(parent, Some(name), headroom, &mut synced)?;
     }
     Ok(synced)
-}
-
-/// The directory `sub` beneath `dir` (`dir` itself if empty), opened once
-/// per call and kept among the last [`OPEN_SUBDIRS`].
-fn parent_of<'p>(
-    dir: &std::fs::File,
-    sub: &'p str,
-    subdirs: &mut Vec<(&'p str, std::fs::File)>,
-    headroom: &Headroom,
-) -> Result<RawFd, ErrorCode> {
-    if sub.is_empty() {
-        return Ok(dir.as_raw_fd());
-    }
-    if let Some((_, open)) = subdirs.iter().find(|(s, _)| *s == sub) {
-        return Ok(open.as_raw_fd());
-    }
-    if subdirs.len() == OPEN_SUBDIRS {
-        subdirs.clear();
-    }
-    let Some(open) = open_dir_beneath(dir, sub, headroom)? else {
-        return Err(ErrorCode::Invalid);
-    };
-    let fd = open.as_raw_fd();
-    subdirs.push((sub, open));
-    Ok(fd)
-}
-
-/// Ask the kernel to start writing back `name` in `parent`, a regular file
-/// the host has not synced in this version, without waiting for it. Only a
-/// hint: anything that fails here is met again, and reported, by the sync.
-fn start_writeback(parent: RawFd, name: &str, headroom: &Headroom) {
-    let Ok(name) = CString::new(name) else { return };
-    let Ok(there) = stat_at(parent, &name) else {
-        return;
-    };
-    match Seen::new(&there) {
-        Ok(seen) if !seen.is_dir && !seen.is_synced() => {}
-        _ => return,
-    }
-    if let Ok(fd) = open_at(parent, &name, headroom) {
-        // SAFETY: `fd` is a descriptor this call holds open; offset 0 and
-        // length 0 mean the whole file.
-        unsafe { libc::sync_file_range(fd.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
-    }
 }
 
 /// Sync `name` (a plain name) in `parent`, or `parent` itself, unless the
