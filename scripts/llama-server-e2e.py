@@ -384,9 +384,10 @@ def start_up_errors(work, env):
         log(f"ok  --slot-save-path {uri}: exits {p.returncode} at start-up, naming '{text}'")
 
 
-def write_config(work, redis, lib):
+def write_config(work, redis, lib, extra=""):
     path = os.path.join(work, "kvwasm.toml")
     with open(path, "w") as f:
+        f.write(extra)
         f.write(
             f'[backends.redis]\ncomponent = "builtin:redis"\nnet = ["127.0.0.1:{redis.port}"]\n'
             f'env = ["KVWASM_LLAMA_REDIS_PASSWORD"]\n'
@@ -437,17 +438,22 @@ def median(xs):
 
 
 def bench(work):
-    """Upstream's slot files against the fs guest and Redis, same disk,
+    """Upstream's slot files against the fs guest (synced, and as a cache:
+    durability = "none") and Redis, same disk,
     same run: cold saves (new prompts), warm saves (the next turn of a
     conversation already saved) and restores, as llama-server times them."""
     base = tempfile.mkdtemp(prefix="llama-server-bench.", dir=os.environ.get("KVWASM_BENCH_DIR") or None)
     redis = Redis(work)
-    env = write_config(work, redis, lib_dir(work))
+    # The fs guest as a cache: nothing synced, as upstream's files are not.
+    cache = f'[backends.fscache]\ncomponent = "builtin:fs"\ndir = "{base}/cache"\nsettings = {{ durability = "none" }}\n'
+    env = write_config(work, redis, lib_dir(work), cache)
     files = os.path.join(base, "files")
     os.makedirs(files)
     sides = {
         "upstream files": Server(files, work, n_ctx=4096, threads=2, env=env, name="bench-files"),
         "kvwasm fs": Server(f"wasm://{base}/kv", work, n_ctx=4096, threads=2, env=env, name="bench-fs"),
+        "kvwasm fs, durability none": Server("wasm://fscache/bench", work, n_ctx=4096, threads=2, env=env,
+                                             name="bench-fscache"),
         "kvwasm redis": Server("wasm://redis/bench", work, n_ctx=4096, threads=2, env=env, name="bench-redis"),
     }
     times = {k: {"cold": [], "warm": [], "restore": []} for k in sides}

@@ -1,11 +1,13 @@
 /* kv_slot: see kv_slot.h; the chunking and the manifest are described in
  * docs/llama.md. */
+#define _GNU_SOURCE /* MADV_HUGEPAGE */
 #include "kv_slot.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define XXH_INLINE_ALL
 #include "xxhash.h"
@@ -65,6 +67,27 @@ void kv_slot_write_head(uint8_t *out, uint32_t magic, uint32_t version, const in
     put_u32(out + 4, version);
     put_u32(out + 8, (uint32_t)n_tokens);
     for (size_t i = 0; i < n_tokens; i++) put_u32(out + KV_SLOT_GGSQ_HEAD + 4 * i, (uint32_t)tokens[i]);
+}
+
+uint8_t *kv_slot_buf_reserve(kv_slot_buf *buf, size_t size) {
+    if (size <= buf->cap && buf->data) return buf->data;
+    kv_slot_buf_release(buf);
+    size_t cap = (size + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1); /* whole huge pages */
+    if (cap < size) return NULL;
+    void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, cap, MADV_HUGEPAGE); /* a hint: without it, 4 KiB pages */
+#endif
+    buf->data = (uint8_t *)p;
+    buf->cap = cap;
+    return buf->data;
+}
+
+void kv_slot_buf_release(kv_slot_buf *buf) {
+    if (buf->data) munmap(buf->data, buf->cap);
+    buf->data = NULL;
+    buf->cap = 0;
 }
 
 /* ---- chunking ---- */
@@ -206,7 +229,7 @@ int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
     return result;
 }
 
-int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, uint8_t **state, size_t *size,
+int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_buf *state, size_t *size,
                  size_t *chunks, kv_slot_error *err) {
     uint8_t *m = NULL;
     size_t mlen = 0;
@@ -239,8 +262,11 @@ int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
     /* A hint: a failure leaves the per-chunk gets to do the work. */
     if (vt->version >= 2 && vt->prefetch_chunks && n) vt->prefetch_chunks(store, keys, KV_SLOT_HASH_LEN, n);
     free(keys);
-    uint8_t *st = (uint8_t *)malloc(total ? (size_t)total : 1);
-    if (!st) abort();
+    uint8_t *st = kv_slot_buf_reserve(state, total ? (size_t)total : 1);
+    if (!st) {
+        free(m);
+        return fail(err, 0, "memory", "no memory for a state of %llu bytes", (unsigned long long)total);
+    }
     size_t o = 0;
     int result = 0;
     for (size_t i = 0; i < n && result == 0; i++) {
@@ -258,17 +284,13 @@ int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
             result = fail(err, 0, "get_chunk", "chunk %zu of %zu (%016llx) does not match its manifest entry (%s)", i,
                           n, (unsigned long long)get_u64(e), len != want ? "length" : "xxh3-64");
         } else {
-            memcpy(st + o, data, len);
+            memcpy(st + o, data, len); /* still in cache from the hash */
             o += len;
         }
         free(data); /* backend outputs come from malloc */
     }
     free(m);
-    if (result != 0) {
-        free(st);
-        return result;
-    }
-    *state = st;
+    if (result != 0) return result;
     *size = (size_t)total;
     *chunks = n;
     return 0;

@@ -39,6 +39,23 @@ typedef struct {
     int rows_layout;     /* 1: cut along KV rows; 0: the layout was not recognised, cut every 1 MiB */
 } kv_slot_save_stats;
 
+/* A buffer for a whole state, kept from one save or restore to the next.
+ * A fresh buffer of ~100 MB costs a page fault (and the zeroing of a page)
+ * per 4 KiB on first touch, which took longer than writing the same bytes
+ * to a file (docs/llama.md); a kept one costs nothing after its first use.
+ * It is mapped with transparent huge pages where the kernel offers them. */
+typedef struct {
+    uint8_t *data;
+    size_t cap;
+} kv_slot_buf;
+
+/* At least `size` bytes at buf->data (contents not kept when it grows);
+ * NULL if memory is short (the buffer is then empty). */
+uint8_t *kv_slot_buf_reserve(kv_slot_buf *buf, size_t size);
+
+/* Unmaps the buffer; it may be reserved again. */
+void kv_slot_buf_release(kv_slot_buf *buf);
+
 /* Writes the ggsq header for `n_tokens` tokens (KV_SLOT_GGSQ_HEAD + 4 * n
  * bytes at `out`). */
 void kv_slot_write_head(uint8_t *out, uint32_t magic, uint32_t version, const int32_t *tokens, size_t n_tokens);
@@ -50,11 +67,11 @@ int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
                  uint32_t rows, kv_slot_save_stats *stats, kv_slot_error *err);
 
 /* Loads manifest `name` and its chunks (prefetch_chunks first on a v2
- * vtable), checking each chunk's length and xxh3-64 against the manifest.
- * On success returns 0, `*state` (malloc'd, the caller frees it) holding
- * `*size` bytes and `*chunks` the chunk count; -1 with `err` filled, and
- * nothing allocated, otherwise. */
-int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, uint8_t **state, size_t *size,
+ * vtable), checking each chunk's length and xxh3-64 against the manifest,
+ * into `state` (grown as needed). On success returns 0, state->data
+ * holding `*size` bytes and `*chunks` the chunk count; -1 with `err`
+ * filled otherwise (the buffer's contents are then undefined). */
+int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_buf *state, size_t *size,
                  size_t *chunks, kv_slot_error *err);
 
 /* What a negative return of libkv_store_wasm.so means (README, "Return

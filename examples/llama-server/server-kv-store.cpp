@@ -15,6 +15,10 @@ static constexpr uint32_t CHUNK_ROWS = 256;
 // task loop (one task at a time), left open for the process's lifetime.
 static const kv_store_vtable * g_vt    = nullptr;
 static kv_store_v1 *           g_store = nullptr;
+// The state of the save or restore under way, kept for the next one: as
+// large as the largest slot state saved or restored so far (kv_slot.h says
+// why a kept buffer).
+static kv_slot_buf             g_state = { nullptr, 0 };
 
 bool server_kv_store_is_uri(const std::string & path) {
     return path.find("://") != std::string::npos;
@@ -71,20 +75,23 @@ size_t server_kv_store_save(llama_context * ctx, llama_seq_id seq, const std::ve
     if (seq_size == 0) {
         throw server_kv_store_error("Unable to save slot: no sequence state", ERROR_TYPE_SERVER);
     }
-    // not zeroed: every byte is written below
-    const size_t size = head + seq_size;
-    std::unique_ptr<uint8_t[]> state(new uint8_t[size]);
+    // every byte is written below
+    const size_t size  = head + seq_size;
+    uint8_t *    state = kv_slot_buf_reserve(&g_state, size);
+    if (!state) {
+        throw server_kv_store_error("Unable to save slot: no memory for its state", ERROR_TYPE_SERVER);
+    }
     std::vector<llama_token> tokens(n_tokens);
     if (n_tokens) {
         std::memcpy(tokens.data(), packed_tokens.data(), n_tokens * sizeof(llama_token));
     }
-    kv_slot_write_head(state.get(), LLAMA_STATE_SEQ_MAGIC, LLAMA_STATE_SEQ_VERSION, tokens.data(), n_tokens);
-    if (llama_state_seq_get_data(ctx, state.get() + head, seq_size, seq) != seq_size) {
+    kv_slot_write_head(state, LLAMA_STATE_SEQ_MAGIC, LLAMA_STATE_SEQ_VERSION, tokens.data(), n_tokens);
+    if (llama_state_seq_get_data(ctx, state + head, seq_size, seq) != seq_size) {
         throw server_kv_store_error("Unable to save slot: llama_state_seq_get_data failed", ERROR_TYPE_SERVER);
     }
     kv_slot_save_stats stats;
     kv_slot_error      err;
-    if (kv_slot_save(g_vt, g_store, name.c_str(), state.get(), size, CHUNK_ROWS, &stats, &err) != 0) {
+    if (kv_slot_save(g_vt, g_store, name.c_str(), state, size, CHUNK_ROWS, &stats, &err) != 0) {
         throw server_kv_store_error(std::string("Unable to save slot: ") + err.msg, error_type_of(err));
     }
     counts = {
@@ -97,15 +104,15 @@ size_t server_kv_store_save(llama_context * ctx, llama_seq_id seq, const std::ve
 }
 
 server_kv_store_state server_kv_store_load(const std::string & name) {
-    uint8_t *     bytes = nullptr;
-    size_t        size  = 0;
+    size_t        size = 0;
     kv_slot_error err;
     server_kv_store_state st;
-    if (kv_slot_load(g_vt, g_store, name.c_str(), &bytes, &size, &st.chunks, &err) != 0) {
+    if (kv_slot_load(g_vt, g_store, name.c_str(), &g_state, &size, &st.chunks, &err) != 0) {
         throw server_kv_store_error(std::string("Unable to restore slot: ") + err.msg, error_type_of(err));
     }
-    st.bytes.reset(bytes);
-    st.size = size;
+    const uint8_t * bytes = g_state.data;
+    st.bytes = bytes;
+    st.size  = size;
     auto u32 = [&](size_t at) {
         uint32_t v;
         std::memcpy(&v, bytes + at, sizeof v);
@@ -130,5 +137,5 @@ server_kv_store_state server_kv_store_load(const std::string & name) {
 
 bool server_kv_store_apply(llama_context * ctx, llama_seq_id seq, const server_kv_store_state & state) {
     const size_t n = state.size - state.head;
-    return llama_state_seq_set_data(ctx, state.bytes.get() + state.head, n, seq) == n;
+    return llama_state_seq_set_data(ctx, state.bytes + state.head, n, seq) == n;
 }

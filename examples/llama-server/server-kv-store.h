@@ -10,8 +10,6 @@
 #include "server-common.h"
 
 #include <cstdint>
-#include <cstdlib>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -38,9 +36,10 @@ bool server_kv_store_enabled();
 size_t server_kv_store_save(llama_context * ctx, llama_seq_id seq, const std::vector<char> & packed_tokens,
                             const std::string & name, std::vector<std::pair<std::string, size_t>> & counts);
 
-// A state fetched and verified, not yet applied to any slot.
+// A state fetched and verified, not yet applied to any slot. Its bytes live
+// in the store's one state buffer, valid until the next save or restore.
 struct server_kv_store_state {
-    std::unique_ptr<uint8_t, void (*)(void *)> bytes{ nullptr, std::free };
+    const uint8_t * bytes = nullptr;
     size_t       size   = 0;
     llama_tokens tokens;     // the packed prompt tokens of the ggsq header
     size_t       head   = 0; // where llama_state_seq_get_data's bytes begin

@@ -186,10 +186,11 @@ static restore_stats restore(const kv_store_vtable *vt, const char *uri, const c
     double t0 = now_ms();
     kv_store_v1 *store = vt->open(uri);
     if (!store) die("open(%s) failed", uri);
-    uint8_t *st = NULL;
+    kv_slot_buf buf = {NULL, 0};
     size_t size = 0;
     kv_slot_error err;
-    if (kv_slot_load(vt, store, name, &st, &size, &r.chunks, &err) != 0) die("restore %s: %s", name, err.msg);
+    if (kv_slot_load(vt, store, name, &buf, &size, &r.chunks, &err) != 0) die("restore %s: %s", name, err.msg);
+    const uint8_t *st = buf.data;
     vt->close(store);
     if (size < KV_SLOT_GGSQ_HEAD || get_u32(st) != LLAMA_STATE_SEQ_MAGIC || get_u32(st + 4) != LLAMA_STATE_SEQ_VERSION)
         die("restored state has no ggsq v%d header", LLAMA_STATE_SEQ_VERSION);
@@ -200,7 +201,7 @@ static restore_stats restore(const kv_store_vtable *vt, const char *uri, const c
     r.ms = now_ms() - t0;
     r.bytes = size;
     r.tokens = get_u32(st + 8);
-    free(st);
+    kv_slot_buf_release(&buf);
     return r;
 }
 

@@ -94,6 +94,57 @@ fn a_replaced_or_rewritten_chunk_file_is_not_trusted_as_durable() {
     assert_eq!(store.get_chunk(&key).unwrap().as_slice(), chunk.as_slice());
 }
 
+/// `durability = "none"` (a cache, synced as little as llama.cpp's own
+/// slot files): a save syncs nothing, where the default syncs the chunk,
+/// its fan-out directory and `chunks`; the manifest is still published
+/// whole and reads back with its chunk. Any other value refuses to open.
+#[test]
+fn durability_none_syncs_nothing_and_still_publishes_whole_manifests() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = |name: &str, durability: &str| {
+        let text = format!(
+            "[backends.{name}]\ncomponent = \"builtin:fs\"\ndir = \"{name}\"\n\
+             settings = {{ durability = \"{durability}\" }}\n"
+        );
+        Arc::new(
+            Config::parse(&text, dir.path())
+                .unwrap()
+                .backend(name)
+                .unwrap(),
+        )
+    };
+    let chunk = pattern(4096, 41);
+    let key = xxh3_key(&chunk);
+    let save = |backend: &Arc<kvwasm_host::Backend>| {
+        let store = StoreHandle::open(backend.clone(), "").unwrap();
+        let before = backend.metrics.snapshot();
+        assert!(!store.put_chunk(&key, &chunk).unwrap(), "stored");
+        assert!(store.put_chunk(&key, &chunk).unwrap(), "already present");
+        store.put_manifest("m", &key).unwrap();
+        assert_eq!(store.get_manifest("m").unwrap().as_slice(), key.as_slice());
+        assert_eq!(store.get_chunk(&key).unwrap().as_slice(), chunk.as_slice());
+        backend.metrics.snapshot().syncs - before.syncs
+    };
+    assert_eq!(
+        save(&backend("fs_ordered", "ordered")),
+        3,
+        "chunk, fan-out directory, chunks"
+    );
+    assert_eq!(save(&backend("fs_cache", "none")), 0, "nothing synced");
+    // Published by rename: no temp file is left beside the manifest.
+    let names: Vec<_> = std::fs::read_dir(dir.path().join("fs_cache"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "the manifest and `chunks`: {names:?}");
+
+    match StoreHandle::open(backend("fs_bad", "sometimes"), "") {
+        Err(KvError::InvalidArgument(why)) => assert!(why.contains("durability"), "{why}"),
+        Err(other) => panic!("expected an invalid argument, got {other}"),
+        Ok(_) => panic!("an unknown durability opened"),
+    }
+}
+
 #[test]
 fn a_directory_the_store_creates_is_synced_into_its_parent() {
     let dir = tempfile::tempdir().unwrap();

@@ -29,6 +29,20 @@
 //! (a namespace component, `chunks`) is synced into its parent when it is
 //! made. Puts write through (the chunk is visible when `put-chunk`
 //! returns), like llama.cpp's local store.
+//!
+//! Settings (`[backends.<name>.settings]`):
+//!
+//! | key | default | meaning |
+//! |---|---|---|
+//! | `durability` | `ordered` | `ordered`: as above. `none`: nothing is synced, as llama.cpp's own slot files are not; for a cache whose loss costs a recompute (see below) |
+//!
+//! With `durability = "none"` a manifest is still published atomically
+//! (temp file + rename: a reader sees the old one or the new one, whole),
+//! but after a crash of the *system* (not of a process: the page cache
+//! survives those) a manifest may name chunks that never reached the disk.
+//! A consumer that verifies what it reads (llama-server's kv_slot checks
+//! every chunk's xxh3-64) then reports a miss, never wrong data; a chunk
+//! left shorter than its put is rewritten by the next put, as always.
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
@@ -41,8 +55,8 @@ use kvwasm_guest_support::bindings::wasi::filesystem::types::{
     Advice, Descriptor, DescriptorFlags, ErrorCode, OpenFlags, PathFlags,
 };
 use kvwasm_guest_support::{
-    BackendInfo, Error, FsErrorExt, Guest, GuestStore, Payload, PutOutcome, Result, Store,
-    export_backend, validate,
+    BackendInfo, Error, FsErrorExt, Guest, GuestStore, Payload, PutOutcome, Result, Settings,
+    Store, export_backend, validate,
 };
 
 /// Guest path at which the operator grants the data directory.
@@ -96,6 +110,19 @@ struct FsStore {
     /// Temp-file names: a per-instance random seed plus a counter.
     tmp_seed: u64,
     tmp_seq: Cell<u64>,
+    /// `durability = "ordered"` (true) or `"none"`.
+    ordered: bool,
+}
+
+/// The `durability` setting: whether chunks and manifests are synced.
+fn ordered_durability(settings: &Settings) -> Result<bool> {
+    match settings.get("durability").unwrap_or("ordered") {
+        "ordered" => Ok(true),
+        "none" => Ok(false),
+        other => Err(Error::InvalidArgument(format!(
+            "setting `durability` = {other:?}: expected \"ordered\" or \"none\""
+        ))),
+    }
 }
 
 /// A directory descriptor and whether writes are allowed under it.
@@ -106,6 +133,7 @@ struct Dir {
 
 impl GuestStore for FsStore {
     fn open(namespace: String) -> Result<Store> {
+        let ordered = ordered_durability(&Settings::load()?)?;
         let parts = validate::namespace(&namespace)?;
         let mut dir = data_dir()?;
         for part in parts {
@@ -122,6 +150,7 @@ impl GuestStore for FsStore {
             // the same chunk at once must not share a temp-file name.
             tmp_seed: RandomState::new().hash_one(0u8),
             tmp_seq: Cell::new(0),
+            ordered,
         }))
     }
 
@@ -137,7 +166,7 @@ impl GuestStore for FsStore {
                 // yet (or never: it crashed). Unless the host synced this
                 // very file before, it is made durable before this
                 // instance's next manifest.
-                if !found.durable {
+                if self.ordered && !found.durable {
                     self.unsynced.borrow_mut().insert(hash);
                 }
                 PutOutcome::AlreadyPresent
@@ -147,11 +176,15 @@ impl GuestStore for FsStore {
                 // a new instance (after an idle release) makes none.
                 self.make_fanout_dir(slot)?;
                 self.write_file(&self.chunks, &chunk_path(&hash), data, false)?;
-                self.unsynced.borrow_mut().insert(hash);
+                if self.ordered {
+                    self.unsynced.borrow_mut().insert(hash);
+                }
                 PutOutcome::Stored
             }
         };
-        self.touched.set(self.touched.get() | 1 << slot);
+        if self.ordered {
+            self.touched.set(self.touched.get() | 1 << slot);
+        }
         Ok(outcome)
     }
 
@@ -162,6 +195,9 @@ impl GuestStore for FsStore {
 
     fn put_manifest(&self, name: String, data: &Payload) -> Result<()> {
         validate::manifest_name(&name)?;
+        if !self.ordered {
+            return self.write_file(&self.root, &name, data, false);
+        }
         let synced = self.sync_chunks()?;
         self.write_file(&self.root, &name, data, true)?;
         self.root.fd.sync().fs_context("sync manifest directory")?;
