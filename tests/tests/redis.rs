@@ -278,6 +278,18 @@ fn a_server_that_lost_its_data_fails_one_manifest_then_the_record_is_forgotten()
         "{err:?}"
     );
     assert_eq!(server.cli(&["DBSIZE"]).trim(), "0", "nothing published");
+    // A consumer retrying the manifest alone is refused as long as the
+    // chunks it names are missing.
+    let retry = handle.put_manifest("slot", b"names them").unwrap_err();
+    assert!(
+        matches!(&retry, kvwasm_host::KvError::Io(m) if m.contains("6 chunks")),
+        "{retry:?}"
+    );
+    assert_eq!(
+        server.cli(&["DBSIZE"]).trim(),
+        "0",
+        "still nothing published"
+    );
 
     save(false).unwrap();
     assert_eq!(

@@ -521,6 +521,10 @@ impl<R: Remote> RemoteStore<R> {
         known_chunks::forget_all();
         remember(&pending);
         let names: Vec<String> = gone.iter().take(8).map(|h| validate::hash_hex(h)).collect();
+        // Still owed: every later flush checks them again and fails while
+        // they are missing, so a retried manifest is not published over
+        // them; a put that stores one again takes it off.
+        staging.vouched.extend(gone.iter().cloned());
         Err(Error::Io(format!(
             "{} chunks this handle answered already-present for are gone from the server \
              (evicted or expired), e.g. {}; put them again before publishing a manifest that \

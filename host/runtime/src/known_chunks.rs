@@ -144,6 +144,11 @@ impl KnownChunks {
         if record.is_empty() {
             by_namespace.remove(namespace);
             *bytes -= RECORD_OVERHEAD + namespace.len();
+        } else if record.capacity() > 4 * record.len().max(64) {
+            // A set keeps its table when entries go: without this, filling
+            // a record and forgetting most of it would hold memory the
+            // bound no longer counts.
+            record.shrink_to_fit();
         }
     }
 
@@ -230,6 +235,25 @@ mod tests {
         known.remember(&a, &[vec![4; 8]]);
         known.forget("team/a", &[vec![4; 8]]);
         assert_eq!(known.bytes(), 0, "an emptied record is dropped");
+    }
+
+    #[test]
+    fn forgetting_most_of_a_record_gives_its_table_back() {
+        let known = KnownChunks::default();
+        let a = ns("a");
+        let hashes: Vec<Vec<u8>> = (0..MAX_PER_CALL as u32)
+            .map(|i| i.to_le_bytes().to_vec())
+            .collect();
+        known.remember(&a, &hashes);
+        known.forget("a", &hashes[1..]);
+        let records = known.lock();
+        let record = &records.by_namespace["a"];
+        assert_eq!(record.len(), 1);
+        assert!(
+            record.capacity() <= 4 * 64,
+            "{} slots kept for one entry",
+            record.capacity()
+        );
     }
 
     #[test]

@@ -83,9 +83,13 @@ impl Seen {
     }
 
     /// Remember that this version is durable, if no later change can
-    /// carry the same change time (see the module docs).
+    /// carry the same change time (see the module docs). Whole-second
+    /// times say the filesystem stamps coarser than the clock (ext3, FAT,
+    /// ext4 with small inodes): nothing is remembered there.
     fn record(&self, coarse_now: (i64, i64)) {
-        if self.version.changed >= coarse_now {
+        if self.version.changed >= coarse_now
+            || (self.version.changed.1 == 0 && self.version.modified.1 == 0)
+        {
             return;
         }
         let mut synced = SYNCED.lock().unwrap_or_else(|e| e.into_inner());
@@ -205,7 +209,9 @@ fn sync_one(
     if rc != 0 {
         return Err(io_error_code(std::io::Error::last_os_error()));
     }
-    seen.record(coarse_now);
+    if stamps_from_this_clock(fd) {
+        seen.record(coarse_now);
+    }
     if seen.is_dir {
         synced.directories += 1;
     } else {
@@ -260,6 +266,29 @@ fn open_at(dir: RawFd, name: &CString, headroom: &Headroom) -> Result<OwnedFd, E
         return Err(ErrorCode::InsufficientMemory);
     }
     Ok(fd)
+}
+
+/// Whether `fd` lives on a local filesystem that stamps files with this
+/// kernel's clock in nanoseconds, as the coarse-clock guard assumes. A
+/// network or FUSE filesystem takes times from elsewhere: what is synced
+/// there is never remembered (each save syncs it again).
+fn stamps_from_this_clock(fd: RawFd) -> bool {
+    const EXT4: i64 = 0xEF53;
+    const XFS: i64 = 0x5846_5342;
+    const BTRFS: i64 = 0x9123_683E;
+    const TMPFS: i64 = 0x0102_1994;
+    const F2FS: i64 = 0xF2F5_2010;
+    let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `fd` is open; `fs` is written by a successful call before it
+    // is read.
+    if unsafe { libc::fstatfs(fd, fs.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // `f_type`'s width differs between targets (and libcs).
+    #[allow(clippy::unnecessary_cast)]
+    // SAFETY: the call succeeded.
+    let kind = unsafe { fs.assume_init() }.f_type as i64;
+    matches!(kind, EXT4 | XFS | BTRFS | TMPFS | F2FS)
 }
 
 /// The kernel's coarse real-time clock: what it stamps files with.
@@ -347,6 +376,33 @@ mod tests {
             Err(ErrorCode::Invalid)
         );
     }
+    #[test]
+    fn whole_second_times_are_never_remembered() {
+        let seen = Seen {
+            id: (u64::MAX, u64::MAX),
+            version: Version {
+                size: 1,
+                modified: (10, 0),
+                changed: (10, 0),
+            },
+            is_dir: false,
+        };
+        seen.record((10, 500_000_000));
+        assert!(
+            !seen.is_synced(),
+            "a change later in that second reads the same time"
+        );
+        let fine = Seen {
+            version: Version {
+                changed: (10, 1),
+                ..seen.version
+            },
+            ..seen
+        };
+        fine.record((10, 500_000_000));
+        assert!(fine.is_synced());
+    }
+
     #[test]
     fn find_file_says_durable_only_for_the_version_the_host_synced() {
         let dir = tempfile::tempdir().unwrap();
