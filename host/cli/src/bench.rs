@@ -221,13 +221,7 @@ fn default_targets(args: &BenchArgs) -> anyhow::Result<[Target; 2]> {
             "the native baseline libkv_store_cfs.so was not found: pass --native, or build it with \
              `make -C examples/native-backend OUT=$PWD/target/release` (scripts/bench.sh does)",
         )?;
-    let shim = args
-        .shim
-        .clone()
-        .or_else(|| crate::consumer::locate_library("wasm"))
-        .context(
-            "libkv_store_wasm.so not found: pass --shim or build it (cargo build --release)",
-        )?;
+    let shim = shim_path(args)?;
     Ok([
         Target {
             label: "native".into(),
@@ -277,16 +271,18 @@ fn bench_fabric(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The shim to bench: `--shim`, or the one beside this binary.
+fn shim_path(args: &BenchArgs) -> anyhow::Result<PathBuf> {
+    args.shim
+        .clone()
+        .or_else(|| crate::consumer::locate_library("wasm"))
+        .context("libkv_store_wasm.so not found: pass --shim or build it (cargo build --release)")
+}
+
 /// `--component` (and its child, `--component-probe`): components against
 /// the Rust memory guest.
 fn bench_components(args: &BenchArgs) -> anyhow::Result<()> {
-    let shim = args
-        .shim
-        .clone()
-        .or_else(|| crate::consumer::locate_library("wasm"))
-        .context(
-            "libkv_store_wasm.so not found: pass --shim or build it (cargo build --release)",
-        )?;
+    let shim = shim_path(args)?;
     if args.component_probe {
         let backend = args
             .backend
