@@ -32,7 +32,8 @@ pub struct CheckArgs {
     #[arg(long)]
     uri: Option<String>,
     /// WebAssembly backend to check through libkv_store_wasm.so: a .wasm
-    /// component, or builtin:fs / builtin:memory.
+    /// component, builtin:fs / builtin:memory, or a config file (`*.toml`,
+    /// such as a project's kvwasm.toml) whose backend entry names one.
     #[arg(long, value_name = "FILE")]
     component: Option<String>,
     /// Config file whose backend entry supplies the component's grants and
@@ -164,13 +165,23 @@ fn component_target(
             "libkv_store_wasm.so not found: pass --lib, set KV_STORE_LIBRARY_PATH, or build it",
         )?,
     };
+    // A project's kvwasm.toml names its component: check what it configures.
+    if component.ends_with(".toml") {
+        if args.config.is_some() {
+            bail!("--component {component} is a config file: pass either it or --config, not both");
+        }
+        let (backend, text) = operator_config(Path::new(component), args.backend.as_deref(), None)?;
+        return write_target(lib, uri, scratch, backend, text);
+    }
     let component = if component.starts_with("builtin:") {
         component.to_owned()
     } else {
-        absolute(Path::new(component))?.display().to_string()
+        let path = absolute(Path::new(component))?;
+        refuse_non_wasm(&path)?;
+        path.display().to_string()
     };
     let (backend, text) = match &args.config {
-        Some(path) => operator_config(path, args.backend.as_deref(), &component)?,
+        Some(path) => operator_config(path, args.backend.as_deref(), Some(&component))?,
         None => {
             let mut table = toml::Table::new();
             table.insert("component".into(), component.into());
@@ -185,6 +196,18 @@ fn component_target(
             ("check".to_owned(), toml::to_string(&root)?)
         }
     };
+    write_target(lib, uri, scratch, backend, text)
+}
+
+/// The shim, opening `wasm://<backend>/...` under the config `text`
+/// written into `scratch`.
+fn write_target(
+    lib: PathBuf,
+    uri: Option<String>,
+    scratch: &Path,
+    backend: String,
+    text: String,
+) -> anyhow::Result<Target> {
     let config = scratch.join("kvwasm.toml");
     std::fs::write(&config, text)?;
     Ok(Target {
@@ -197,12 +220,30 @@ fn component_target(
     })
 }
 
-/// The operator's config with `backend`'s component replaced, relative
-/// paths still anchored at the original file's directory.
+/// Refuse up front a file that is not WebAssembly (a config or a script
+/// passed by mistake), rather than failing every check on its parse error.
+fn refuse_non_wasm(path: &Path) -> anyhow::Result<()> {
+    let mut magic = [0u8; 4];
+    let read = std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .with_context(|| format!("reading {}", path.display()));
+    match read {
+        Ok(()) if &magic == b"\0asm" => Ok(()),
+        Ok(()) => bail!(
+            "{} is not a WebAssembly component (build it first, or pass the project's \
+             kvwasm.toml to check what it configures)",
+            path.display()
+        ),
+        Err(e) => Err(e),
+    }
+}
+
+/// The operator's config with `backend`'s component replaced (`None`:
+/// kept), relative paths still anchored at the original file's directory.
 fn operator_config(
     path: &Path,
     backend: Option<&str>,
-    component: &str,
+    component: Option<&str>,
 ) -> anyhow::Result<(String, String)> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -235,7 +276,15 @@ fn operator_config(
         .get_mut(&name)
         .and_then(|b| b.as_table_mut())
         .with_context(|| format!("no [backends.{name}] in {}", path.display()))?;
-    entry.insert("component".into(), component.into());
+    match component {
+        Some(component) => {
+            entry.insert("component".into(), component.into());
+        }
+        None if !entry.contains_key("component") => {
+            bail!("[backends.{name}] in {} names no component", path.display())
+        }
+        None => {}
+    }
     // Validate now, so a bad file is one clear error rather than every
     // check failing to open.
     let out = toml::to_string(&root)?;

@@ -510,3 +510,47 @@ fn a_config_supplies_grants_with_paths_relative_to_it() {
     let written = dir.path().join("granted/kvwasm-check/chunks");
     assert!(written.is_dir(), "{} missing", written.display());
 }
+
+#[test]
+fn a_projects_config_file_is_checked_as_the_component_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("kvwasm.toml");
+    std::fs::write(
+        &config,
+        "[backends.vendor]\ncomponent = \"builtin:fs\"\ndir = \"granted\"\n",
+    )
+    .unwrap();
+    let shim = kvwasm_tests::shim_path();
+    let run = check(&[
+        "--lib",
+        shim.to_str().unwrap(),
+        "--component",
+        config.to_str().unwrap(),
+        "--only",
+        "visibility",
+    ]);
+    assert_eq!(run.with("pass"), set(&["visibility"]), "{:#}", run.json);
+    assert_eq!(run.json["report"]["uri"], "wasm://vendor/kvwasm-check");
+    let written = dir.path().join("granted/kvwasm-check/chunks");
+    assert!(written.is_dir(), "{} missing", written.display());
+}
+
+#[test]
+fn a_file_that_is_not_webassembly_is_refused_before_any_check_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("build.wasm");
+    std::fs::write(&script, "#!/bin/sh\necho not a component\n").unwrap();
+    let out = Command::new(KVWASM)
+        .args(["check", "--json", "--component", script.to_str().unwrap()])
+        .args(["--lib", kvwasm_tests::shim_path().to_str().unwrap()])
+        .env_remove("KVWASM_CONFIG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "no report: no check ran");
+    assert!(
+        stderr.contains("is not a WebAssembly component"),
+        "{stderr}"
+    );
+}

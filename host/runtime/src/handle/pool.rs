@@ -12,6 +12,7 @@
 //! [`super::reaper`]); the next call that finds no idle instance starts one
 //! as any growing pool does.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -72,6 +73,8 @@ pub(super) struct PoolState {
     /// are none: `Condvar::notify_all` is a futex system call even with no
     /// waiter, on every call's check-in.
     waiters: usize,
+    /// Calls waiting for an instance, served in arrival order.
+    line: Line,
     manifest_in_progress: bool,
     pub(super) durability: Durability,
     backoff: Backoff,
@@ -105,6 +108,7 @@ impl Pool {
                 }],
                 live: 1,
                 waiters: 0,
+                line: Line::default(),
                 manifest_in_progress: false,
                 durability: Durability::default(),
                 backoff: Backoff::default(),
@@ -193,17 +197,61 @@ impl Pool {
             if let Some(found) = ready(&mut state) {
                 return Ok(found);
             }
-            let left = deadline.remaining();
-            if left.is_zero() {
-                return Err(KvError::Timeout(deadline.budget_ms()));
+            state = self.wait(state, deadline)?;
+        }
+    }
+
+    /// Sleep until the pool changes or `deadline` passes (`Err`).
+    fn wait<'s>(
+        &'s self,
+        mut state: MutexGuard<'s, PoolState>,
+        deadline: Deadline,
+    ) -> Result<MutexGuard<'s, PoolState>, KvError> {
+        let left = deadline.remaining();
+        if left.is_zero() {
+            return Err(KvError::Timeout(deadline.budget_ms()));
+        }
+        state.waiters += 1;
+        state = self
+            .changed
+            .wait_timeout(state, left)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+        state.waiters -= 1;
+        Ok(state)
+    }
+
+    /// Wait in line until `ready` returns `Some` on this call's turn, or
+    /// fail when `deadline` passes. A call that finds no one waiting does
+    /// not queue.
+    fn wait_in_line<R>(
+        &self,
+        deadline: Deadline,
+        mut ready: impl FnMut(&mut PoolState) -> Option<R>,
+    ) -> Result<R, KvError> {
+        let mut state = self.lock();
+        let mut place = None;
+        loop {
+            if state.line.is_turn(place) {
+                if let Some(found) = ready(&mut state) {
+                    if let Some(place) = place {
+                        state.line.leave(place);
+                        // The next in line may find what is left.
+                        self.wake(&state);
+                    }
+                    return Ok(found);
+                }
             }
-            state.waiters += 1;
-            state = self
-                .changed
-                .wait_timeout(state, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-            state.waiters -= 1;
+            let place = *place.get_or_insert_with(|| state.line.join());
+            state = match self.wait(state, deadline) {
+                Ok(state) => state,
+                Err(timeout) => {
+                    let mut state = self.lock();
+                    state.line.leave(place);
+                    self.wake(&state);
+                    return Err(timeout);
+                }
+            };
         }
     }
 
@@ -229,7 +277,7 @@ impl Pool {
         // instance (`restart`: in place of a released one). The back-off
         // is checked again before a start: this call may have waited while
         // others lost instances.
-        let (idle, restart) = self.wait_for(deadline, |state| {
+        let (idle, restart) = self.wait_in_line(deadline, |state| {
             if let Some(idle) = state.idle.pop() {
                 Some(Ok((Some(idle.instance), false)))
             } else if state.live < self.max_instances {
@@ -448,5 +496,68 @@ impl Drop for CheckedOut<'_> {
                 self.pool.give_back_unused(instance);
             }
         }
+    }
+}
+
+/// The calls waiting for an instance, in arrival order. An instance that
+/// comes back goes to the longest waiter: otherwise a thread that checks an
+/// instance in and straight out again (a writer in a loop) takes it back
+/// before the waiters it woke are scheduled, and on a busy machine they can
+/// starve until their deadline.
+#[derive(Default)]
+struct Line {
+    next: u64,
+    waiting: VecDeque<u64>,
+}
+
+impl Line {
+    /// A place at the back of the line.
+    fn join(&mut self) -> u64 {
+        let place = self.next;
+        self.next += 1;
+        self.waiting.push_back(place);
+        place
+    }
+
+    /// Whether the call at `place` (`None`: not in line) may take an
+    /// instance now: it is first, or no one waits.
+    fn is_turn(&self, place: Option<u64>) -> bool {
+        self.waiting.front().copied() == place
+    }
+
+    /// Leave the line, served or given up.
+    fn leave(&mut self, place: u64) {
+        self.waiting.retain(|&p| p != place);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Line;
+
+    #[test]
+    fn the_longest_waiter_is_served_first_and_newcomers_queue_behind_it() {
+        let mut line = Line::default();
+        assert!(line.is_turn(None), "no one waits: a newcomer goes ahead");
+        let first = line.join();
+        let second = line.join();
+        assert!(!line.is_turn(None), "a newcomer may not overtake waiters");
+        assert!(line.is_turn(Some(first)));
+        assert!(!line.is_turn(Some(second)));
+        line.leave(first);
+        assert!(line.is_turn(Some(second)));
+        line.leave(second);
+        assert!(line.is_turn(None));
+    }
+
+    #[test]
+    fn a_waiter_giving_up_lets_the_one_behind_it_move_up() {
+        let mut line = Line::default();
+        let first = line.join();
+        let second = line.join();
+        let third = line.join();
+        line.leave(second);
+        line.leave(first);
+        assert!(line.is_turn(Some(third)));
     }
 }
