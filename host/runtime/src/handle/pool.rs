@@ -232,15 +232,15 @@ impl Pool {
         let mut state = self.lock();
         let mut place = None;
         loop {
-            if state.line.is_turn(place) {
-                if let Some(found) = ready(&mut state) {
-                    if let Some(place) = place {
-                        state.line.leave(place);
-                        // The next in line may find what is left.
-                        self.wake(&state);
-                    }
-                    return Ok(found);
+            if state.line.is_turn(place)
+                && let Some(found) = ready(&mut state)
+            {
+                if let Some(place) = place {
+                    state.line.leave(place);
+                    // The next in line may find what is left.
+                    self.wake(&state);
                 }
+                return Ok(found);
             }
             let place = *place.get_or_insert_with(|| state.line.join());
             state = match self.wait(state, deadline) {
