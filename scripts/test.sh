@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test: formatting, lints (host and guests), unit and end-to-end tests,
-# the C consumer, the Redis and S3 backends against real servers, and a
-# smoke run of the demo. Installs what it needs.
+# the C consumer, the Redis and S3 backends against real servers, the user
+# guide's build, and a smoke run of the demo. Installs what it needs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -38,6 +38,9 @@ bash scripts/fuzz-mrdn.sh 60
 
 step "cargo test --release --workspace"
 cargo test --release --workspace --locked
+
+step "the user guide: mdbook build (links and the config reference are checked by host/cli/tests/docs.rs above)"
+bash scripts/docs.sh target/book
 
 step "scripts/install.sh into a temporary prefix: the installed kvwasm, shim and headers work alone"
 bash scripts/test-install.sh
