@@ -56,6 +56,7 @@ pub(crate) fn new_store(
         metrics: backend.metrics.clone(),
         namespace: namespace.into(),
         known_chunks: backend.known_chunks.clone(),
+        kept_dirs: None,
         list_dirs: backend.grants.list_dirs,
         wasi,
         http: wasmtime_wasi_http::WasiHttpCtx::new(),

@@ -104,6 +104,14 @@ impl Headroom {
         false
     }
 
+    /// Whether descriptor `fd` may be kept open for all guests
+    /// ([`super::durable::KeptDirs`]): only while the process holds fewer
+    /// than half the descriptors a store may reach, so what is kept never
+    /// takes the room a store or the consumer needs.
+    pub(crate) fn may_share(fd: RawFd) -> bool {
+        fd < threshold(Share::Auxiliary)
+    }
+
     /// Whether the process has room for one more descriptor of this guest
     /// (a probe: creates and closes one; logged when not).
     pub(crate) fn has_room(&self, what: &str) -> bool {

@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
 
@@ -148,15 +148,17 @@ pub(crate) fn find_file(
     dir: &std::fs::File,
     path: &str,
     headroom: &Headroom,
+    kept: &KeptDirs,
 ) -> Result<Option<FoundFile>, ErrorCode> {
     let (sub, name) = split_name(path)?;
     let name = CString::new(name).map_err(|_| ErrorCode::Invalid)?;
-    let parent = match open_dir_beneath(dir, sub, headroom) {
-        Ok(parent) => parent,
-        Err(ErrorCode::NoEntry) => return Ok(None),
-        Err(e) => return Err(e),
+    let there = match kept.beneath(dir, sub, headroom)? {
+        Beneath::Dir(parent) => stat_at(parent.as_raw_fd(), &name),
+        Beneath::Opened(parent) => stat_at(parent.as_raw_fd(), &name),
+        Beneath::Itself => stat_at(dir.as_raw_fd(), &name),
+        Beneath::Missing => return Ok(None),
     };
-    let there = match stat_at(parent.as_ref().unwrap_or(dir).as_raw_fd(), &name) {
+    let there = match there {
         Ok(st) => st,
         Err(ErrorCode::NoEntry) => return Ok(None),
         Err(e) => return Err(e),
@@ -167,6 +169,134 @@ pub(crate) fn find_file(
             size: seen.version.size as u64,
             durable: seen.is_synced(),
         })),
+    }
+}
+
+/// Directories kept open for lookups beneath them, shared by every live
+/// instance in the process, whatever its backend: a warm save looks up one
+/// chunk per put, always in the same 16 fan-out directories, and opening
+/// the directory beneath the grant (`openat2`, `close`) cost more than the
+/// lookup itself.
+///
+/// An entry is a directory's descriptor, keyed by its device and inode. It
+/// is used for a lookup in `sub` of a guest's directory only when a plain
+/// `fstatat` (no link followed) finds that very directory there at the time
+/// of the call: the guest reaches it through its own grant anyway, and a
+/// directory replaced, moved or removed since it was kept is simply not
+/// found under that name (it is opened beneath the grant again, as it was
+/// the first time). The descriptor pins the inode, so its number names no
+/// other directory while it is kept.
+///
+/// At most [`KEPT_DIRS`] are kept, and only while the process holds fewer
+/// than half the descriptors a store may reach ([`Headroom::may_share`]):
+/// 1,000 handles on one store hold three descriptors each plus these 16.
+/// They close with the last instance that used them (an idle release of
+/// every instance, or every handle closed), so a filesystem is not held
+/// busy by a process that no longer uses it.
+#[derive(Default)]
+pub(crate) struct KeptDirs {
+    dirs: Mutex<Vec<KeptDir>>,
+}
+
+/// Directories kept, all instances together: one store's fan-out.
+const KEPT_DIRS: usize = 16;
+
+struct KeptDir {
+    id: (u64, u64),
+    dir: Arc<std::fs::File>,
+}
+
+/// Where a lookup beneath a directory happens.
+enum Beneath {
+    /// In the directory itself (no subdirectory in the path).
+    Itself,
+    /// In a kept subdirectory.
+    Dir(Arc<std::fs::File>),
+    /// In a subdirectory opened for this call.
+    Opened(std::fs::File),
+    /// The subdirectory does not exist.
+    Missing,
+}
+
+impl KeptDirs {
+    /// The set every live instance shares (a new one once all are gone).
+    pub(crate) fn shared() -> Arc<KeptDirs> {
+        static SHARED: Mutex<Weak<KeptDirs>> = Mutex::new(Weak::new());
+        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(kept) = shared.upgrade() {
+            return kept;
+        }
+        let kept = Arc::new(KeptDirs::default());
+        *shared = Arc::downgrade(&kept);
+        kept
+    }
+
+    /// The directory `sub` beneath `dir`: kept if a plain name (one
+    /// component) names a kept directory, else opened beneath `dir` (and
+    /// kept, while there is room).
+    fn beneath(
+        &self,
+        dir: &std::fs::File,
+        sub: &str,
+        headroom: &Headroom,
+    ) -> Result<Beneath, ErrorCode> {
+        if sub.is_empty() {
+            return Ok(Beneath::Itself);
+        }
+        let plain = !sub.contains(['/', '\0']) && sub != "." && sub != "..";
+        let mut id = None;
+        if plain {
+            let name = CString::new(sub).map_err(|_| ErrorCode::Invalid)?;
+            match stat_at(dir.as_raw_fd(), &name) {
+                Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+                    let seen = (st.st_dev, st.st_ino);
+                    if let Some(kept) = self.get(seen) {
+                        return Ok(Beneath::Dir(kept));
+                    }
+                    id = Some(seen);
+                }
+                Err(ErrorCode::NoEntry) => return Ok(Beneath::Missing),
+                // A link or a file: opening it beneath `dir` says what.
+                _ => {}
+            }
+        }
+        let opened = match open_dir_beneath(dir, sub, headroom) {
+            Ok(Some(opened)) => opened,
+            Ok(None) => return Ok(Beneath::Itself),
+            Err(ErrorCode::NoEntry) => return Ok(Beneath::Missing),
+            Err(e) => return Err(e),
+        };
+        // Kept only if it is the directory the `fstatat` saw (not one
+        // renamed into its place since).
+        match id {
+            Some(id) if Headroom::may_share(opened.as_raw_fd()) => {
+                let st = stat_fd(opened.as_raw_fd())?;
+                if (st.st_dev, st.st_ino) != id {
+                    return Ok(Beneath::Opened(opened));
+                }
+                let opened = Arc::new(opened);
+                self.keep(id, opened.clone());
+                Ok(Beneath::Dir(opened))
+            }
+            _ => Ok(Beneath::Opened(opened)),
+        }
+    }
+
+    fn get(&self, id: (u64, u64)) -> Option<Arc<std::fs::File>> {
+        let dirs = self.dirs.lock().unwrap_or_else(|e| e.into_inner());
+        dirs.iter().find(|d| d.id == id).map(|d| d.dir.clone())
+    }
+
+    /// Keep `dir`, closing the one kept longest if [`KEPT_DIRS`] are.
+    fn keep(&self, id: (u64, u64), dir: Arc<std::fs::File>) {
+        let mut dirs = self.dirs.lock().unwrap_or_else(|e| e.into_inner());
+        if dirs.iter().any(|d| d.id == id) {
+            return;
+        }
+        if dirs.len() == KEPT_DIRS {
+            dirs.remove(0);
+        }
+        dirs.push(KeptDir { id, dir });
     }
 }
 
@@ -411,7 +541,8 @@ mod tests {
         past_change_time(&file);
         let open = std::fs::File::open(dir.path()).unwrap();
         let found = |name: &str| {
-            find_file(&open, name, &headroom()).map(|f| f.map(|f| (f.size, f.durable)))
+            find_file(&open, name, &headroom(), &KeptDirs::default())
+                .map(|f| f.map(|f| (f.size, f.durable)))
         };
         assert_eq!(found("chunk"), Ok(Some((5, false))), "never synced");
         assert_eq!(sync(dir.path(), &["chunk"]), (1, 0));
@@ -425,6 +556,73 @@ mod tests {
         assert_eq!(found("missing"), Ok(None));
     }
 
+    /// Descriptors of this process open on `dir` or beneath it.
+    fn held_beneath(dir: &std::path::Path) -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+            .filter(|target| target.starts_with(dir))
+            .count()
+    }
+
+    #[test]
+    fn a_kept_directory_serves_only_while_its_name_still_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::create_dir(root.join("a")).unwrap();
+        std::fs::write(root.join("a/x"), b"old").unwrap();
+        let open = std::fs::File::open(&root).unwrap();
+        let kept = KeptDirs::default();
+        let found =
+            |name: &str| find_file(&open, name, &headroom(), &kept).map(|f| f.map(|f| f.size));
+        assert_eq!(found("a/x"), Ok(Some(3)));
+        assert_eq!(kept.dirs.lock().unwrap().len(), 1, "`a` is kept");
+
+        // `a` moved away and a new `a` made: the kept descriptor follows the
+        // old directory, which `a` no longer names.
+        std::fs::rename(root.join("a"), root.join("moved")).unwrap();
+        std::fs::create_dir(root.join("a")).unwrap();
+        assert_eq!(found("a/x"), Ok(None));
+        std::fs::write(root.join("a/x"), b"newer").unwrap();
+        assert_eq!(found("a/x"), Ok(Some(5)));
+        assert_eq!(found("moved/x"), Ok(Some(3)));
+
+        // `a` replaced by a link to the old directory: not followed.
+        std::fs::remove_dir_all(root.join("a")).unwrap();
+        std::os::unix::fs::symlink("moved", root.join("a")).unwrap();
+        assert!(found("a/x").is_err(), "a link is not a kept directory");
+        std::fs::remove_file(root.join("a")).unwrap();
+        assert_eq!(found("a/x"), Ok(None));
+    }
+
+    #[test]
+    fn kept_directories_are_bounded_and_close_with_their_last_user() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        for i in 0..2 * KEPT_DIRS {
+            std::fs::create_dir(root.join(format!("{i}"))).unwrap();
+        }
+        let open = std::fs::File::open(&root).unwrap();
+        let kept = Arc::new(KeptDirs::default());
+        let user = kept.clone();
+        for i in 0..2 * KEPT_DIRS {
+            let path = format!("{i}/chunk");
+            assert!(matches!(
+                find_file(&open, &path, &headroom(), &user),
+                Ok(None)
+            ));
+        }
+        assert_eq!(kept.dirs.lock().unwrap().len(), KEPT_DIRS);
+        assert_eq!(
+            held_beneath(&root),
+            1 + KEPT_DIRS,
+            "`open` and the kept ones"
+        );
+        drop(user);
+        drop(kept);
+        assert_eq!(held_beneath(&root), 1, "only `open`");
+    }
+
     #[test]
     fn find_file_stays_in_the_directory_and_follows_no_last_link() {
         let dir = tempfile::tempdir().unwrap();
@@ -436,7 +634,9 @@ mod tests {
         std::os::unix::fs::symlink("../outside", inner.join("link")).unwrap();
         std::os::unix::fs::symlink("..", inner.join("up")).unwrap();
         let open = std::fs::File::open(&inner).unwrap();
-        let found = |name: &str| find_file(&open, name, &headroom()).map(|f| f.map(|f| f.size));
+        let kept = KeptDirs::default();
+        let found =
+            |name: &str| find_file(&open, name, &headroom(), &kept).map(|f| f.map(|f| f.size));
         assert_eq!(found("sub/file"), Ok(Some(2)));
         assert_eq!(found("sub/missing"), Ok(None));
         assert_eq!(found("nowhere/file"), Ok(None));
