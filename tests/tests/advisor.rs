@@ -447,7 +447,10 @@ fn a_failing_advisor_logs_within_the_limit() {
 /// `check-config` tell the two apart.
 #[test]
 fn a_plain_subscriber_is_not_an_advisor() {
-    use kvwasm_host::component::{Builtin, ComponentSource, LoadedComponent, describe};
+    use kvwasm_host::component::{
+        Builtin, ComponentSource, LoadedComponent, describe, link_every_builtin,
+    };
+    link_every_builtin();
     for (builtin, advisor) in [(Builtin::Advisor, true), (Builtin::KvIndexer, false)] {
         let source = ComponentSource::Builtin(builtin);
         assert_eq!(describe(&source).unwrap().is_advisor(), advisor);

@@ -140,7 +140,10 @@ fn backend_name(file: &Path) -> String {
 
 fn size(source: &ComponentSource) -> Result<u64, String> {
     match source {
-        ComponentSource::Builtin(b) => Ok(b.bytes().len() as u64),
+        ComponentSource::Builtin(b) => b
+            .bytes()
+            .map(|bytes| bytes.len() as u64)
+            .ok_or_else(|| format!("{source} is not linked into kvwasm")),
         ComponentSource::File(file) => std::fs::metadata(file)
             .map(|m| m.len())
             .map_err(|e| format!("{}: {e}", file.display())),

@@ -61,6 +61,9 @@ fn main() -> std::process::ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
+    // Every command may name any builtin (inspect, compile, check-config,
+    // fabrics, serve); the shim links only the kv-store kind.
+    kvwasm_host::component::link_every_builtin();
     let result = match Cli::parse().command {
         Command::Demo(args) => demo::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Check(args) => check::run(args),

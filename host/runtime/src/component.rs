@@ -14,13 +14,16 @@ use crate::bindings::kvwasm::kv_store::{known_chunks, payload_io, payload_stream
 use crate::bindings::{BackendExportsPre, BackendInfo};
 use crate::engine::{Metering, engine, engine_for};
 use crate::error::KvError;
+pub use crate::guest_kind::GuestKind;
 use crate::state::HostState;
 
 /// Where a component's bytes come from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ComponentSource {
     /// Embedded in this build (`builtin:fs`, `builtin:memory`,
-    /// `builtin:redis`, `builtin:s3`; fabrics `builtin:synthetic`, `builtin:tcp`).
+    /// `builtin:redis`, `builtin:s3`, `builtin:advisor`; fabrics
+    /// `builtin:synthetic`, `builtin:tcp` and `builtin:kv-indexer` once
+    /// linked, [`link_every_builtin`]).
     Builtin(Builtin),
     /// A `.wasm` file.
     File(std::path::PathBuf),
@@ -67,26 +70,42 @@ impl Builtin {
         }
     }
 
-    /// The component's bytes, as embedded.
-    pub fn bytes(self) -> &'static [u8] {
+    /// The component's bytes, as embedded; `None` for a fabric or the KV
+    /// indexer in a program that has not linked them
+    /// ([`link_every_builtin`]).
+    pub fn bytes(self) -> Option<&'static [u8]> {
         match self {
-            Builtin::Fs => kvwasm_guest_artifacts::FS,
-            Builtin::Memory => kvwasm_guest_artifacts::MEMORY,
-            Builtin::Redis => kvwasm_guest_artifacts::REDIS,
-            Builtin::S3 => kvwasm_guest_artifacts::S3,
-            Builtin::Synthetic => kvwasm_guest_artifacts::SYNTHETIC,
-            Builtin::Tcp => kvwasm_guest_artifacts::TCP,
-            Builtin::KvIndexer => kvwasm_guest_artifacts::KV_INDEXER,
-            Builtin::Advisor => kvwasm_guest_artifacts::ADVISOR,
+            Builtin::Fs => Some(kvwasm_guest_artifacts::FS),
+            Builtin::Memory => Some(kvwasm_guest_artifacts::MEMORY),
+            Builtin::Redis => Some(kvwasm_guest_artifacts::REDIS),
+            Builtin::S3 => Some(kvwasm_guest_artifacts::S3),
+            Builtin::Advisor => Some(kvwasm_guest_artifacts::ADVISOR),
+            Builtin::Synthetic | Builtin::Tcp | Builtin::KvIndexer => {
+                OTHER_KINDS.get().and_then(|bytes| bytes(self))
+            }
         }
+    }
+
+    /// The embedded bytes, or why this program has none.
+    fn embedded(self) -> wasmtime::Result<&'static [u8]> {
+        self.bytes().ok_or_else(|| {
+            wasmtime::format_err!(
+                "builtin:{} is not linked into this program: a kv_store_v1 library \
+                 (libkv_store_wasm.so) embeds only the kv-store backends (builtin:fs, \
+                 builtin:memory, builtin:redis, builtin:s3) and the storage advisor; fabrics \
+                 and event subscribers run in `kvwasm`",
+                self.name()
+            )
+        })
     }
 
     /// BLAKE3 of the embedded bytes, computed once per process: every
     /// `wasm:///dir` open looks the builtin up by it.
-    fn hash(self) -> blake3::Hash {
+    fn hash(self) -> wasmtime::Result<blake3::Hash> {
         static HASHES: [OnceLock<blake3::Hash>; Builtin::ALL.len()] =
             [const { OnceLock::new() }; Builtin::ALL.len()];
-        *HASHES[self as usize].get_or_init(|| blake3::hash(self.bytes()))
+        let bytes = self.embedded()?;
+        Ok(*HASHES[self as usize].get_or_init(|| blake3::hash(bytes)))
     }
 
     /// Every builtin.
@@ -100,6 +119,35 @@ impl Builtin {
         Builtin::KvIndexer,
         Builtin::Advisor,
     ];
+}
+
+/// The builtins of the kinds a `kv_store_v1` consumer never runs (the
+/// fabrics and the KV indexer), once linked.
+///
+/// They are reached only through [`link_every_builtin`], which the shim
+/// never calls: the linker then leaves their bytes out of
+/// libkv_store_wasm.so (tests/tests/shim_contents.rs checks the library).
+static OTHER_KINDS: OnceLock<BuiltinBytes> = OnceLock::new();
+
+/// Where a builtin's bytes are found: `None` for one it does not hold.
+type BuiltinBytes = fn(Builtin) -> Option<&'static [u8]>;
+
+/// Make `builtin:synthetic`, `builtin:tcp` and `builtin:kv-indexer`
+/// loadable in this process. [`crate::config::Config::fabric`] and
+/// [`crate::config::Config::subscriber`] call it (a program that starts
+/// fabrics or subscribers wants their builtins), and so does `kvwasm`
+/// before any command; anything else that loads them calls it first.
+/// Idempotent.
+pub fn link_every_builtin() {
+    fn other_kinds(builtin: Builtin) -> Option<&'static [u8]> {
+        match builtin {
+            Builtin::Synthetic => Some(kvwasm_guest_artifacts::SYNTHETIC),
+            Builtin::Tcp => Some(kvwasm_guest_artifacts::TCP),
+            Builtin::KvIndexer => Some(kvwasm_guest_artifacts::KV_INDEXER),
+            _ => None,
+        }
+    }
+    OTHER_KINDS.get_or_init(|| other_kinds);
 }
 
 impl std::str::FromStr for ComponentSource {
@@ -128,39 +176,6 @@ impl std::fmt::Display for ComponentSource {
             ComponentSource::Builtin(b) => write!(f, "builtin:{}", b.name()),
             ComponentSource::File(p) => write!(f, "{}", p.display()),
         }
-    }
-}
-
-/// What kind of guest a component is, by what it exports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GuestKind {
-    /// Exports `kvwasm:kv-store/store`: a storage backend.
-    KvStore,
-    /// Exports `kvwasm:fabric/transport`: a fabric guest.
-    Fabric,
-    /// Exports `kvwasm:events/subscriber`: an event subscriber (and maybe
-    /// `kvwasm:events/http-api`).
-    Subscriber,
-}
-
-impl GuestKind {
-    /// The config table guests of this kind are configured in.
-    pub fn config_table(self) -> &'static str {
-        match self {
-            GuestKind::KvStore => "backends",
-            GuestKind::Fabric => "fabrics",
-            GuestKind::Subscriber => "subscribers",
-        }
-    }
-}
-
-impl std::fmt::Display for GuestKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            GuestKind::KvStore => "kv-store backend",
-            GuestKind::Fabric => "fabric",
-            GuestKind::Subscriber => "event subscriber",
-        })
     }
 }
 
@@ -244,7 +259,7 @@ impl LoadedComponent {
     ) -> wasmtime::Result<Option<Arc<LoadedComponent>>> {
         let bytes = read(source)?;
         let hash = match source {
-            ComponentSource::Builtin(b) => b.hash(),
+            ComponentSource::Builtin(b) => b.hash()?,
             ComponentSource::File(_) => blake3::hash(&bytes),
         };
 
@@ -424,7 +439,7 @@ pub fn describe(source: &ComponentSource) -> wasmtime::Result<Description> {
 
 fn read(source: &ComponentSource) -> wasmtime::Result<std::borrow::Cow<'static, [u8]>> {
     Ok(match source {
-        ComponentSource::Builtin(b) => b.bytes().into(),
+        ComponentSource::Builtin(b) => b.embedded()?.into(),
         ComponentSource::File(path) => std::fs::read(path)
             .map_err(|e| wasmtime::format_err!("cannot read component {}: {e}", path.display()))?
             .into(),

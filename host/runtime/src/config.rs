@@ -58,11 +58,10 @@
 //! `$XDG_CONFIG_HOME/kvwasm/config.toml` (or `~/.config/kvwasm/config.toml`)
 //! and `/etc/kvwasm/config.toml` that exists.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::Deserialize;
+pub use crate::config_file::{BackendConfig, Config, LoopConfig};
 
 use crate::backend::{Backend, DEFAULT_IDLE_RELEASE_MS, default_max_instances};
 use crate::capabilities::dirs::DirConfig;
@@ -76,124 +75,6 @@ use crate::limits::{Limits, LimitsConfig};
 
 /// Environment variable naming the config file.
 pub const CONFIG_ENV: &str = "KVWASM_CONFIG";
-
-/// A parsed config file.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Config {
-    /// Backends by name, as used in `wasm://<name>/...`.
-    #[serde(default)]
-    pub backends: BTreeMap<String, BackendConfig>,
-    /// Fabric guests by name (`kvwasm fabric send --fabric <name>`): the
-    /// same keys and the same sandbox as backends; one instance each, no
-    /// tenants.
-    #[serde(default)]
-    pub fabrics: BTreeMap<String, BackendConfig>,
-    /// Event subscriber guests by name (`kvwasm serve`): the same keys and
-    /// sandbox as backends; one instance each, no tenants.
-    #[serde(default)]
-    pub subscribers: BTreeMap<String, BackendConfig>,
-    /// `[serve]`: the settings of `kvwasm serve` (its listener, sources and
-    /// queues), parsed by that command; kept as TOML here.
-    #[serde(default)]
-    pub serve: Option<toml::Table>,
-    /// `base_dir`: where relative paths start, if not at the file itself
-    /// (lets tools such as `kvwasm check` run a copy of an operator's file).
-    #[serde(rename = "base_dir", default)]
-    declared_base_dir: Option<PathBuf>,
-    /// Directory relative paths start from.
-    #[serde(skip)]
-    pub base_dir: PathBuf,
-}
-
-/// `[backends.<name>]`.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct BackendConfig {
-    /// `builtin:fs`, `builtin:memory`, or a `.wasm` component path. Empty
-    /// (absent) only on a tiered entry.
-    #[serde(default)]
-    pub component: String,
-    /// Hex SHA-256 the component's bytes must have.
-    pub sha256: Option<String>,
-    /// Host directory granted read-write (or `read_only`) at `/data`.
-    pub dir: Option<PathBuf>,
-    /// Grant `dir` read-only.
-    #[serde(default)]
-    pub read_only: bool,
-    /// More directory grants.
-    #[serde(default)]
-    pub dirs: Vec<DirConfig>,
-    /// Let the guest list directories (`read-directory`). Off by default:
-    /// wasmtime-wasi reads a whole listing into host memory at once.
-    #[serde(default)]
-    pub list_dirs: bool,
-    /// TCP peers, `host:port`.
-    #[serde(default)]
-    pub net: Vec<String>,
-    /// Allow the guest to resolve names itself.
-    #[serde(default)]
-    pub dns: bool,
-    /// `wasi:http` origins, `scheme://host[:port]`.
-    #[serde(default)]
-    pub http: Vec<String>,
-    /// Environment variables passed through, by name.
-    #[serde(default)]
-    pub env: Vec<String>,
-    /// The guest's own settings (server address, bucket...), served through
-    /// `wasi:config/store`. Never secrets: those come through `env`.
-    #[serde(default)]
-    pub settings: BTreeMap<String, SettingValue>,
-    /// Instances serving one handle at once (default 4).
-    pub max_instances: Option<usize>,
-    /// Release an instance idle this long, ms (default 1000; 0: never).
-    pub idle_release_ms: Option<u64>,
-    /// Calls in flight on this backend at once, over all handles.
-    pub max_concurrent_calls: Option<usize>,
-    /// Linear memory cap per instance, MiB.
-    pub memory_limit_mib: Option<u64>,
-    /// Deadline for one call, ms.
-    pub call_timeout_ms: Option<u64>,
-    /// Largest payload a guest may return, MiB.
-    pub max_payload_mib: Option<u64>,
-    /// Fuel per call (enables metering for this backend).
-    pub fuel: Option<u64>,
-    /// Resources (files, sockets, payloads...) one instance may hold.
-    pub max_resources: Option<usize>,
-    /// Files, directories and TCP sockets one instance may hold open
-    /// (default: unset for backends, 16 for fabrics and subscribers).
-    pub max_descriptors: Option<usize>,
-    /// Limits for tenants (the first component of the namespace).
-    #[serde(default)]
-    pub tenants: BTreeMap<String, LimitsConfig>,
-    /// Publish every stored chunk as a vLLM-format KV event on a ZMQ PUB
-    /// socket bound here (`tcp://host:port`, see [`crate::events_out`]).
-    pub publish_events: Option<String>,
-    /// TLS to the remote store, done by the host (see [`TlsConfig`]).
-    pub tls: Option<TlsConfig>,
-    /// Subscribers: hand stored events over with their token ids already
-    /// hashed into `tokens-hashes` (default: on for `builtin:kv-indexer`).
-    pub prehash_tokens: Option<bool>,
-    /// Tiered store: the entries composed as tiers, fastest first
-    /// (docs/tiering.md; checked by [`crate::tiering::config`]).
-    #[serde(default)]
-    pub tiers: Vec<String>,
-    /// As a tier (all but the last): its byte capacity, MiB.
-    pub capacity_mib: Option<u64>,
-    /// Tiered store: the `[subscribers.<name>]` advisor guest.
-    pub advisor: Option<String>,
-    /// Tiered store: the advisor loop's knobs (`[backends.NAME.advisor_loop]`).
-    pub advisor_loop: Option<crate::tiering::advisor::LoopConfig>,
-    /// Tiered store: most advised moves per second.
-    pub max_moves_per_sec: Option<u64>,
-    /// Tiered store: most MiB moved on advice per second.
-    pub max_move_mib_per_sec: Option<u64>,
-    /// Tiered store: the background demoter keeps tier 0 at or below this
-    /// share of its capacity (0-100).
-    pub low_water_pct: Option<u64>,
-    /// Tiered store: how often the background demoter looks, ms.
-    pub demote_interval_ms: Option<u64>,
-}
 
 impl Config {
     /// Parse `text`; `base_dir` anchors relative paths.
@@ -242,12 +123,22 @@ impl Config {
     /// Build the fabric called `name`, in the same sandbox as a backend. Its
     /// [`Backend::name`] is `fabrics.<name>` (logs and metrics).
     pub fn fabric(&self, name: &str) -> Result<Backend, String> {
+        crate::component::link_every_builtin();
         self.opened(GuestKind::Fabric, name)
     }
 
     /// Build the event subscriber called `name`, in the same sandbox as a
     /// backend. Its [`Backend::name`] is `subscribers.<name>`.
     pub fn subscriber(&self, name: &str) -> Result<Backend, String> {
+        crate::component::link_every_builtin();
+        self.opened(GuestKind::Subscriber, name)
+    }
+
+    /// The storage advisor called `name` (`[subscribers.NAME]`), built as
+    /// [`Config::subscriber`] builds it but without linking the builtins of
+    /// the other kinds: a tiered store opened through the shim reaches
+    /// this, and the shim carries only the advisor.
+    pub(crate) fn advisor(&self, name: &str) -> Result<Backend, String> {
         self.opened(GuestKind::Subscriber, name)
     }
 

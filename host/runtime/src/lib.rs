@@ -21,7 +21,8 @@
 //! * [`tiering`] — backends composed as tiers, moved on a guest's advice;
 //! * [`events_out`] — a backend's kv_store traffic, published as KV events;
 //! * [`handle`] — an open store: a pool of instances, safe from many threads;
-//! * [`config`] and [`uri`] — how operators and consumers name backends.
+//! * [`config_file`], [`config`] and [`uri`] — how operators and consumers
+//!   name backends: the file's tables, their checks and the guests they build.
 
 pub mod artifact_cache;
 pub mod backend;
@@ -31,11 +32,13 @@ mod block_hash;
 pub mod capabilities;
 pub mod component;
 pub mod config;
+pub mod config_file;
 pub mod deadline;
 pub mod engine;
 mod error;
 pub mod events_out;
 pub mod fabric;
+mod guest_kind;
 mod guest_log;
 pub mod handle;
 mod instance;

@@ -70,11 +70,11 @@ impl Limits {
     /// one, else [`AUXILIARY_MAX_DESCRIPTORS`] for guests other than
     /// kv-store backends, whose only default bound is `max_resources` (and
     /// the process's share, `capabilities::descriptors`).
-    pub fn max_descriptors_for(&self, kind: crate::component::GuestKind) -> Option<usize> {
+    pub fn max_descriptors_for(&self, kind: crate::guest_kind::GuestKind) -> Option<usize> {
         match kind {
             _ if self.max_descriptors.is_some() => self.max_descriptors,
-            crate::component::GuestKind::KvStore => None,
-            crate::component::GuestKind::Fabric | crate::component::GuestKind::Subscriber => {
+            crate::guest_kind::GuestKind::KvStore => None,
+            crate::guest_kind::GuestKind::Fabric | crate::guest_kind::GuestKind::Subscriber => {
                 Some(AUXILIARY_MAX_DESCRIPTORS)
             }
         }

@@ -35,6 +35,15 @@ pub use crate::bindings::events::kvwasm::events::types::{
     BlocksRemoved, BlocksStored, Event, EventData, SourceKind, Tier,
 };
 
+/// The most bytes the host copies out of an advisor's answer (or a call's
+/// arguments): wasmtime's per-call "hostcall fuel", 128 MiB by default.
+/// Every list of an answer may name the same guest bytes, so without it a
+/// 1 MiB buffer named 100 times costs the host 100 MiB per `advise`. 16 MiB
+/// holds about 290 000 hashes of 32 bytes, far above what the loop takes
+/// from a round (`max_hashes`); a larger answer fails the call (the
+/// instance is replaced).
+pub(crate) const MAX_LIFT_BYTES: usize = 16 << 20;
+
 /// An event subscriber: one guest instance, called one call at a time.
 pub struct Subscriber {
     guest: OneInstance<SubscriberExports>,
@@ -254,7 +263,7 @@ impl GuestKind for SubscriberExports {
         let exports = policy.component.subscriber_exports()?;
         Instance::start(policy, deadline, async |s| {
             if exports.advisor.is_some() {
-                s.set_hostcall_fuel(crate::tiering::advisor::MAX_LIFT_BYTES);
+                s.set_hostcall_fuel(MAX_LIFT_BYTES);
             }
             let instance = exports.pre.instantiate_async(&mut *s).await?;
             let subscriber = exports.subscriber.load(&mut *s, &instance)?;

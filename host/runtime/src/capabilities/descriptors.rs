@@ -34,10 +34,10 @@ pub(crate) enum Share {
 
 impl Share {
     /// The share of guests of `kind`.
-    pub(crate) fn of(kind: crate::component::GuestKind) -> Share {
+    pub(crate) fn of(kind: crate::guest_kind::GuestKind) -> Share {
         match kind {
-            crate::component::GuestKind::KvStore => Share::Store,
-            crate::component::GuestKind::Fabric | crate::component::GuestKind::Subscriber => {
+            crate::guest_kind::GuestKind::KvStore => Share::Store,
+            crate::guest_kind::GuestKind::Fabric | crate::guest_kind::GuestKind::Subscriber => {
                 Share::Auxiliary
             }
         }

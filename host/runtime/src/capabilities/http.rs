@@ -554,12 +554,12 @@ impl tower_service::Service<http::Uri> for HttpsConnector {
 /// `wasi:http/outgoing-handler.handle` as wasmtime-wasi-http implements it,
 /// but releasing the `request-options` resource the guest hands over: the
 /// stock function only reads it, so every request with options would keep
-/// one table entry until the instance reaches `max_resources`.
-pub(crate) fn add_guards_to_linker(
-    linker: &mut wasmtime::component::Linker<crate::state::HostState>,
+/// one table entry until the instance reaches `max_resources`. Generic
+/// over the store's data, which it reaches only through `WasiHttpView`.
+pub(crate) fn add_guards_to_linker<T: wasmtime_wasi_http::WasiHttpView + 'static>(
+    linker: &mut wasmtime::component::Linker<T>,
 ) -> wasmtime::Result<()> {
     use wasmtime::component::Resource;
-    use wasmtime_wasi_http::WasiHttpView;
     use wasmtime_wasi_http::p2::bindings::http::outgoing_handler::Host;
     use wasmtime_wasi_http::p2::types::{HostFutureIncomingResponse, HostOutgoingRequest};
     type Params = (
@@ -569,16 +569,15 @@ pub(crate) fn add_guards_to_linker(
     linker.allow_shadowing(true);
     linker.instance(OUTGOING_HANDLER)?.func_wrap(
         "handle",
-        |mut store: wasmtime::StoreContextMut<'_, crate::state::HostState>,
-         (request, options): Params| {
-            let state = store.data_mut();
+        |mut store: wasmtime::StoreContextMut<'_, T>, (request, options): Params| {
+            let mut http = store.data_mut().http();
             let handed_over = options
                 .as_ref()
                 .map(|o| Resource::<RequestOptions>::new_own(o.rep()));
             let sent: Result<Resource<HostFutureIncomingResponse>, _> =
-                state.http().handle(request, options);
+                http.handle(request, options);
             if let Some(options) = handed_over {
-                let _ = state.table.delete(options);
+                let _ = http.table.delete(options);
             }
             match sent {
                 Ok(future) => Ok((Ok(future),)),

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use crate::backend::Backend;
 use crate::bindings::advisor::exports::kvwasm::events::advisor as wit;
 use crate::bindings::advisor::exports::kvwasm::events::advisor_moves as wit_moves;
+pub use crate::config_file::LoopConfig;
 use crate::error::KvError;
 use crate::subscriber::Subscriber;
 
@@ -30,15 +31,6 @@ use super::{Access, AccessKind, Action, Advice, AdviceReport, AdviceSink, TierUs
 
 /// The longest chunk hash kv_store allows: longer ones are refused.
 const MAX_HASH_LEN: usize = 64;
-
-/// The most bytes the host copies out of an advisor's answer (or a call's
-/// arguments): wasmtime's per-call "hostcall fuel", 128 MiB by default.
-/// Every list of an answer may name the same guest bytes, so without it a
-/// 1 MiB buffer named 100 times costs the host 100 MiB per `advise`. 16 MiB
-/// holds about 290 000 hashes of 32 bytes, far above what the loop takes
-/// from a round (`max_hashes`); a larger answer fails the call (the
-/// instance is replaced).
-pub(crate) const MAX_LIFT_BYTES: usize = 16 << 20;
 
 /// An advisor guest, called one call at a time.
 pub struct Advisor {
@@ -48,7 +40,7 @@ pub struct Advisor {
 impl Advisor {
     /// The advisor `[subscribers.<name>]` of `config`.
     pub fn from_config(config: &crate::config::Config, name: &str) -> Result<Advisor, KvError> {
-        let policy = config.subscriber(name).map_err(KvError::Host)?;
+        let policy = config.advisor(name).map_err(KvError::Host)?;
         Advisor::start(Arc::new(policy))
     }
 
@@ -249,41 +241,6 @@ pub trait AdvisedStore: AdviceSink {
     fn drain_accesses(&self, max: usize) -> Vec<Access>;
     /// Keep these decisions, one line each, for `kvwasm tier status`.
     fn record_decisions(&self, lines: Vec<String>);
-}
-
-/// The loop's knobs (docs/tiering.md): a tiered backend's
-/// `[backends.NAME.advisor_loop]`.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LoopConfig {
-    /// Milliseconds between two `advise` calls.
-    pub interval_ms: u64,
-    /// Milliseconds between two drains of the store's access log (keep
-    /// it short enough that the log does not overflow and drop).
-    pub drain_ms: u64,
-    /// Accesses per `observe` call at most.
-    pub observe_batch: usize,
-    /// `observe` calls per drain at most (bounded work per wake-up).
-    pub max_batches: usize,
-    /// Advice records taken from one `advise` answer.
-    pub max_advice: usize,
-    /// Hashes handed to the store per round, over all records: the rate
-    /// limit of a move storm (`max_hashes` per `interval_ms`; the store
-    /// adds its own moves-per-second limit).
-    pub max_hashes: usize,
-}
-
-impl Default for LoopConfig {
-    fn default() -> LoopConfig {
-        LoopConfig {
-            interval_ms: 1000,
-            drain_ms: 100,
-            observe_batch: 4096,
-            max_batches: 16,
-            max_advice: 64,
-            max_hashes: 4096,
-        }
-    }
 }
 
 /// One round of the loop.

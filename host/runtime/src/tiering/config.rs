@@ -14,8 +14,7 @@
 //! tiers = ["hot", "cold"]
 //! ```
 
-use super::advisor::LoopConfig;
-use crate::config::{BackendConfig, Config};
+use crate::config_file::{BackendConfig, Config, LoopConfig};
 
 /// Advised moves per second when `max_moves_per_sec` is not set.
 pub const DEFAULT_MAX_MOVES_PER_SEC: u64 = 200;

@@ -1,0 +1,62 @@
+//! libkv_store_wasm.so carries the sandbox and the kv-store kind only: the
+//! four backends and the storage advisor (a tiered store opened through the
+//! shim runs one), not the fabrics or the KV indexer, which run in
+//! `kvwasm`. A consumer naming one of those gets a refusal saying so.
+
+use std::time::Instant;
+
+use kvwasm_tests::{Probe, assert_open_refused, shim_path, write_config};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
+
+/// Whether `needle` occurs in `haystack` as one run of bytes (as
+/// `include_bytes!` lays an embedded component out).
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn the_shim_embeds_the_kv_store_guests_and_the_advisor_only() {
+    use kvwasm_guest_artifacts as guests;
+    let library = std::fs::read(shim_path()).expect("read the shim");
+    for (name, bytes) in [
+        ("fs", guests::FS),
+        ("memory", guests::MEMORY),
+        ("redis", guests::REDIS),
+        ("s3", guests::S3),
+        ("advisor", guests::ADVISOR),
+    ] {
+        assert!(contains(&library, bytes), "builtin:{name} missing");
+    }
+    for (name, bytes) in [
+        ("synthetic", guests::SYNTHETIC),
+        ("tcp", guests::TCP),
+        ("kv-indexer", guests::KV_INDEXER),
+    ] {
+        assert!(!contains(&library, bytes), "builtin:{name} embedded");
+    }
+}
+
+#[test]
+fn the_shim_refuses_a_fabric_or_the_kv_indexer_and_says_why() {
+    for builtin in ["tcp", "synthetic", "kv-indexer"] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = write_config(
+            dir.path(),
+            &format!("[backends.b]\ncomponent = \"builtin:{builtin}\"\n"),
+        );
+        let started = Instant::now();
+        let run = Probe::new(PROBE, "wasm://b/ns")
+            .config(&config)
+            .run(&["get-manifest:m"]);
+        assert_open_refused(
+            run,
+            started.elapsed(),
+            &[
+                &format!("builtin:{builtin} is not linked into this program"),
+                "fabrics and event subscribers run in `kvwasm`",
+            ],
+            "no secret here",
+        );
+    }
+}
