@@ -28,11 +28,21 @@ fn toml_list<'a>(addrs: impl IntoIterator<Item = &'a std::net::SocketAddr>) -> S
 /// The backend `redis` in cluster mode on `cluster` (every node granted,
 /// two seeds), with `settings` pairs added, for handles in this process.
 fn in_process(dir: &Path, cluster: &RedisCluster, entry: &str, settings: &str) -> Arc<Backend> {
+    granted_as(dir, cluster, &toml_list(&cluster.nodes), entry, settings)
+}
+
+/// [`in_process`] with `net = [<net>]`.
+fn granted_as(
+    dir: &Path,
+    cluster: &RedisCluster,
+    net: &str,
+    entry: &str,
+    settings: &str,
+) -> Arc<Backend> {
     let text = format!(
-        "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [{}]\n\
+        "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [{net}]\n\
          call_timeout_ms = 120000\nidle_release_ms = 0\nmax_instances = 1\n{entry}\
          settings = {{ mode = \"cluster\", addresses = [{}], timeout_ms = 20000{settings} }}\n",
-        toml_list(&cluster.nodes),
         toml_list(&cluster.nodes[..2]),
     );
     let config = Config::parse(&text, dir).unwrap();
@@ -113,6 +123,28 @@ fn chunks_spread_over_every_master_and_restore_exactly() {
     reader.prefetch_chunks(&hashes).unwrap();
     for i in 0..8 {
         assert_eq!(restore(&reader, i), Ok(true));
+    }
+}
+
+/// An operator grants a cluster as an address range (`<cidr>:<ports>`)
+/// instead of listing its nodes.
+#[test]
+fn a_cluster_granted_as_an_address_range_is_reached_on_every_master() {
+    let cluster = RedisCluster::start(3, None);
+    let ports = cluster.nodes.iter().map(|a| a.port());
+    let (low, high) = (ports.clone().min().unwrap(), ports.max().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let net = format!("\"127.0.0.0/8:{low}-{high}\"");
+    let backend = granted_as(dir.path(), &cluster, &net, "", "");
+    let store = StoreHandle::open(backend, "ns").unwrap();
+    for i in 0..8 {
+        save(&store, i).unwrap();
+    }
+    for i in 0..8 {
+        assert_eq!(restore(&store, i), Ok(true));
+    }
+    for m in cluster.masters().expect("the nodes agree") {
+        assert!(cluster.dbsize(m) > 0, "master {m} holds nothing");
     }
 }
 
