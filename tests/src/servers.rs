@@ -253,6 +253,287 @@ impl Drop for RedisServer {
     }
 }
 
+/// A Redis Cluster on 127.0.0.1: `masters` masters with one replica each
+/// (`redis-server --cluster-enabled yes` per node, joined by `redis-cli
+/// --cluster create ... --cluster-replicas 1`), each node in a directory of
+/// its own in one temporary directory. Every wait polls the cluster's own
+/// state, with a generous deadline; none sleeps a fixed time.
+pub struct RedisCluster {
+    pub nodes: Vec<SocketAddr>,
+    pub password: Option<String>,
+    dir: tempfile::TempDir,
+    children: Vec<Option<Child>>,
+}
+
+/// How long a cluster may take to reach a state (a loaded 2-core machine
+/// runs six servers and the tests at once).
+const CLUSTER_DEADLINE: Duration = Duration::from_secs(180);
+
+impl RedisCluster {
+    /// `masters` × 2 nodes, requiring `password` if set.
+    pub fn start(masters: usize, password: Option<String>) -> RedisCluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let nodes: Vec<SocketAddr> = (0..masters * 2)
+            .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
+            .collect();
+        for (i, addr) in nodes.iter().enumerate() {
+            let node_dir = dir.path().join(format!("node{i}"));
+            std::fs::create_dir(&node_dir).expect("node dir");
+            let auth = password
+                .as_ref()
+                .map(|p| format!("requirepass {p}\nmasterauth {p}\n"))
+                .unwrap_or_default();
+            std::fs::write(
+                node_dir.join("redis.conf"),
+                format!(
+                    "bind 127.0.0.1\nport {}\nprotected-mode yes\ndir {}\n\
+                     cluster-enabled yes\ncluster-config-file nodes.conf\n\
+                     cluster-node-timeout 3000\nappendonly no\nsave \"\"\n\
+                     {auth}logfile {}\n",
+                    addr.port(),
+                    node_dir.display(),
+                    node_dir.join("redis.log").display()
+                ),
+            )
+            .expect("write redis.conf");
+        }
+        let mut cluster = RedisCluster {
+            nodes,
+            password,
+            dir,
+            children: Vec::new(),
+        };
+        for i in 0..cluster.nodes.len() {
+            cluster.children.push(None);
+            cluster.restart(i);
+        }
+        let mut create = cluster.redis_cli();
+        create.arg("--cluster").arg("create");
+        create.args(cluster.nodes.iter().map(ToString::to_string));
+        create.args(["--cluster-replicas", "1", "--cluster-yes"]);
+        let out = create.output().expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster.wait_healthy();
+        cluster
+    }
+
+    /// `redis-cli` with the cluster's password, if any.
+    fn redis_cli(&self) -> Command {
+        let mut cmd = Command::new("redis-cli");
+        if let Some(password) = &self.password {
+            cmd.env("REDISCLI_AUTH", password);
+        }
+        cmd
+    }
+
+    /// `redis-cli` output for `args` sent to node `node`.
+    pub fn cli(&self, node: usize, args: &[&str]) -> String {
+        let out = self
+            .redis_cli()
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.nodes[node].port().to_string(),
+            ])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Start node `node` (again) on its port and directory: a master that
+    /// was killed and failed over comes back as its successor's replica.
+    pub fn restart(&mut self, node: usize) {
+        let binary = which("redis-server").unwrap_or_else(|| {
+            panic!("redis-server not found: run `bash scripts/test-servers.sh`")
+        });
+        let node_dir = self.dir.path().join(format!("node{node}"));
+        let mut child = Command::new(binary)
+            .arg(node_dir.join("redis.conf"))
+            .current_dir(&node_dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        wait_listening(
+            self.nodes[node],
+            &mut child,
+            "redis-server (cluster node)",
+            &node_dir.join("redis.log"),
+        );
+        self.children[node] = Some(child);
+    }
+
+    /// SIGKILL node `node`: no shutdown, nothing handed over.
+    pub fn kill(&mut self, node: usize) {
+        if let Some(mut child) = self.children[node].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn alive(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.nodes.len()).filter(|&i| self.children[i].is_some())
+    }
+
+    /// `CLUSTER NODES` as seen by node `node`: one line per node.
+    pub fn topology(&self, node: usize) -> String {
+        self.cli(node, &["CLUSTER", "NODES"])
+    }
+
+    /// The nodes (by index) that are masters serving slots now, as every
+    /// running node sees it; `None` while they disagree.
+    pub fn masters(&self) -> Option<Vec<usize>> {
+        let mut seen = None;
+        for node in self.alive() {
+            let topology = self.topology(node);
+            let mut masters: Vec<usize> = topology
+                .lines()
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split(' ').collect();
+                    let serving = fields.len() > 8
+                        && fields[2].contains("master")
+                        && !fields[2].contains("fail");
+                    serving.then(|| {
+                        let port = fields[1].split(['@', ',']).next()?.rsplit(':').next()?;
+                        self.nodes.iter().position(|a| a.port().to_string() == port)
+                    })?
+                })
+                .collect();
+            masters.sort_unstable();
+            match &seen {
+                None => seen = Some(masters),
+                Some(other) if *other == masters => {}
+                Some(_) => return None,
+            }
+        }
+        seen
+    }
+
+    /// The cluster ID of node `node`.
+    pub fn id(&self, node: usize) -> String {
+        self.cli(node, &["CLUSTER", "MYID"]).trim().to_owned()
+    }
+
+    /// Whether every running node reports `cluster_state:ok` with all
+    /// slots served, they agree on the masters, and every master has a
+    /// replica that is in sync (`WAIT 1` can then be met).
+    pub fn healthy(&self) -> bool {
+        let ok = self.alive().all(|node| {
+            let info = self.cli(node, &["CLUSTER", "INFO"]);
+            info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+        });
+        let Some(masters) = self.masters().filter(|_| ok) else {
+            return false;
+        };
+        masters.len() * 2 == self.alive().count()
+            && masters.iter().all(|&m| {
+                let info = self.cli(m, &["INFO", "replication"]);
+                info.contains("connected_slaves:1")
+                    && info
+                        .lines()
+                        .any(|l| l.starts_with("slave0:") && l.contains("state=online"))
+            })
+    }
+
+    /// Poll until [`RedisCluster::healthy`], or panic with the topology.
+    pub fn wait_healthy(&self) {
+        self.wait_for(
+            "healthy (all slots served, a synced replica per master)",
+            || self.healthy(),
+        );
+    }
+
+    /// Poll until `done`, or panic after a generous deadline, naming `what`.
+    pub fn wait_for(&self, what: &str, mut done: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            if start.elapsed() > CLUSTER_DEADLINE {
+                let first = self.alive().next().unwrap_or(0);
+                panic!(
+                    "the cluster did not become {what} within {CLUSTER_DEADLINE:?}; \
+                     CLUSTER NODES:\n{}",
+                    self.topology(first)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Move `slots` slots, with their keys, from master `from` to master
+    /// `to` (`redis-cli --cluster reshard`); returns the running process.
+    pub fn reshard(&self, from: usize, to: usize, slots: usize) -> Child {
+        let mut cmd = self.redis_cli();
+        cmd.args(["--cluster", "reshard", &self.nodes[to].to_string()])
+            .args(["--cluster-from", &self.id(from)])
+            .args(["--cluster-to", &self.id(to)])
+            .args(["--cluster-slots", &slots.to_string()])
+            .args(["--cluster-pipeline", "4", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd.spawn().expect("run redis-cli --cluster reshard")
+    }
+
+    /// Keys stored on node `node`.
+    pub fn dbsize(&self, node: usize) -> u64 {
+        self.cli(node, &["DBSIZE"])
+            .trim()
+            .parse()
+            .expect("DBSIZE is a number")
+    }
+
+    /// The slot of `key` (asked of a running node).
+    pub fn keyslot(&self, key: &str) -> u16 {
+        let node = self.alive().next().expect("a running node");
+        self.cli(node, &["CLUSTER", "KEYSLOT", key])
+            .trim()
+            .parse()
+            .expect("CLUSTER KEYSLOT is a number")
+    }
+
+    /// The node serving `slot` now (as node `asked` sees it).
+    pub fn owner(&self, asked: usize, slot: u16) -> Option<usize> {
+        self.topology(asked).lines().find_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            if fields.len() < 9 || !fields[2].contains("master") {
+                return None;
+            }
+            let serves = fields[8..].iter().any(|range| {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                matches!((lo.parse::<u16>(), hi.parse::<u16>()), (Ok(lo), Ok(hi)) if (lo..=hi).contains(&slot))
+            });
+            let port = fields[1].split(['@', ',']).next()?.rsplit(':').next()?;
+            serves
+                .then(|| self.nodes.iter().position(|a| a.port().to_string() == port))
+                .flatten()
+        })
+    }
+
+    /// A counter from node `node`'s `INFO stats`.
+    pub fn info_stat(&self, node: usize, name: &str) -> u64 {
+        let info = self.cli(node, &["INFO", "stats"]);
+        let prefix = format!("{name}:");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map(|n| n.trim().parse().expect("a counter"))
+            .unwrap_or_else(|| panic!("no {name} in INFO stats"))
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for node in 0..self.nodes.len() {
+            self.kill(node);
+        }
+    }
+}
+
 /// One command in RESP2: an array of bulk strings.
 fn resp(args: &[&[u8]]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();

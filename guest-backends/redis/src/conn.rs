@@ -15,32 +15,80 @@ use redis_protocol::resp2::types::{BorrowedFrame, OwnedFrame};
 
 /// Where and how to connect, from settings.
 pub(crate) struct Endpoint {
-    address: String,
+    /// `host:port` of the server (`mode = "single"`), or of the seed nodes
+    /// a cluster's map is first asked of (`mode = "cluster"`).
+    pub(crate) addresses: Vec<String>,
+    /// `mode = "cluster"`: keys are routed to the master serving their slot.
+    pub(crate) cluster: bool,
     /// Ask the host for a TLS session on the socket (`tls = true`, which
     /// the host sets with a `tls` grant, or a `rediss://` address).
-    tls: bool,
+    pub(crate) tls: bool,
     db: u32,
     user: Option<String>,
     password: Option<String>,
     /// The budget of one operation: connecting (if needed) and one
     /// pipeline, together.
     pub(crate) timeout: Duration,
+    /// Replicas that must acknowledge a save's writes before its manifest
+    /// is published (`wait_replicas`, `WAIT`); 0: none asked.
+    pub(crate) wait_replicas: u32,
+    /// How long `WAIT` may take, ms (`wait_timeout_ms`).
+    pub(crate) wait_timeout_ms: u64,
 }
 
 impl Endpoint {
     pub(crate) fn from_settings(settings: &Settings) -> Result<Endpoint, Error> {
-        let address = settings.required("address")?;
-        let (address, rediss) = match address.strip_prefix("rediss://") {
-            Some(rest) => (rest, true),
-            None => (address, false),
+        let cluster = match settings.get("mode").unwrap_or("single") {
+            "single" => false,
+            "cluster" => true,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "setting `mode` = {other:?}: expected \"single\" or \"cluster\""
+                )));
+            }
         };
+        // A cluster's seeds: `addresses` (a list, which the host hands over
+        // comma-separated), else `address`.
+        let listed = match (cluster, settings.get("addresses")) {
+            (true, Some(list)) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .collect(),
+            _ => vec![settings.required("address")?],
+        };
+        if listed.is_empty() {
+            return Err(Error::InvalidArgument(
+                "setting `addresses` lists no seed node".into(),
+            ));
+        }
+        let mut rediss = false;
+        let addresses = listed
+            .into_iter()
+            .map(|a| match a.strip_prefix("rediss://") {
+                Some(rest) => {
+                    rediss = true;
+                    rest.to_owned()
+                }
+                None => a.to_owned(),
+            })
+            .collect();
+        let db = settings.parse_or("db", 0)?;
+        if cluster && db != 0 {
+            return Err(Error::InvalidArgument(
+                "setting `db`: a Redis Cluster has only database 0".into(),
+            ));
+        }
         Ok(Endpoint {
-            address: address.to_owned(),
+            addresses,
+            cluster,
             tls: rediss || settings.parse_or("tls", false)?,
-            db: settings.parse_or("db", 0)?,
+            db,
             user: settings.get("user").map(str::to_owned),
             password: settings.secret("password", "REDIS_PASSWORD"),
             timeout: Duration::from_millis(settings.parse_or("timeout_ms", 5000)?),
+            wait_replicas: settings.parse_or("wait_replicas", 0)?,
+            wait_timeout_ms: settings.parse_or("wait_timeout_ms", 1000)?,
         })
     }
 }
@@ -53,7 +101,9 @@ pub(crate) struct ConnError {
     pub(crate) message: String,
     pub(crate) dropped: bool,
     /// The server refused us (bad credentials): not a network failure.
-    denied: bool,
+    pub(crate) denied: bool,
+    /// The sandbox refused the peer: it is not granted in `net`.
+    pub(crate) not_granted: bool,
 }
 
 impl From<ConnError> for Error {
@@ -150,6 +200,23 @@ impl Replies {
                 Ok(Some(frame))
             }
             Ok(None) => Ok(None),
+            Err(e) => Err(format!("malformed reply: {e:?}")),
+        }
+    }
+
+    /// The next whole reply, which may be an array, or `None` until more
+    /// bytes arrive ([`Connection::nested_command`]).
+    pub(crate) fn next_nested(&mut self) -> Result<Option<OwnedFrame>, String> {
+        let pending = &self.received[self.start..self.end];
+        let Some(len) = nested_len(pending)? else {
+            return Ok(None);
+        };
+        match decode(&pending[..len]) {
+            Ok(Some((frame, used))) if used == len => {
+                self.start += used;
+                Ok(Some(frame))
+            }
+            Ok(_) => Err("malformed reply: not one whole value".into()),
             Err(e) => Err(format!("malformed reply: {e:?}")),
         }
     }
@@ -264,6 +331,79 @@ impl Replies {
     }
 }
 
+/// Longest reply accepted from a command answered with an array (a
+/// cluster's map: a few hundred bytes per node).
+pub(crate) const MAX_NESTED_REPLY: usize = 4 << 20;
+/// Deepest nesting of arrays accepted (`CLUSTER SHARDS` uses three).
+pub(crate) const MAX_DEPTH: usize = 6;
+
+/// The length of the RESP2 value at the start of `bytes` once it is all
+/// in (`None` before), walking only its headers: arrays nested deeper than
+/// [`MAX_DEPTH`], longer than [`MAX_NESTED_REPLY`] or of other types than
+/// RESP2's are refused before the (recursive) decoder sees them.
+fn nested_len(bytes: &[u8]) -> Result<Option<usize>, String> {
+    let mut at = 0;
+    // Values still to come at each open level.
+    let mut open: Vec<u64> = vec![1];
+    while let Some(left) = open.last_mut() {
+        if *left == 0 {
+            open.pop();
+            continue;
+        }
+        *left -= 1;
+        if at > MAX_NESTED_REPLY {
+            return Err(format!("a reply longer than {MAX_NESTED_REPLY} bytes"));
+        }
+        let rest = &bytes[at..];
+        let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") else {
+            return if rest.len() > MAX_LINE {
+                Err(format!("a reply line longer than {MAX_LINE} bytes"))
+            } else {
+                Ok(None)
+            };
+        };
+        let number = || {
+            std::str::from_utf8(&rest[1..eol])
+                .ok()
+                .and_then(|n| n.parse::<i64>().ok())
+                .ok_or_else(|| "malformed reply: a bad length".to_owned())
+        };
+        at += eol + 2;
+        match rest[0] {
+            b'+' | b'-' | b':' => {}
+            b'$' => {
+                let len = number()?;
+                if let Ok(len) = usize::try_from(len) {
+                    if len > MAX_NESTED_REPLY {
+                        return Err(format!("a reply longer than {MAX_NESTED_REPLY} bytes"));
+                    }
+                    at += len + 2;
+                    if bytes.len() < at {
+                        return Ok(None);
+                    }
+                }
+            }
+            b'*' => {
+                if let Ok(count) = u64::try_from(number()?)
+                    && count > 0
+                {
+                    if open.len() > MAX_DEPTH {
+                        return Err(format!("a reply nested deeper than {MAX_DEPTH} arrays"));
+                    }
+                    open.push(count);
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unexpected reply type {:?} in an array",
+                    char::from(other)
+                ));
+            }
+        }
+    }
+    Ok(Some(at))
+}
+
 /// Refuse, before decoding, what no command kvwasm sends is answered with:
 /// arrays (the decoder recurses into nested ones, so a hostile server
 /// could overflow the stack), other reply types, endless lines, and bulk
@@ -298,19 +438,26 @@ fn check_header(pending: &[u8]) -> Result<(), String> {
 
 impl Connection {
     /// Connect, then `AUTH` and `SELECT` as configured.
-    pub(crate) fn open(endpoint: &Endpoint, deadline: Instant) -> Result<Connection, ConnError> {
-        let address = &endpoint.address;
+    pub(crate) fn open(
+        endpoint: &Endpoint,
+        address: &str,
+        deadline: Instant,
+    ) -> Result<Connection, ConnError> {
         let fail = |what: String| ConnError {
             message: format!("redis at {address}: {what}"),
             dropped: false,
             denied: false,
+            not_granted: false,
         };
         let stream = kvwasm_guest_support::net::connect_stream(address, endpoint.tls, deadline)
-            .map_err(fail)?;
+            .map_err(|e| ConnError {
+                not_granted: e.contains(kvwasm_guest_support::net::NOT_GRANTED),
+                ..fail(e)
+            })?;
         let mut conn = Connection {
             stream,
             peer: Peer {
-                address: address.clone(),
+                address: address.to_owned(),
                 timeout: endpoint.timeout,
             },
             replies: Replies::default(),
@@ -363,6 +510,17 @@ impl Connection {
         commands: &[Vec<Arg<'_>>],
         deadline: Instant,
     ) -> Result<Vec<Reply<Payload>>, ConnError> {
+        self.send_commands(commands.iter().map(Vec::as_slice), deadline)?;
+        self.read_replies(commands.len(), deadline)
+    }
+
+    /// Send every command without reading: the replies are read later by
+    /// [`Connection::read_replies`], so several servers work at once.
+    pub(crate) fn send_commands<'c, 'a: 'c>(
+        &mut self,
+        commands: impl Iterator<Item = &'c [Arg<'a>]>,
+        deadline: Instant,
+    ) -> Result<(), ConnError> {
         let mut out = Vec::with_capacity(WRITE_BATCH);
         for command in commands {
             self.encode(&mut out, command, deadline)?;
@@ -371,12 +529,46 @@ impl Connection {
                 out.clear();
             }
         }
-        self.send(&out, deadline)?;
-        let mut replies = Vec::with_capacity(commands.len());
-        while replies.len() < commands.len() {
+        self.send(&out, deadline)
+    }
+
+    /// Read `count` replies, in order, by `deadline`.
+    pub(crate) fn read_replies(
+        &mut self,
+        count: usize,
+        deadline: Instant,
+    ) -> Result<Vec<Reply<Payload>>, ConnError> {
+        let mut replies = Vec::with_capacity(count);
+        while replies.len() < count {
             replies.push(self.next_reply(deadline)?);
         }
         Ok(replies)
+    }
+
+    /// Send `command`, whose reply may be an array (`CLUSTER SHARDS`), and
+    /// read that reply: at most [`MAX_NESTED_REPLY`] bytes, nested at most
+    /// [`MAX_DEPTH`] deep (checked before the recursive decoder sees it).
+    pub(crate) fn nested_command(
+        &mut self,
+        command: &[&[u8]],
+        deadline: Instant,
+    ) -> Result<OwnedFrame, ConnError> {
+        let args: Vec<Arg<'_>> = command.iter().map(|a| Arg::Bytes(a)).collect();
+        self.send_commands(std::iter::once(args.as_slice()), deadline)?;
+        loop {
+            match self
+                .replies
+                .next_nested()
+                .map_err(|e| self.peer.failure(e, false))?
+            {
+                Some(frame) => return Ok(frame),
+                None => {
+                    let buf = self.replies.spare();
+                    let n = self.peer.receive(&self.stream, buf, deadline)?;
+                    self.replies.filled(n);
+                }
+            }
+        }
     }
 
     /// Append `command` to `out` as a RESP array of bulk strings. A payload
@@ -540,6 +732,7 @@ impl Peer {
             message: format!("redis at {}: {what}", self.address),
             dropped,
             denied: false,
+            not_granted: false,
         }
     }
 }
@@ -562,7 +755,10 @@ pub(crate) fn server_error(command: &str, message: &str) -> Error {
     let text = format!("redis {command}: {message}");
     if is_auth_error(message) {
         Error::Denied(text)
-    } else if message.starts_with("LOADING") || message.starts_with("BUSY") {
+    } else if ["LOADING", "BUSY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN"]
+        .iter()
+        .any(|w| message.starts_with(w))
+    {
         Error::Unavailable(text)
     } else {
         Error::Io(text)
@@ -635,6 +831,21 @@ mod tests {
         let (frames, error) = feed(&stream, &[]);
         assert!(frames.is_empty());
         assert!(error.unwrap().contains("unexpected reply type '*'"));
+    }
+
+    #[test]
+    fn nested_replies_are_read_whole_and_bounded_in_depth() {
+        let ok = b"*3\r\n*2\r\n:1\r\n$3\r\nabc\r\n$-1\r\n+x\r\n";
+        assert_eq!(nested_len(ok), Ok(Some(ok.len())));
+        for cut in 0..ok.len() {
+            assert_eq!(nested_len(&ok[..cut]), Ok(None), "cut at {cut}");
+        }
+        let deep = [b"*1\r\n".repeat(MAX_DEPTH + 1), b":1\r\n".to_vec()].concat();
+        assert!(nested_len(&deep).unwrap_err().contains("deeper"));
+        assert!(nested_len(&b"*1\r\n".repeat(1_000_000)).is_err());
+        let shallow = [b"*1\r\n".repeat(MAX_DEPTH), b":1\r\n".to_vec()].concat();
+        assert_eq!(nested_len(&shallow), Ok(Some(shallow.len())));
+        assert!(nested_len(b"%1\r\n").is_err());
     }
 
     #[test]

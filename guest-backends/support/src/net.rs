@@ -41,6 +41,11 @@ pub fn connect(address: &str, deadline: Instant) -> Result<TcpStream, String> {
     Ok(stream)
 }
 
+/// Words in a [`connect_stream`] error when the sandbox refused the peer
+/// (it is not granted in the backend's `net`), so callers can tell it from
+/// a peer that is down.
+pub const NOT_GRANTED: &str = "the peer is not granted in `net`";
+
 /// A connection to a granted peer over raw `wasi:sockets` streams: plain
 /// TCP, or a TLS session on it whose handshake and certificate checks the
 /// host performed (`wasi:tls`, with the operator's roots). Read, written
@@ -119,7 +124,7 @@ mod raw {
     /// Why a connect failed, with the grant to check when it was refused.
     fn connect_error(e: ErrorCode) -> String {
         match e {
-            ErrorCode::AccessDenied => "cannot connect: the peer is not granted in `net`".into(),
+            ErrorCode::AccessDenied => format!("cannot connect: {}", crate::net::NOT_GRANTED),
             e => format!("cannot connect: {e}"),
         }
     }

@@ -131,6 +131,19 @@ pub trait Remote: Sized + 'static {
     fn get(&mut self, keys: &[String]) -> Result<Vec<Option<Value>>>;
     /// Remove `key`; a missing key is success.
     fn delete(&mut self, key: &str) -> Result<()>;
+    /// Whether [`Remote::confirm_writes`] confirms anything (the operator
+    /// asked for replicated writes): the store then keeps the hashes
+    /// written since the last confirmation, to check them again if it
+    /// fails.
+    fn confirms_writes(&self) -> bool {
+        false
+    }
+    /// Make sure every write acknowledged so far survives the loss of the
+    /// server that took it (Redis `WAIT` for replicas). Called before a
+    /// manifest is published, after it is written, and at a flush.
+    fn confirm_writes(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Values at least this long move between the network and the consumer
@@ -333,6 +346,10 @@ struct Staging {
     vouched: HashSet<Vec<u8>>,
     /// Values fetched ahead of their gets, and hashes still to fetch.
     prefetch: Prefetch<Value>,
+    /// Chunks written since the last [`Remote::confirm_writes`] (kept only
+    /// if the remote confirms writes): if it fails, they are vouched for,
+    /// so no manifest names one before the server is asked again.
+    unconfirmed: Vec<Vec<u8>>,
 }
 
 impl Staging {
@@ -419,6 +436,40 @@ impl<R: Remote> RemoteStore<R> {
         Ok(out)
     }
 
+    /// Note chunks just written, for [`RemoteStore::confirm`].
+    fn written(&self, hashes: &[Vec<u8>]) {
+        if self.remote.borrow().confirms_writes() {
+            self.staging
+                .borrow_mut()
+                .unconfirmed
+                .extend(hashes.iter().cloned());
+        }
+    }
+
+    /// [`Remote::confirm_writes`]; if it fails, the chunks written since
+    /// the last confirmation may be gone (a failover lost them): they are
+    /// vouched for, so the next flush asks the server about them before a
+    /// manifest can name them, and what every instance remembers is
+    /// forgotten.
+    fn confirm(&self) -> Result<()> {
+        if !self.remote.borrow().confirms_writes() {
+            return Ok(());
+        }
+        match self.remote().confirm_writes() {
+            Ok(()) => {
+                self.staging.borrow_mut().unconfirmed.clear();
+                Ok(())
+            }
+            Err(e) => {
+                let mut staging = self.staging.borrow_mut();
+                let unconfirmed = std::mem::take(&mut staging.unconfirmed);
+                staging.vouched.extend(unconfirmed);
+                known_chunks::forget_all();
+                Err(e)
+            }
+        }
+    }
+
     fn remote(&self) -> std::cell::RefMut<'_, R> {
         self.round_trips.set(self.round_trips.get() + 1);
         self.remote.borrow_mut()
@@ -452,6 +503,8 @@ impl<R: Remote> RemoteStore<R> {
                 None => stored.push(hash),
             }
         }
+        drop(staging);
+        self.written(&stored);
         remember(&stored);
         if let Some(first) = first {
             eprintln!("{count} chunks written behind failed (e.g. {first}); staged for the flush");
@@ -485,6 +538,7 @@ impl<R: Remote> RemoteStore<R> {
         let mut missing: Vec<(String, &Value)> = Vec::new();
         let mut missing_staged = 0;
         let mut gone: Vec<Vec<u8>> = Vec::new();
+        let mut written: Vec<Vec<u8>> = Vec::new();
         for (at, ((key, (hash, bytes)), there)) in
             keys.into_iter().zip(&candidates).zip(&present).enumerate()
         {
@@ -493,12 +547,16 @@ impl<R: Remote> RemoteStore<R> {
                 (false, Some(value)) => {
                     missing_staged += usize::from(at < staged);
                     missing.push((key, value));
+                    written.push(hash.to_vec());
                 }
                 (false, None) => gone.push(hash.to_vec()),
             }
         }
         if !missing.is_empty() {
             self.remote().put(&missing)?;
+            if self.remote.borrow().confirms_writes() {
+                staging.unconfirmed.extend(written);
+            }
         }
         let flushed = Flushed {
             staged,
@@ -583,6 +641,7 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
                 DedupCheck::Put if data.len() < R::WRITE_THROUGH_BELOW as u64 => {
                     if self.remote().put_if_absent(&self.keys.chunk(&hash), data)? {
                         self.written_at_put.set(self.written_at_put.get() + 1);
+                        self.written(std::slice::from_ref(&hash));
                         self.staging.borrow_mut().vouched.remove(&hash);
                         remember(std::slice::from_ref(&hash));
                         return Ok(PutOutcome::Stored);
@@ -676,9 +735,13 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
             skipped,
             rechecked,
         } = self.write_pending()?;
+        // The chunks survive a failover before a manifest names them, and
+        // the manifest does before the save is acknowledged.
+        self.confirm()?;
         let manifest = Value::Bytes(data.to_vec());
         self.remote()
             .put(&[(self.keys.manifest(&name), &manifest)])?;
+        self.confirm()?;
         eprintln!(
             "put-manifest {name:?}: {} chunks written at put time, {staged} staged chunks ({skipped} \
              already stored), {} round trips, {rechecked} dedup hits re-checked",
@@ -726,7 +789,8 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
     }
 
     fn flush(&self) -> Result<()> {
-        self.write_pending().map(drop)
+        self.write_pending()?;
+        self.confirm()
     }
 }
 

@@ -206,6 +206,42 @@ fn the_redis_guest_passes_everything_against_a_real_redis_server() {
     assert_passes_everything("builtin:redis", &entry, &[("REDIS_PASSWORD", password)]);
 }
 
+/// Cluster mode: three masters with a replica each, a password, chunks
+/// and manifests routed by slot, writes confirmed on a replica before a
+/// manifest is published (`wait_replicas = 1`).
+#[test]
+fn the_redis_guest_passes_everything_against_a_real_redis_cluster() {
+    let cluster = kvwasm_tests::servers::RedisCluster::start(3, Some("cluster-pw-42".into()));
+    let list = |nodes: &[std::net::SocketAddr]| {
+        nodes
+            .iter()
+            .map(|a| format!("\"{a}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let entry = format!(
+        "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [{}]\n\
+         env = [\"REDIS_PASSWORD\"]\ncall_timeout_ms = 120000\n\
+         settings = {{ mode = \"cluster\", addresses = [{}], timeout_ms = 30000, \
+         wait_replicas = 1, wait_timeout_ms = 30000 }}\n",
+        list(&cluster.nodes),
+        list(&cluster.nodes[..2])
+    );
+    assert_passes_everything(
+        "builtin:redis",
+        &entry,
+        &[("REDIS_PASSWORD", "cluster-pw-42")],
+    );
+    let masters = cluster.masters().expect("the nodes agree");
+    assert!(
+        masters.iter().all(|&m| {
+            let stats = cluster.cli(m, &["INFO", "commandstats"]);
+            stats.contains("cmdstat_set:") && stats.contains("cmdstat_wait:")
+        }),
+        "every master took writes and confirmed them"
+    );
+}
+
 #[test]
 fn the_s3_guest_passes_everything_against_a_real_s3_server() {
     let server = kvwasm_tests::servers::S3Server::start();

@@ -277,6 +277,7 @@ impl Config {
             .net
             .iter()
             .filter_map(|p| p.rsplit_once(':'))
+            .filter(|(h, _)| !h.contains('/'))
             .map(|(h, _)| h.trim_matches(['[', ']']).to_ascii_lowercase())
             .chain(
                 origins

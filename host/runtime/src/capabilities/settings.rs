@@ -12,13 +12,18 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use wasmtime_wasi_config::WasiConfigVariables;
 
-/// One value of the settings table, handed to the guest as a string.
+/// One value of the settings table, handed to the guest as a string (a
+/// list of strings comma-separated: a Redis Cluster's seed `addresses`).
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(untagged, expecting = "a string, an integer or a boolean")]
+#[serde(
+    untagged,
+    expecting = "a string, an integer, a boolean or a list of strings"
+)]
 pub enum SettingValue {
     Text(String),
     Integer(i64),
     Flag(bool),
+    List(Vec<String>),
 }
 
 /// The key/value pairs a guest may read with `wasi:config/store.get`.
@@ -37,6 +42,15 @@ impl SettingsGrant {
                 SettingValue::Text(s) => s.clone(),
                 SettingValue::Integer(i) => i.to_string(),
                 SettingValue::Flag(b) => b.to_string(),
+                SettingValue::List(items) => {
+                    if let Some(item) = items.iter().find(|i| i.contains(',')) {
+                        return Err(format!(
+                            "settings.{key}: list item {item:?} contains a comma, which \
+                             separates the items the guest reads"
+                        ));
+                    }
+                    items.join(",")
+                }
             };
             values.insert(key.clone(), text);
         }
@@ -101,14 +115,24 @@ mod tests {
     }
 
     #[test]
+    fn lists_reach_the_guest_comma_separated() {
+        let s = parse("addresses = [\"10.0.0.1:7000\", \"10.0.0.2:7000\"]").unwrap();
+        assert_eq!(
+            s.describe(),
+            ["addresses = \"10.0.0.1:7000,10.0.0.2:7000\""]
+        );
+    }
+
+    #[test]
     fn secrets_and_odd_values_are_refused() {
         for (text, why) in [
             ("password = \"hunter2\"", "secrets do not belong"),
             ("secret_access_key = \"x\"", "secrets do not belong"),
             ("access_key_id = \"x\"", "secrets do not belong"),
             ("Address = \"x\"", "lower-case"),
-            ("peers = [\"a\"]", "a string, an integer or a boolean"),
-            ("ratio = 0.5", "a string, an integer or a boolean"),
+            ("peers = [1, 2]", "a list of strings"),
+            ("ratio = 0.5", "a list of strings"),
+            ("addresses = [\"a,b\"]", "contains a comma"),
         ] {
             let err = parse(text).unwrap_err();
             assert!(err.contains(why), "{text}: {err}");
