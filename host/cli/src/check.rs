@@ -40,8 +40,9 @@ pub struct CheckArgs {
     /// limits (default: a fresh temporary directory granted at /data).
     #[arg(long, value_name = "FILE", requires = "component")]
     config: Option<PathBuf>,
-    /// Which backend entry of --config to use (default: the only one).
-    #[arg(long, value_name = "NAME", requires = "config")]
+    /// Which backend entry of the config file (--config, or a `*.toml`
+    /// --component) to use (default: the only one).
+    #[arg(long, value_name = "NAME", requires = "component")]
     backend: Option<String>,
     /// Print the report as JSON on stdout (for CI).
     #[arg(long)]
@@ -182,6 +183,11 @@ fn component_target(
     };
     let (backend, text) = match &args.config {
         Some(path) => operator_config(path, args.backend.as_deref(), Some(&component))?,
+        None if args.backend.is_some() => {
+            bail!(
+                "--backend picks an entry of a config file: pass --config or a *.toml --component"
+            )
+        }
         None => {
             let mut table = toml::Table::new();
             table.insert("component".into(), component.into());
@@ -224,17 +230,19 @@ fn write_target(
 /// passed by mistake), rather than failing every check on its parse error.
 fn refuse_non_wasm(path: &Path) -> anyhow::Result<()> {
     let mut magic = [0u8; 4];
-    let read = std::fs::File::open(path)
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
-        .with_context(|| format!("reading {}", path.display()));
+    let read =
+        std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
     match read {
         Ok(()) if &magic == b"\0asm" => Ok(()),
-        Ok(()) => bail!(
+        // Shorter than the magic number (an empty file): not one either.
+        Err(e) if e.kind() != std::io::ErrorKind::UnexpectedEof => {
+            Err(e).with_context(|| format!("reading {}", path.display()))
+        }
+        _ => bail!(
             "{} is not a WebAssembly component (build it first, or pass the project's \
              kvwasm.toml to check what it configures)",
             path.display()
         ),
-        Err(e) => Err(e),
     }
 }
 
@@ -288,7 +296,14 @@ fn operator_config(
     // Validate now, so a bad file is one clear error rather than every
     // check failing to open.
     let out = toml::to_string(&root)?;
-    kvwasm_host::config::Config::parse(&out, Path::new("/")).map_err(anyhow::Error::msg)?;
+    let config =
+        kvwasm_host::config::Config::parse(&out, Path::new("/")).map_err(anyhow::Error::msg)?;
+    if let Some(spec) = config.backends.get(&name)
+        && let Ok(kvwasm_host::component::ComponentSource::File(file)) =
+            config.component_source(spec)
+    {
+        refuse_non_wasm(&file)?;
+    }
     Ok((name, out))
 }
 

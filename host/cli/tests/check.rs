@@ -576,8 +576,65 @@ fn a_file_that_is_not_webassembly_is_refused_before_any_check_runs() {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("build.wasm");
     std::fs::write(&script, "#!/bin/sh\necho not a component\n").unwrap();
+    let empty = dir.path().join("empty.wasm");
+    std::fs::write(&empty, "").unwrap();
+    for file in [&script, &empty] {
+        assert_refused_up_front(file, "is not a WebAssembly component");
+    }
+}
+
+/// `kvwasm check --component FILE` fails before any check runs, saying
+/// `why` on stderr.
+fn assert_refused_up_front(file: &Path, why: &str) {
     let out = Command::new(KVWASM)
-        .args(["check", "--json", "--component", script.to_str().unwrap()])
+        .args(["check", "--json", "--component", file.to_str().unwrap()])
+        .args(["--lib", kvwasm_tests::shim_path().to_str().unwrap()])
+        .env_remove("KVWASM_CONFIG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{}: {stderr}", file.display());
+    assert!(out.stdout.is_empty(), "no report: no check ran");
+    assert!(stderr.contains(why), "{}: {stderr}", file.display());
+}
+
+#[test]
+fn backend_picks_one_entry_of_a_projects_config_file_with_several() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("kvwasm.toml");
+    std::fs::write(
+        &config,
+        "[backends.scratch]\ncomponent = \"builtin:memory\"\n\n\
+         [backends.vendor]\ncomponent = \"builtin:fs\"\ndir = \"granted\"\n",
+    )
+    .unwrap();
+    let shim = kvwasm_tests::shim_path();
+    let run = check(&[
+        "--lib",
+        shim.to_str().unwrap(),
+        "--component",
+        config.to_str().unwrap(),
+        "--backend",
+        "vendor",
+        "--only",
+        "visibility",
+    ]);
+    assert_eq!(run.with("pass"), set(&["visibility"]), "{:#}", run.json);
+    assert_eq!(run.json["report"]["uri"], "wasm://vendor/kvwasm-check");
+    assert!(dir.path().join("granted/kvwasm-check/chunks").is_dir());
+}
+
+#[test]
+fn backend_without_a_config_file_is_refused_rather_than_ignored() {
+    let out = Command::new(KVWASM)
+        .args([
+            "check",
+            "--json",
+            "--component",
+            "builtin:fs",
+            "--backend",
+            "x",
+        ])
         .args(["--lib", kvwasm_tests::shim_path().to_str().unwrap()])
         .env_remove("KVWASM_CONFIG")
         .output()
@@ -585,8 +642,14 @@ fn a_file_that_is_not_webassembly_is_refused_before_any_check_runs() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(out.stdout.is_empty(), "no report: no check ran");
-    assert!(
-        stderr.contains("is not a WebAssembly component"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("--backend picks an entry"), "{stderr}");
+}
+
+#[test]
+fn a_config_naming_a_file_that_is_not_webassembly_is_refused_before_any_check_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("lib.rs"), "fn main() {}\n").unwrap();
+    let config = dir.path().join("kvwasm.toml");
+    std::fs::write(&config, "[backends.vendor]\ncomponent = \"lib.rs\"\n").unwrap();
+    assert_refused_up_front(&config, "lib.rs is not a WebAssembly component");
 }
