@@ -13,6 +13,7 @@ use wasmtime::{Store, Trap};
 
 use crate::backend::Backend;
 use crate::capabilities::descriptors::{Headroom, Share};
+use crate::capabilities::durable::KeptDirsByStore;
 use crate::capabilities::http::HttpPolicy;
 use crate::deadline::{self, Deadline};
 use crate::engine::Metering;
@@ -54,9 +55,12 @@ pub(crate) fn new_store(
         ),
         backend: name,
         metrics: backend.metrics.clone(),
+        kept_dirs: KeptDirsByStore::global().for_store(
+            backend.grants.dirs.iter().map(|d| d.host.as_path()),
+            namespace,
+        ),
         namespace: namespace.into(),
         known_chunks: backend.known_chunks.clone(),
-        kept_dirs: None,
         list_dirs: backend.grants.list_dirs,
         wasi,
         http: wasmtime_wasi_http::WasiHttpCtx::new(),

@@ -25,9 +25,9 @@ pub struct HostState {
     pub(crate) namespace: Arc<str>,
     /// The backend's `known-chunks` records.
     pub(crate) known_chunks: Arc<crate::known_chunks::KnownChunks>,
-    /// Subdirectories `find-file` keeps open, shared with every live
-    /// instance; taken on the instance's first `find-file`.
-    pub(crate) kept_dirs: Option<Arc<crate::capabilities::durable::KeptDirs>>,
+    /// Subdirectories `find-file` keeps open, shared with the live
+    /// instances of the same backend and namespace.
+    pub(crate) kept_dirs: Arc<crate::capabilities::durable::KeptDirs>,
     /// The descriptors the instance may open (its cap, its kind's share).
     pub(crate) headroom: crate::capabilities::descriptors::Headroom,
     /// Whether `read-directory` is granted.

@@ -190,9 +190,14 @@ pub(crate) fn find_file(
 /// At most [`KEPT_DIRS`] are kept, and only while the process holds fewer
 /// than half the descriptors a store may reach ([`Headroom::may_share`]):
 /// 1,000 handles on one store hold three descriptors each plus these 16.
-/// They close with the last instance that used them (an idle release of
-/// every instance, or every handle closed), so a filesystem is not held
-/// busy by a process that no longer uses it.
+/// Each store (granted directories and namespace) has its own set
+/// ([`KeptDirsByStore`]): one store's lookups never go through a directory
+/// kept for another, even on a filesystem whose inode numbers do not name
+/// one directory (FUSE, overlayfs across filesystems), and a guest looking
+/// up in many directories evicts only its own. They close with the store's
+/// last instance (an idle release of every instance, or every handle
+/// closed), so a filesystem is not held busy by a process that no longer
+/// uses it.
 #[derive(Default)]
 pub(crate) struct KeptDirs {
     dirs: Mutex<Vec<KeptDir>>,
@@ -218,19 +223,44 @@ enum Beneath {
     Missing,
 }
 
-impl KeptDirs {
-    /// The set every live instance shares (a new one once all are gone).
-    pub(crate) fn shared() -> Arc<KeptDirs> {
-        static SHARED: Mutex<Weak<KeptDirs>> = Mutex::new(Weak::new());
-        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(kept) = shared.upgrade() {
-            return kept;
-        }
-        let kept = Arc::new(KeptDirs::default());
-        *shared = Arc::downgrade(&kept);
-        kept
+/// Kept directories, one set per store, shared by the store's live
+/// instances. A store is its granted host directories and its namespace:
+/// handles on the same files share a set (every `wasm:///dir` handle on
+/// one directory), other stores never do.
+#[derive(Default)]
+pub(crate) struct KeptDirsByStore {
+    stores: Mutex<HashMap<String, Weak<KeptDirs>>>,
+}
+
+impl KeptDirsByStore {
+    /// The process's sets.
+    pub(crate) fn global() -> &'static KeptDirsByStore {
+        static GLOBAL: LazyLock<KeptDirsByStore> = LazyLock::new(KeptDirsByStore::default);
+        &GLOBAL
     }
 
+    /// The set the live instances of the store granted `dirs` (host
+    /// paths) and opened on `namespace` share (a new one once all are
+    /// gone).
+    pub(crate) fn for_store<'a>(
+        &self,
+        dirs: impl IntoIterator<Item = &'a std::path::Path>,
+        namespace: &str,
+    ) -> Arc<KeptDirs> {
+        let dirs: Vec<_> = dirs.into_iter().collect();
+        let key = format!("{dirs:?} {namespace:?}");
+        let mut stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(kept) = stores.get(&key).and_then(Weak::upgrade) {
+            return kept;
+        }
+        stores.retain(|_, kept| kept.strong_count() > 0);
+        let kept = Arc::new(KeptDirs::default());
+        stores.insert(key, Arc::downgrade(&kept));
+        kept
+    }
+}
+
+impl KeptDirs {
     /// The directory `sub` beneath `dir`: kept if a plain name (one
     /// component) names a kept directory, else opened beneath `dir` (and
     /// kept, while there is room).
@@ -593,6 +623,32 @@ mod tests {
         assert!(found("a/x").is_err(), "a link is not a kept directory");
         std::fs::remove_file(root.join("a")).unwrap();
         assert_eq!(found("a/x"), Ok(None));
+    }
+
+    #[test]
+    fn each_store_keeps_its_own_directories_while_an_instance_uses_them() {
+        let by_store = KeptDirsByStore::default();
+        let (here, there) = (
+            std::path::Path::new("/srv/a"),
+            std::path::Path::new("/srv/b"),
+        );
+        let first = by_store.for_store([here], "tenant-a");
+        assert!(Arc::ptr_eq(&first, &by_store.for_store([here], "tenant-a")));
+        assert!(!Arc::ptr_eq(
+            &first,
+            &by_store.for_store([here], "tenant-b")
+        ));
+        assert!(!Arc::ptr_eq(
+            &first,
+            &by_store.for_store([there], "tenant-a")
+        ));
+        let old = Arc::downgrade(&first);
+        drop(first);
+        assert!(old.upgrade().is_none(), "gone with its last instance");
+        assert_eq!(
+            Arc::strong_count(&by_store.for_store([here], "tenant-a")),
+            1
+        );
     }
 
     #[test]

@@ -127,9 +127,10 @@ impl payload_io::Host for HostState {
         dir: Resource<Descriptor>,
         path: String,
     ) -> wasmtime::Result<Result<Option<payload_io::FoundFile>, ErrorCode>> {
-        let kept = self.kept_dirs.get_or_insert_with(durable::KeptDirs::shared);
         Ok(match self.table.get(&dir)? {
-            Descriptor::Dir(d) => durable::find_file(&d.dir, &path, &self.headroom, kept),
+            Descriptor::Dir(d) => {
+                durable::find_file(&d.dir, &path, &self.headroom, &self.kept_dirs)
+            }
             Descriptor::File(_) => Err(ErrorCode::NotDirectory),
         })
     }
