@@ -6,12 +6,11 @@
 //! [`crate::auth`]) it acts only on messages tagged with that key and bound to the connection,
 //! and tags every reply for the send that asked.
 
-use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kvwasm_host::{KvError, StoreHandle};
@@ -20,6 +19,13 @@ use kvwasm_mrdn::{CHECKSUM_LEN, DecodeMode, HEADER_LEN, Tier};
 use crate::auth::{self, Direction, Envelope, Key, Nonce, Sealed};
 use crate::handoff::{self, Message};
 use crate::link::{self, LinkError, Request, Status};
+
+mod stats;
+mod timed;
+
+pub use stats::Stats;
+use stats::{Counters, Event};
+use timed::{Timed, is_timeout};
 
 /// The server's limits and checks (the flags of `kvwasm fabric serve`).
 #[derive(Debug, Clone)]
@@ -102,92 +108,6 @@ impl Default for Limits {
             max_live_handles: 1 << 20,
             min_bytes_per_s: 1 << 20,
             verify_hash: None,
-        }
-    }
-}
-
-/// Counters of a server (all connections so far) or of one connection.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Connections accepted (including those refused as over the cap).
-    pub connections: u64,
-    /// PUSHes verified and acted on.
-    pub frames_ok: u64,
-    /// PUSHes refused: a bad frame or message, a limit, poisoning.
-    pub frames_refused: u64,
-    /// PUSHes the store failed.
-    pub frames_failed: u64,
-    /// Chunks the store did not already hold.
-    pub chunks_stored: u64,
-    /// Bytes of those chunks.
-    pub chunk_bytes_stored: u64,
-    /// Queries answered.
-    pub queries: u64,
-    /// Manifests published.
-    pub manifests_stored: u64,
-}
-
-/// What a [`Stats`] counts.
-#[derive(Debug, Clone, Copy)]
-enum Event {
-    Connection,
-    FrameOk,
-    Refused,
-    Failed,
-    ChunkStored(u64),
-    Query,
-    Manifest,
-}
-
-impl Stats {
-    fn apply(&mut self, event: Event) {
-        match event {
-            Event::Connection => self.connections += 1,
-            Event::FrameOk => self.frames_ok += 1,
-            Event::Refused => self.frames_refused += 1,
-            Event::Failed => self.frames_failed += 1,
-            Event::ChunkStored(bytes) => {
-                self.chunks_stored += 1;
-                self.chunk_bytes_stored += bytes;
-            }
-            Event::Query => self.queries += 1,
-            Event::Manifest => self.manifests_stored += 1,
-        }
-    }
-}
-
-/// The server-wide [`Stats`], updated by every connection thread.
-#[derive(Debug, Default)]
-struct Counters([AtomicU64; 8]);
-
-impl Counters {
-    fn apply(&self, event: Event) {
-        let add = |i: usize, n: u64| self.0[i].fetch_add(n, Ordering::Relaxed);
-        match event {
-            Event::Connection => add(0, 1),
-            Event::FrameOk => add(1, 1),
-            Event::Refused => add(2, 1),
-            Event::Failed => add(3, 1),
-            Event::ChunkStored(bytes) => {
-                add(4, 1);
-                add(5, bytes)
-            }
-            Event::Query => add(6, 1),
-            Event::Manifest => add(7, 1),
-        };
-    }
-
-    fn snapshot(&self) -> Stats {
-        let get = |i: usize| self.0[i].load(Ordering::Relaxed);
-        Stats {
-            connections: get(0),
-            frames_ok: get(1),
-            frames_refused: get(2),
-            frames_failed: get(3),
-            chunks_stored: get(4),
-            chunk_bytes_stored: get(5),
-            queries: get(6),
-            manifests_stored: get(7),
         }
     }
 }
@@ -338,87 +258,6 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
         total_chunk_bytes_stored = totals.chunk_bytes_stored,
         "fabric connection ended: {end}"
     );
-}
-
-/// One direction of a [`Timed`] socket: a stall limit per call and a deadline for the whole
-/// request or response under way.
-#[derive(Default)]
-struct Clock {
-    /// Longest one call may wait for the peer.
-    stall: Cell<Duration>,
-    /// When the request or response under way must be done, if one is.
-    by: Cell<Option<Instant>>,
-    /// The socket timeout as last set (saves a system call per read or write).
-    set: Cell<Option<Duration>>,
-}
-
-impl Clock {
-    /// Runs `call` with the socket timeout `apply` sets to the nearer of the stall limit and
-    /// the deadline; past the deadline, a timeout without calling.
-    fn run<T>(
-        &self,
-        apply: impl FnOnce(Option<Duration>) -> io::Result<()>,
-        call: impl FnOnce() -> io::Result<T>,
-    ) -> io::Result<T> {
-        let mut timeout = self.stall.get();
-        if let Some(by) = self.by.get() {
-            let left = by.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(io::ErrorKind::TimedOut.into());
-            }
-            timeout = timeout.min(left);
-        }
-        // A zero timeout is an error to the socket API: the shortest one instead.
-        let timeout = Some(timeout.max(Duration::from_millis(1)));
-        if self.set.get() != timeout {
-            apply(timeout)?;
-            self.set.set(timeout);
-        }
-        call()
-    }
-
-    /// From now on, calls may each wait `stall`, and must be done by `by`.
-    fn limit(&self, stall: Duration, by: Option<Instant>) {
-        self.stall.set(stall);
-        self.by.set(by);
-    }
-}
-
-/// A connection's socket under [`Clock`]s, read and written through `&Timed`.
-struct Timed<'a> {
-    stream: &'a TcpStream,
-    read: Clock,
-    write: Clock,
-}
-
-impl<'a> Timed<'a> {
-    fn new(stream: &'a TcpStream) -> Timed<'a> {
-        Timed {
-            stream,
-            read: Clock::default(),
-            write: Clock::default(),
-        }
-    }
-}
-
-impl Read for &Timed<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut stream = self.stream;
-        self.read
-            .run(|t| stream.set_read_timeout(t), || stream.read(buf))
-    }
-}
-
-impl Write for &Timed<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let mut stream = self.stream;
-        self.write
-            .run(|t| stream.set_write_timeout(t), || stream.write(buf))
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
 }
 
 /// What a live handle keeps: an answer as encoded, or what to read back for a PULL (and the
@@ -622,7 +461,7 @@ impl<'a> Connection<'a> {
             };
             match request {
                 Request::Push { frame_len } => {
-                    self.timed.read.by.set(Some(self.due(frame_len)));
+                    self.timed.read.finish_by(self.due(frame_len));
                     link::read_frame(&mut self.reader, frame_len, &mut self.frame)?;
                     let handle = self.next_handle;
                     self.next_handle += 1;
@@ -882,14 +721,6 @@ impl<'a> Connection<'a> {
         }
         Ok(())
     }
-}
-
-/// Whether a socket error is its read or write timeout running out.
-fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
 }
 
 /// Whether the store holds `hash` (kv_store_v1 has no presence check: a read, a miss is no).

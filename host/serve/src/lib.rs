@@ -9,6 +9,7 @@
 //! * `peers` — peer replicas, and their `/dump` for startup recovery and
 //!   the rebuild of a diverged indexer.
 
+mod cell;
 pub mod config;
 mod feed;
 mod http;
@@ -28,9 +29,10 @@ use anyhow::Context as _;
 use kvwasm_host::subscriber::{Event, Request, Subscriber};
 use serde::Deserialize;
 
+use cell::request;
+pub use cell::{Guest, GuestCell, GuestStats};
 pub use config::ServeConfig;
-use feed::{Feed, request};
-pub use feed::{Guest, GuestCell, GuestStats};
+use feed::Feed;
 use kvwasm_event_sources::{self as sources, NatsSource, Sink, SourceHandle, ZmqWorker};
 
 /// How long a starting replica lets its sources connect before it takes a

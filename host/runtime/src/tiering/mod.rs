@@ -16,10 +16,12 @@
 
 pub mod config;
 mod fs_tier;
+mod status;
 mod store;
 
+pub use status::TierStatus;
 pub(crate) use store::Front;
-pub use store::{MAX_ADVISED_HASHES, TierStatus, TieredStore, is_tiered, open_tiered};
+pub use store::{MAX_ADVISED_HASHES, TieredStore, is_tiered, open_tiered};
 
 pub mod advisor;
 
