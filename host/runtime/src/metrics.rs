@@ -401,7 +401,8 @@ fn tiered_text(out: &mut String) {
     }
 }
 
-fn escape_label(value: &str) -> String {
+/// `value` as a Prometheus label value (backslash, quote and newline escaped).
+pub fn escape_label(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")

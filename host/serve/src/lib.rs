@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use kvwasm_host::metrics::escape_label;
 use kvwasm_host::subscriber::{Event, Request, Subscriber};
 use serde::Deserialize;
 
@@ -663,7 +664,7 @@ impl Service {
         let indexer_samples = |value: u64| -> Vec<(String, u64)> {
             indexer
                 .iter()
-                .map(|c| (format!("{{guest=\"{}\"}}", escape(c.name())), value))
+                .map(|c| (format!("{{guest=\"{}\"}}", escape_label(c.name())), value))
                 .collect()
         };
         family(
@@ -706,7 +707,7 @@ impl Service {
             .map(|(label, handle)| (label.clone(), handle));
         for (label, handle) in zmq_labels.chain(nats_labels) {
             for (counter, value) in handle.counters.snapshot() {
-                let labels = format!("{{source=\"{}\"}}", escape(&label));
+                let labels = format!("{{source=\"{}\"}}", escape_label(&label));
                 by_counter.entry(counter).or_default().push((labels, value));
             }
         }
@@ -728,7 +729,12 @@ impl Service {
         self.feed
             .cells
             .iter()
-            .map(|c| (format!("{{guest=\"{}\"}}", escape(c.name())), value(c)))
+            .map(|c| {
+                (
+                    format!("{{guest=\"{}\"}}", escape_label(c.name())),
+                    value(c),
+                )
+            })
             .collect()
     }
 
@@ -763,14 +769,6 @@ fn dumped_models(dump: &[u8]) -> Vec<pending::Model> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// A Prometheus label value.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
