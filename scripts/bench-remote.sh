@@ -8,8 +8,13 @@
 # Redis runs once more over TLS (`redis-tls`): the same server's
 # `tls-port`, with a CA and certificate made here by openssl.
 # Then `kvwasm bench --remote`: the same guests against native clients
-# (the `redis` crate, pipelined; reqwest with aws-sigv4) on the same
-# servers, side by side, with ratios and CPU per operation (issue 17).
+# (the `redis` crate, pipelined; hiredis in C, examples/hiredis-baseline,
+# skipped with a message if libhiredis-dev is missing; reqwest with
+# aws-sigv4) on the same servers, side by side, with ratios and CPU per
+# operation (issues 17, 43), and on a Redis Cluster of 3 masters + 3
+# replicas started by target/release/kv-redis-cluster (the tests' cluster):
+# builtin:redis in `mode = "cluster"` against the `redis` crate's cluster
+# client, each beside itself on the one server (issue 42).
 # `--remote-only` skips the first part. Other arguments go to `kvwasm bench`
 # (e.g. --reps 3, --quick; with --remote-only also --same-handle).
 set -euo pipefail
@@ -128,7 +133,15 @@ ENTRY
 export KVWASM_CONFIG="$work/kvwasm.toml"
 target/release/kvwasm check-config >/dev/null
 
-target/release/kvwasm bench --remote --redis "127.0.0.1:$redis_port" --s3 "http://127.0.0.1:$s3_port" \
+hiredis=()
+if make -s -C examples/hiredis-baseline OUT="$PWD/target/release" 2>"$work/hiredis.log"; then
+    hiredis=(--hiredis "$PWD/target/release/libkvwasm_bench_hiredis.so")
+else
+    echo "the hiredis (C) rows are skipped: $(cat "$work/hiredis.log")" >&2
+fi
+target/release/kv-redis-cluster \
+    target/release/kvwasm bench --remote --redis "127.0.0.1:$redis_port" --s3 "http://127.0.0.1:$s3_port" \
+    --redis-cluster '{nodes}' "${hiredis[@]}" \
     --redis-pid "$redis_pid" --s3-pid "$s3_pid" --json target/bench-remote-native.json "$@"
 "$remote_only" && exit 0
 

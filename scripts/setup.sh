@@ -12,11 +12,15 @@ if ! rustup target list --installed | grep -qx wasm32-wasip2; then
 fi
 
 # Debian packages: a C compiler, make and xxhash.h for the C examples
-# (examples/c-consumer, examples/native-backend, tests/broken-backends).
+# (examples/c-consumer, examples/native-backend, tests/broken-backends);
+# hiredis below.
 missing=()
 command -v cc >/dev/null || missing+=(gcc libc6-dev)
 command -v make >/dev/null || missing+=(make)
 [ -f /usr/include/xxhash.h ] || missing+=(libxxhash-dev)
+# hiredis for examples/hiredis-baseline, the C Redis client `kvwasm bench
+# --remote --hiredis` measures against (built by make, never by cargo).
+[ -f /usr/include/hiredis/hiredis.h ] || missing+=(libhiredis-dev)
 if [ ${#missing[@]} -gt 0 ]; then
     step "apt-get install ${missing[*]}"
     SUDO=""

@@ -16,14 +16,24 @@
 //! * Redis: the `redis` crate on one connection; a save is one pipeline of
 //!   `SET`s (chunks, then the manifest), a restore a `GET` of the manifest
 //!   and one pipeline of `GET`s.
+//! * Redis, in C (`--hiredis`): hiredis on one connection
+//!   (examples/hiredis-baseline), what a native `kv_store_v1` backend in C
+//!   would do; a save is one pipeline of `SET … NX` and the manifest, a
+//!   restore as above.
+//! * Redis Cluster (`--redis-cluster`): the `redis` crate's cluster client,
+//!   one pipeline per node; the same kvwasm guest in `mode = "cluster"`
+//!   against it, and each against its one-server self (the cost of
+//!   cluster mode).
 //! * S3: `reqwest` (blocking) with `aws-sigv4` signing set up as the s3
 //!   guest sets it up, 16 requests in flight (the guest's default
 //!   `max_concurrency`): `PUT`s of the chunks, then of the manifest; a
 //!   restore `GET`s the manifest, then the chunks.
 //!
-//! Both copy each value they receive into a `malloc`'d buffer, as a
-//! consumer receives it (kvwasm returns one), and drop it.
+//! All copy each value they receive into a `malloc`'d buffer, as a
+//! consumer receives it (kvwasm returns one), and drop it. The warm-up
+//! repetition (not kept) compares every restored byte on every side.
 
+use std::ffi::{CStr, CString, c_char, c_int, c_long, c_void};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -47,6 +57,11 @@ const S3_CONCURRENCY: usize = 16;
 pub struct Servers {
     /// `host:port` of a Redis server.
     pub redis: Option<String>,
+    /// `host:port` of every node of a Redis Cluster (empty: none).
+    pub redis_cluster: Vec<String>,
+    /// The C baseline on hiredis (`libkvwasm_bench_hiredis.so`, built by
+    /// examples/hiredis-baseline), measured on the Redis server if given.
+    pub hiredis: Option<std::path::PathBuf>,
     /// `http://host:port` of an S3 service.
     pub s3: Option<String>,
     /// A directory holding `kvwasm_guest_redis.wasm` and
@@ -240,8 +255,31 @@ trait Side {
     /// it: what `put_chunk`'s return code `1` needs, and costs a round trip
     /// per chunk the client has not seen.
     fn exact_puts(&self) -> bool;
+    /// Whether kvwasm sides are held to the load's target against this
+    /// (native) side.
+    fn baseline(&self) -> bool {
+        false
+    }
+    /// Whether it runs against the Redis Cluster (sides meet only sides on
+    /// the same servers, but for the cost of cluster mode).
+    fn cluster(&self) -> bool {
+        false
+    }
+    /// The same client on one server and on the cluster share a twin name
+    /// (empty: none): the pair shows what cluster mode costs.
+    fn twin(&self) -> &'static str {
+        ""
+    }
     fn save(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String>;
-    fn restore(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String>;
+    /// With `verify`, every restored byte is compared (outside the kept
+    /// repetitions: it costs a pass over the data).
+    fn restore(
+        &self,
+        ns: &str,
+        load: &Load,
+        meter: Meter,
+        verify: bool,
+    ) -> Result<Measured, String>;
     /// The key space's base key (for cleanup by the native client).
     fn base(&self, ns: &str) -> String;
 }
@@ -249,6 +287,8 @@ trait Side {
 /// kvwasm through one configured remote backend.
 struct Kvwasm {
     name: &'static str,
+    cluster: bool,
+    twin: &'static str,
     backend: Arc<Backend>,
     /// `dedup_check = "put"`: `put_chunk` asks the server.
     exact_puts: bool,
@@ -266,6 +306,14 @@ impl Side for Kvwasm {
         self.exact_puts
     }
 
+    fn cluster(&self) -> bool {
+        self.cluster
+    }
+
+    fn twin(&self) -> &'static str {
+        self.twin
+    }
+
     fn save(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
         let h = self.open(ns)?;
         let span = meter.start();
@@ -281,7 +329,13 @@ impl Side for Kvwasm {
         Ok(measured)
     }
 
-    fn restore(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
+    fn restore(
+        &self,
+        ns: &str,
+        load: &Load,
+        meter: Meter,
+        verify: bool,
+    ) -> Result<Measured, String> {
         let saved_with = self.saved_with.lock().expect("not poisoned").take();
         let h = match saved_with {
             Some(h) => h,
@@ -293,7 +347,7 @@ impl Side for Kvwasm {
         h.prefetch_chunks(&hashes).map_err(|e| e.to_string())?;
         for hash in &hashes {
             let value = h.get_chunk(hash).map_err(|e| e.to_string())?;
-            check_len(value.as_slice(), load)?;
+            check(value.as_slice(), load, verify)?;
         }
         Ok(span.stop())
     }
@@ -310,22 +364,25 @@ impl Kvwasm {
     }
 }
 
-fn check_len(value: &[u8], load: &Load) -> Result<(), String> {
-    if value.len() == load.size {
-        Ok(())
-    } else {
+/// A restored chunk's length, and with `verify` its bytes.
+fn check(value: &[u8], load: &Load, verify: bool) -> Result<(), String> {
+    if value.len() != load.size {
         Err(format!(
             "a restored chunk has {} bytes, not {}",
             value.len(),
             load.size
         ))
+    } else if verify && value != load.data.as_slice() {
+        Err("a restored chunk's bytes differ from those saved".into())
+    } else {
+        Ok(())
     }
 }
 
 /// The value as a consumer receives it: in a `malloc`'d buffer it frees.
-fn deliver(value: &[u8], load: &Load) -> Result<(), String> {
+fn deliver(value: &[u8], load: &Load, verify: bool) -> Result<(), String> {
     let buffer = MallocBuffer::copy_from(value).ok_or("out of memory")?;
-    check_len(buffer.as_slice(), load)
+    check(buffer.as_slice(), load, verify)
 }
 
 /// The `redis` crate, pipelined, on one connection.
@@ -379,6 +436,14 @@ impl Side for NativeRedis {
         self.exact_puts
     }
 
+    fn baseline(&self) -> bool {
+        !self.exact_puts
+    }
+
+    fn twin(&self) -> &'static str {
+        if self.exact_puts { "" } else { "redis crate" }
+    }
+
     fn save(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
         let base = self.base(ns);
         let conn = &mut *self.conn.borrow_mut();
@@ -405,7 +470,13 @@ impl Side for NativeRedis {
         Ok(span.stop())
     }
 
-    fn restore(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
+    fn restore(
+        &self,
+        ns: &str,
+        load: &Load,
+        meter: Meter,
+        verify: bool,
+    ) -> Result<Measured, String> {
         let base = self.base(ns);
         let conn = &mut *self.conn.borrow_mut();
         let span = meter.start();
@@ -419,13 +490,318 @@ impl Side for NativeRedis {
         }
         let values: Vec<Vec<u8>> = pipe.query(conn).map_err(|e| format!("redis GET: {e}"))?;
         for value in &values {
-            deliver(value, load)?;
+            deliver(value, load, verify)?;
         }
         Ok(span.stop())
     }
 
     fn base(&self, ns: &str) -> String {
         format!("native/{ns}")
+    }
+}
+
+/// The `redis` crate's cluster client: each pipeline is split by slot and
+/// sent as one pipeline per node.
+struct NativeCluster {
+    conn: std::cell::RefCell<redis::cluster::ClusterConnection>,
+}
+
+impl NativeCluster {
+    fn connect(nodes: &[String]) -> Result<NativeCluster, String> {
+        let fail = |e: redis::RedisError| format!("redis cluster at {nodes:?}: {e}");
+        let mut client =
+            redis::cluster::ClusterClient::builder(nodes.iter().map(|n| format!("redis://{n}/")));
+        if let Ok(password) = std::env::var(REDIS_PASSWORD_ENV) {
+            client = client.password(password);
+        }
+        let conn = client
+            .build()
+            .map_err(fail)?
+            .get_connection()
+            .map_err(fail)?;
+        Ok(NativeCluster {
+            conn: std::cell::RefCell::new(conn),
+        })
+    }
+
+    /// Delete a key space's keys (after a repetition, untimed).
+    fn clean(&self, base: &str, load: &Load) -> Result<(), String> {
+        let mut pipe = redis::cluster::cluster_pipe();
+        for hash in &load.hashes {
+            pipe.cmd("DEL").arg(chunk_key(base, hash)).ignore();
+        }
+        pipe.cmd("DEL").arg(manifest_key(base)).ignore();
+        pipe.exec(&mut self.conn.borrow_mut())
+            .map_err(|e| format!("redis cluster DEL: {e}"))
+    }
+}
+
+impl Side for NativeCluster {
+    fn label(&self) -> String {
+        "redis crate, cluster, pipelined per node".into()
+    }
+
+    fn exact_puts(&self) -> bool {
+        false
+    }
+
+    fn baseline(&self) -> bool {
+        true
+    }
+
+    fn cluster(&self) -> bool {
+        true
+    }
+
+    fn twin(&self) -> &'static str {
+        "redis crate"
+    }
+
+    fn save(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
+        let base = self.base(ns);
+        let conn = &mut *self.conn.borrow_mut();
+        let span = meter.start();
+        let mut pipe = redis::cluster::cluster_pipe();
+        for hash in &load.hashes {
+            pipe.cmd("SET")
+                .arg(chunk_key(&base, hash))
+                .arg(load.data.as_slice())
+                .ignore();
+        }
+        pipe.cmd("SET")
+            .arg(manifest_key(&base))
+            .arg(load.manifest.as_slice())
+            .ignore();
+        pipe.exec(conn)
+            .map_err(|e| format!("redis cluster SET: {e}"))?;
+        Ok(span.stop())
+    }
+
+    fn restore(
+        &self,
+        ns: &str,
+        load: &Load,
+        meter: Meter,
+        verify: bool,
+    ) -> Result<Measured, String> {
+        let base = self.base(ns);
+        let conn = &mut *self.conn.borrow_mut();
+        let span = meter.start();
+        let manifest: Vec<u8> = redis::cmd("GET")
+            .arg(manifest_key(&base))
+            .query(conn)
+            .map_err(|e| format!("redis cluster GET: {e}"))?;
+        let mut pipe = redis::cluster::cluster_pipe();
+        for hash in manifest_hashes(&manifest) {
+            pipe.cmd("GET").arg(chunk_key(&base, &hash));
+        }
+        let values: Vec<Vec<u8>> = pipe
+            .query(conn)
+            .map_err(|e| format!("redis cluster GET: {e}"))?;
+        for value in &values {
+            deliver(value, load, verify)?;
+        }
+        Ok(span.stop())
+    }
+
+    fn base(&self, ns: &str) -> String {
+        format!("native-cluster/{ns}")
+    }
+}
+
+/// examples/hiredis-baseline's entry points (see hiredis_baseline.c).
+type HiredisConnect =
+    unsafe extern "C" fn(*const c_char, c_int, *const c_char, *mut c_char, usize) -> *mut c_void;
+type HiredisFree = unsafe extern "C" fn(*mut c_void);
+type HiredisSave = unsafe extern "C" fn(
+    *mut c_void,
+    *const c_char,
+    *const u8,
+    usize,
+    usize,
+    *const u8,
+    usize,
+    *const u8,
+    usize,
+    *mut c_char,
+    usize,
+) -> c_long;
+type HiredisRestore = unsafe extern "C" fn(
+    *mut c_void,
+    *const c_char,
+    usize,
+    usize,
+    *const u8,
+    *mut c_char,
+    usize,
+) -> c_long;
+
+/// The C baseline: hiredis on one connection, loaded from
+/// `libkvwasm_bench_hiredis.so`.
+struct Hiredis {
+    conn: *mut c_void,
+    free: HiredisFree,
+    save: HiredisSave,
+    restore: HiredisRestore,
+    /// Keeps the entry points above loaded.
+    _library: libloading::Library,
+}
+
+/// Room for the C side's error message.
+const C_ERROR_ROOM: usize = 256;
+
+fn c_error(buffer: &[c_char]) -> String {
+    // SAFETY: the C side writes a NUL-terminated message (vsnprintf) into
+    // the zeroed buffer, whose last byte it never overwrites with non-NUL.
+    unsafe { CStr::from_ptr(buffer.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+impl Hiredis {
+    fn connect(library: &Path, address: &str) -> Result<Hiredis, String> {
+        let fail = |e: libloading::Error| format!("{}: {e}", library.display());
+        // SAFETY: the library is examples/hiredis-baseline, whose
+        // initialisers do nothing; the symbols have the types above.
+        let (library, connect, free, save, restore) = unsafe {
+            let library = libloading::Library::new(library).map_err(fail)?;
+            let connect = *library
+                .get::<HiredisConnect>(b"kvb_hiredis_connect\0")
+                .map_err(fail)?;
+            let free = *library
+                .get::<HiredisFree>(b"kvb_hiredis_free\0")
+                .map_err(fail)?;
+            let save = *library
+                .get::<HiredisSave>(b"kvb_hiredis_save\0")
+                .map_err(fail)?;
+            let restore = *library
+                .get::<HiredisRestore>(b"kvb_hiredis_restore\0")
+                .map_err(fail)?;
+            (library, connect, free, save, restore)
+        };
+        let (host, port) = address
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((CString::new(h).ok()?, p.parse::<c_int>().ok()?)))
+            .ok_or_else(|| format!("hiredis: {address:?} is not HOST:PORT"))?;
+        let password = std::env::var(REDIS_PASSWORD_ENV)
+            .ok()
+            .map(|p| CString::new(p).map_err(|_| "the Redis password holds a NUL"))
+            .transpose()?;
+        let mut err = [0 as c_char; C_ERROR_ROOM];
+        // SAFETY: NUL-terminated strings that outlive the call, and an
+        // error buffer of the size given.
+        let conn = unsafe {
+            connect(
+                host.as_ptr(),
+                port,
+                password.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
+                err.as_mut_ptr(),
+                err.len(),
+            )
+        };
+        if conn.is_null() {
+            return Err(format!("hiredis: {}", c_error(&err)));
+        }
+        Ok(Hiredis {
+            conn,
+            free,
+            save,
+            restore,
+            _library: library,
+        })
+    }
+}
+
+impl Drop for Hiredis {
+    fn drop(&mut self) {
+        // SAFETY: the connection `kvb_hiredis_connect` returned, freed once.
+        unsafe { (self.free)(self.conn) }
+    }
+}
+
+impl Side for Hiredis {
+    fn label(&self) -> String {
+        "hiredis (C), pipelined".into()
+    }
+
+    /// Each `SET … NX` reply says whether the chunk was new.
+    fn exact_puts(&self) -> bool {
+        true
+    }
+
+    fn baseline(&self) -> bool {
+        true
+    }
+
+    fn save(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
+        let base = CString::new(self.base(ns)).map_err(|e| e.to_string())?;
+        let hashes = load.hashes.concat();
+        let mut err = [0 as c_char; C_ERROR_ROOM];
+        let span = meter.start();
+        // SAFETY: every pointer is valid for the length given beside it
+        // for the call; the connection is this side's alone.
+        let stored = unsafe {
+            (self.save)(
+                self.conn,
+                base.as_ptr(),
+                hashes.as_ptr(),
+                load.hashes.len(),
+                8,
+                load.data.as_ptr(),
+                load.data.len(),
+                load.manifest.as_ptr(),
+                load.manifest.len(),
+                err.as_mut_ptr(),
+                err.len(),
+            )
+        };
+        let measured = span.stop();
+        if stored < 0 {
+            return Err(format!("hiredis save: {}", c_error(&err)));
+        }
+        Ok(measured)
+    }
+
+    fn restore(
+        &self,
+        ns: &str,
+        load: &Load,
+        meter: Meter,
+        verify: bool,
+    ) -> Result<Measured, String> {
+        let base = CString::new(self.base(ns)).map_err(|e| e.to_string())?;
+        let expect = if verify {
+            load.data.as_ptr()
+        } else {
+            std::ptr::null()
+        };
+        let mut err = [0 as c_char; C_ERROR_ROOM];
+        let span = meter.start();
+        // SAFETY: as in `save`; `expect` is null or `load.size` bytes.
+        let restored = unsafe {
+            (self.restore)(
+                self.conn,
+                base.as_ptr(),
+                8,
+                load.size,
+                expect,
+                err.as_mut_ptr(),
+                err.len(),
+            )
+        };
+        let measured = span.stop();
+        match usize::try_from(restored) {
+            Ok(n) if n == load.hashes.len() => Ok(measured),
+            Ok(n) => Err(format!(
+                "hiredis restore: {n} chunks, not {}",
+                load.hashes.len()
+            )),
+            Err(_) => Err(format!("hiredis restore: {}", c_error(&err))),
+        }
+    }
+
+    fn base(&self, ns: &str) -> String {
+        format!("hiredis/{ns}")
     }
 }
 
@@ -560,6 +936,10 @@ impl Side for NativeS3 {
         false
     }
 
+    fn baseline(&self) -> bool {
+        true
+    }
+
     fn save(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
         let base = self.base(ns);
         let span = meter.start();
@@ -571,7 +951,13 @@ impl Side for NativeS3 {
         Ok(span.stop())
     }
 
-    fn restore(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
+    fn restore(
+        &self,
+        ns: &str,
+        load: &Load,
+        meter: Meter,
+        verify: bool,
+    ) -> Result<Measured, String> {
         let base = self.base(ns);
         let span = meter.start();
         let body = |r: reqwest::blocking::Response| r.bytes().map_err(|e| e.to_string());
@@ -579,7 +965,11 @@ impl Side for NativeS3 {
         let hashes = manifest_hashes(&manifest);
         self.each(hashes.len(), |i| {
             let key = chunk_key(&base, &hashes[i]);
-            deliver(&body(self.send(reqwest::Method::GET, &key, &[])?)?, load)
+            deliver(
+                &body(self.send(reqwest::Method::GET, &key, &[])?)?,
+                load,
+                verify,
+            )
         })?;
         Ok(span.stop())
     }
@@ -592,6 +982,11 @@ impl Side for NativeS3 {
 /// The kvwasm sides of each service: a backend name and its
 /// `dedup_check` (`put` answers every put exactly).
 const REDIS_SIDES: [(&str, &str); 2] = [("redis", "put"), ("redis-batched", "flush")];
+/// `redis` (put) restoring on the handle that saved, beside `redis` on a
+/// new handle (unless `--same-handle` makes every side restore so).
+const REDIS_SAME_HANDLE: &str = "redis-same-handle";
+/// `redis` (put) in `mode = "cluster"` on the Redis Cluster.
+const REDIS_CLUSTER: &str = "redis-cluster";
 const S3_SIDES: [(&str, &str); 2] = [("s3", "put"), ("s3-batched", "flush")];
 
 /// The kvwasm configuration of the remote backends: for each server, the
@@ -612,20 +1007,42 @@ fn config(servers: &Servers) -> String {
     };
     let limits = format!("memory_limit_mib = 512\ncall_timeout_ms = 30000\n{idle}");
     let tuning = "max_pending_mib = 128, timeout_ms = 20000";
+    let (env, password) = match std::env::var_os(REDIS_PASSWORD_ENV) {
+        Some(_) => (
+            format!("env = [\"{REDIS_PASSWORD_ENV}\"]\n"),
+            format!("password_env = \"{REDIS_PASSWORD_ENV}\", "),
+        ),
+        None => (String::new(), String::new()),
+    };
     let mut out = String::new();
     for (name, dedup) in REDIS_SIDES {
         let Some(address) = &servers.redis else { break };
-        let (env, password) = match std::env::var_os(REDIS_PASSWORD_ENV) {
-            Some(_) => (
-                format!("env = [\"{REDIS_PASSWORD_ENV}\"]\n"),
-                format!("password_env = \"{REDIS_PASSWORD_ENV}\", "),
-            ),
-            None => (String::new(), String::new()),
-        };
         out += &format!(
             "[backends.{name}]\ncomponent = {}\nnet = [\"{address}\"]\n{env}{limits}\
              settings = {{ address = \"{address}\", {password}dedup_check = \"{dedup}\", {tuning} }}\n",
             component("redis")
+        );
+    }
+    if let Some(address) = servers.redis.as_ref().filter(|_| !servers.same_handle) {
+        out += &format!(
+            "[backends.{REDIS_SAME_HANDLE}]\ncomponent = {}\nnet = [\"{address}\"]\n{env}{limits}\
+             idle_release_ms = 0\n\
+             settings = {{ address = \"{address}\", {password}dedup_check = \"put\", {tuning} }}\n",
+            component("redis")
+        );
+    }
+    if !servers.redis_cluster.is_empty() {
+        let list = |nodes: &[String]| {
+            let quoted: Vec<String> = nodes.iter().map(|n| format!("\"{n}\"")).collect();
+            quoted.join(", ")
+        };
+        let nodes = &servers.redis_cluster;
+        out += &format!(
+            "[backends.{REDIS_CLUSTER}]\ncomponent = {}\nnet = [{}]\n{env}{limits}\
+             settings = {{ mode = \"cluster\", addresses = [{}], {password}dedup_check = \"put\", {tuning} }}\n",
+            component("redis"),
+            list(nodes),
+            list(&nodes[..nodes.len().min(2)]),
         );
     }
     for (name, dedup) in S3_SIDES {
@@ -651,35 +1068,85 @@ pub fn run(
     let config_path = scratch.join("remote-bench.toml");
     std::fs::write(&config_path, config(servers)).map_err(|e| e.to_string())?;
     let config = kvwasm_host::config::Config::load(&config_path)?;
+    let side = |name: &'static str, dedup: &str| -> Result<Kvwasm, String> {
+        Ok(Kvwasm {
+            name,
+            cluster: false,
+            twin: "",
+            backend: Arc::new(config.backend(name)?),
+            exact_puts: dedup == "put",
+            same_handle: servers.same_handle,
+            saved_with: Default::default(),
+        })
+    };
     let kvwasm = |sides: [(&'static str, &str); 2]| -> Result<Vec<Box<dyn Side>>, String> {
         sides
             .into_iter()
             .map(|(name, dedup)| -> Result<Box<dyn Side>, String> {
-                Ok(Box::new(Kvwasm {
-                    name,
-                    backend: Arc::new(config.backend(name)?),
-                    exact_puts: dedup == "put",
-                    same_handle: servers.same_handle,
-                    saved_with: Default::default(),
-                }))
+                Ok(Box::new(side(name, dedup)?))
             })
             .collect()
     };
     let big = if quick { 8 } else { 96 };
     let small = if quick { 256 } else { 4096 };
     let mut pairs = Vec::new();
-    if let Some(address) = &servers.redis {
-        let native = NativeRedis::connect(address, false)?;
-        let exact = NativeRedis::connect(address, true)?;
+    if servers.redis.is_some() || !servers.redis_cluster.is_empty() {
+        let one = servers
+            .redis
+            .as_deref()
+            .map(|address| -> Result<_, String> {
+                let native = NativeRedis::connect(address, false)?;
+                let exact = NativeRedis::connect(address, true)?;
+                let hiredis = servers
+                    .hiredis
+                    .as_deref()
+                    .map(|library| Hiredis::connect(library, address))
+                    .transpose()?;
+                Ok((native, exact, hiredis))
+            })
+            .transpose()?;
+        let cluster = (!servers.redis_cluster.is_empty())
+            .then(|| NativeCluster::connect(&servers.redis_cluster))
+            .transpose()?;
+        let mut natives: Vec<&dyn Side> = Vec::new();
+        let mut sides: Vec<Box<dyn Side>> = Vec::new();
+        if let Some((native, exact, hiredis)) = &one {
+            natives.extend([native as &dyn Side, exact]);
+            natives.extend(hiredis.iter().map(|h| h as &dyn Side));
+            let [(exact_name, exact_dedup), (batched_name, batched_dedup)] = REDIS_SIDES;
+            sides.push(Box::new(Kvwasm {
+                twin: "kvwasm",
+                ..side(exact_name, exact_dedup)?
+            }));
+            sides.push(Box::new(side(batched_name, batched_dedup)?));
+            if !servers.same_handle {
+                sides.push(Box::new(Kvwasm {
+                    same_handle: true,
+                    ..side(REDIS_SAME_HANDLE, "put")?
+                }));
+            }
+        }
+        if let Some(cluster) = &cluster {
+            natives.push(cluster);
+            sides.push(Box::new(Kvwasm {
+                cluster: true,
+                twin: "kvwasm",
+                ..side(REDIS_CLUSTER, "put")?
+            }));
+        }
         let loads = [Load::new(big, 1 << 20, 1.3), Load::new(small, 4 << 10, 1.5)];
-        let sides = kvwasm(REDIS_SIDES)?;
         pairs.extend(compare(
-            &[&native, &exact],
+            &natives,
             &sides,
             &loads,
             reps,
             servers.redis_pid,
-            |base, load| native.clean(base, load),
+            |base, load| {
+                if let Some((native, ..)) = &one {
+                    native.clean(base, load)?;
+                }
+                cluster.as_ref().map_or(Ok(()), |c| c.clean(base, load))
+            },
         )?);
     }
     if let Some(endpoint) = &servers.s3 {
@@ -701,10 +1168,12 @@ pub fn run(
 /// Save and restore each load on every native client and every kvwasm
 /// side, alternating who goes first, then delete what they stored. The CPU
 /// time of the server `server_pid`, if given, is read around each
-/// operation. Every kvwasm side is held to the load's target against the
-/// first native client; the saves of sides that answer puts exactly are
-/// also set beside each further native client that does (like for like,
-/// no target).
+/// operation. Every kvwasm side is held to the load's target against each
+/// baseline native client on the same servers (one server or the
+/// cluster); the saves of sides that answer puts exactly are also set
+/// beside each further native client that does (like for like, no
+/// target); each side on the cluster is set beside its twin on one server
+/// (the cost of cluster mode, no target).
 fn compare(
     natives: &[&dyn Side],
     sides: &[Box<dyn Side>],
@@ -729,7 +1198,13 @@ fn compare(
             if rep % 2 == 1 {
                 order.reverse();
             }
-            let ns = |side: usize| format!("bench-{}-{rep}-{side}", std::process::id());
+            // A key space per load too: the loads share hashes, and the host
+            // remembers per namespace which chunks a backend's server held
+            // (known-chunks), which the cleanup deleted behind its back.
+            let ns = |side: usize| {
+                let pid = std::process::id();
+                format!("bench-{pid}-{}-{rep}-{side}", load.size)
+            };
             for &side in &order {
                 let measured = all[side].save(&ns(side), load, meter)?;
                 if rep > 0 {
@@ -737,7 +1212,7 @@ fn compare(
                 }
             }
             for &side in &order {
-                let measured = all[side].restore(&ns(side), load, meter)?;
+                let measured = all[side].restore(&ns(side), load, meter, rep == 0)?;
                 if rep > 0 {
                     samples[side][1].push(measured);
                 }
@@ -747,7 +1222,16 @@ fn compare(
             }
         }
         let pair = |op: usize, native: usize, side: usize, target: Option<f64>| Pair {
-            case: format!("{} {}", ["save", "restore with prefetch"][op], load.label),
+            case: format!(
+                "{} {}{}",
+                ["save", "restore with prefetch"][op],
+                load.label,
+                if all[native].cluster() == all[side].cluster() {
+                    ""
+                } else {
+                    CLUSTER_COST
+                }
+            ),
             native_label: all[native].label(),
             native: Stat::new(samples[native][op].ms.clone()),
             kvwasm_label: all[side].label(),
@@ -757,21 +1241,38 @@ fn compare(
             kvwasm_cpu: samples[side][op].cpu(),
         };
         let kvwasm_sides = natives.len()..all.len();
+        let together = |a: usize, b: usize| all[a].cluster() == all[b].cluster();
         for op in 0..2 {
-            for side in kvwasm_sides.clone() {
-                pairs.push(pair(op, 0, side, Some(load.target)));
+            for native in (0..natives.len()).filter(|&n| all[n].baseline()) {
+                for side in kvwasm_sides.clone().filter(|&s| together(native, s)) {
+                    pairs.push(pair(op, native, side, Some(load.target)));
+                }
             }
         }
-        for native in 1..natives.len() {
-            for side in kvwasm_sides.clone() {
+        for native in (0..natives.len()).filter(|&n| !all[n].baseline()) {
+            for side in kvwasm_sides.clone().filter(|&s| together(native, s)) {
                 if all[native].exact_puts() && all[side].exact_puts() {
                     pairs.push(pair(0, native, side, None));
+                }
+            }
+        }
+        for op in 0..2 {
+            for on_cluster in (0..all.len()).filter(|&c| all[c].cluster()) {
+                let twin = all[on_cluster].twin();
+                let alone = (0..all.len())
+                    .find(|&o| !twin.is_empty() && !all[o].cluster() && all[o].twin() == twin);
+                if let Some(alone) = alone {
+                    pairs.push(pair(op, alone, on_cluster, None));
                 }
             }
         }
     }
     Ok(pairs)
 }
+
+/// The case suffix of a side on the cluster set beside its twin on one
+/// server.
+pub const CLUSTER_COST: &str = ", cluster ÷ one server";
 
 /// The pairs as a Markdown table: times (lower is better) and ratios.
 pub fn markdown(pairs: &[Pair], reps: usize, same_handle: bool) -> String {
@@ -784,6 +1285,7 @@ pub fn markdown(pairs: &[Pair], reps: usize, same_handle: bool) -> String {
         let target = match p.target {
             Some(t) if ratio <= t => format!("≤ {t:.1}× met"),
             Some(t) => format!("≤ {t:.1}× missed"),
+            None if p.case.ends_with(CLUSTER_COST) => "— (cost of cluster mode)".to_owned(),
             None => "— (like for like)".to_owned(),
         };
         out += &format!(
@@ -806,7 +1308,15 @@ pub fn markdown(pairs: &[Pair], reps: usize, same_handle: bool) -> String {
     };
     out += &format!(
         "\n{reps} repetitions; ratios (kvwasm time / native time) are medians of \
-         per-repetition ratios. kvwasm restored {restores}.\n\n"
+         per-repetition ratios. kvwasm restored {restores}{}. Rows `{CLUSTER_COST}` \
+         set the same client on the Redis Cluster (right) beside one server (left). \
+         Every restore on every side was verified byte for byte in the warm-up \
+         repetition (not kept).\n\n",
+        if same_handle {
+            ""
+        } else {
+            "; `kvwasm (redis-same-handle)` on the handle that saved"
+        }
     );
     out += &cpu_markdown(pairs);
     out
@@ -851,6 +1361,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let servers = Servers {
             redis: Some("127.0.0.1:6379".into()),
+            redis_cluster: Vec::new(),
+            hiredis: None,
             s3: Some("http://127.0.0.1:9000".into()),
             guests: None,
             redis_pid: None,
@@ -860,7 +1372,27 @@ mod tests {
         let path = dir.path().join("c.toml");
         std::fs::write(&path, config(&servers)).unwrap();
         kvwasm_host::config::Config::load(&path).unwrap();
-        assert!(!config(&servers).contains("idle_release_ms"));
+        // Only the side restoring on the saving handle keeps its instance.
+        let text = config(&servers);
+        assert_eq!(text.matches("idle_release_ms").count(), 1, "{text}");
+        assert!(text.contains("[backends.redis-same-handle]\n"), "{text}");
+        let cluster = config(&Servers {
+            redis_cluster: vec![
+                "127.0.0.1:7001".into(),
+                "127.0.0.1:7002".into(),
+                "127.0.0.1:7003".into(),
+            ],
+            ..servers.clone()
+        });
+        std::fs::write(&path, &cluster).unwrap();
+        let loaded = kvwasm_host::config::Config::load(&path).unwrap();
+        loaded.backend("redis-cluster").unwrap();
+        assert!(
+            cluster.contains(
+                "settings = { mode = \"cluster\", addresses = [\"127.0.0.1:7001\", \"127.0.0.1:7002\"], "
+            ),
+            "{cluster}"
+        );
         // Restoring on the saving handle keeps its instance until then.
         let same = config(&Servers {
             same_handle: true,
@@ -888,6 +1420,9 @@ mod tests {
     struct Fake {
         label: &'static str,
         exact_puts: bool,
+        baseline: bool,
+        cluster: bool,
+        twin: &'static str,
     }
 
     impl Side for Fake {
@@ -897,10 +1432,19 @@ mod tests {
         fn exact_puts(&self) -> bool {
             self.exact_puts
         }
+        fn baseline(&self) -> bool {
+            self.baseline
+        }
+        fn cluster(&self) -> bool {
+            self.cluster
+        }
+        fn twin(&self) -> &'static str {
+            self.twin
+        }
         fn save(&self, _: &str, _: &Load, meter: Meter) -> Result<Measured, String> {
             Ok(meter.start().stop())
         }
-        fn restore(&self, _: &str, _: &Load, meter: Meter) -> Result<Measured, String> {
+        fn restore(&self, _: &str, _: &Load, meter: Meter, _: bool) -> Result<Measured, String> {
             Ok(meter.start().stop())
         }
         fn base(&self, ns: &str) -> String {
@@ -913,7 +1457,13 @@ mod tests {
     /// sides that do, for saves, with no target.
     #[test]
     fn like_for_like_saves_are_paired_without_a_target() {
-        let fake = |label, exact_puts| Fake { label, exact_puts };
+        let fake = |label, exact_puts| Fake {
+            label,
+            exact_puts,
+            baseline: !exact_puts,
+            cluster: false,
+            twin: "",
+        };
         let (pipelined, exact) = (fake("pipelined", false), fake("exact", true));
         let sides: [Box<dyn Side>; 2] = [
             Box::new(fake("kvwasm put", true)),
@@ -993,5 +1543,74 @@ mod tests {
             ),
             "{table}"
         );
+    }
+
+    /// Sides on the cluster meet the baseline on the cluster only, and
+    /// each meets its twin on one server, without a target.
+    #[test]
+    fn cluster_sides_meet_their_own_baseline_and_their_one_server_twin() {
+        let fake = |label, baseline, cluster, twin| Fake {
+            label,
+            exact_puts: false,
+            baseline,
+            cluster,
+            twin,
+        };
+        let (one, on_cluster) = (
+            fake("crate", true, false, "crate"),
+            fake("crate cluster", true, true, "crate"),
+        );
+        let sides: [Box<dyn Side>; 2] = [
+            Box::new(fake("kvwasm", false, false, "kvwasm")),
+            Box::new(fake("kvwasm cluster", false, true, "kvwasm")),
+        ];
+        let pairs = compare(
+            &[&one, &on_cluster],
+            &sides,
+            &[Load::new(2, 4096, 1.5)],
+            1,
+            None,
+            |_, _| Ok(()),
+        )
+        .unwrap();
+        let got: Vec<_> = pairs
+            .iter()
+            .map(|p| {
+                let (case, native, kvwasm) = (&p.case, &p.native_label, &p.kvwasm_label);
+                (format!("{case}: {native} / {kvwasm}"), p.target)
+            })
+            .collect();
+        let cost = CLUSTER_COST;
+        let want = [
+            ("save 2 × 4 KiB: crate / kvwasm".to_owned(), Some(1.5)),
+            (
+                "save 2 × 4 KiB: crate cluster / kvwasm cluster".to_owned(),
+                Some(1.5),
+            ),
+            (
+                "restore with prefetch 2 × 4 KiB: crate / kvwasm".to_owned(),
+                Some(1.5),
+            ),
+            (
+                "restore with prefetch 2 × 4 KiB: crate cluster / kvwasm cluster".to_owned(),
+                Some(1.5),
+            ),
+            (format!("save 2 × 4 KiB{cost}: crate / crate cluster"), None),
+            (
+                format!("save 2 × 4 KiB{cost}: kvwasm / kvwasm cluster"),
+                None,
+            ),
+            (
+                format!("restore with prefetch 2 × 4 KiB{cost}: crate / crate cluster"),
+                None,
+            ),
+            (
+                format!("restore with prefetch 2 × 4 KiB{cost}: kvwasm / kvwasm cluster"),
+                None,
+            ),
+        ];
+        assert_eq!(got, want);
+        let table = markdown(&pairs, 1, false);
+        assert!(table.contains("| — (cost of cluster mode) |"), "{table}");
     }
 }

@@ -83,6 +83,22 @@ pub struct BenchArgs {
     /// $KVWASM_BENCH_REDIS_PASSWORD).
     #[arg(long, value_name = "HOST:PORT", requires = "remote")]
     redis: Option<String>,
+    /// With --remote: every node of a Redis Cluster (comma-separated
+    /// HOST:PORTs; same password variable): builtin:redis in
+    /// `mode = "cluster"` against the `redis` crate's cluster client, and
+    /// each against itself on the --redis server.
+    #[arg(
+        long,
+        value_name = "HOST:PORT,...",
+        value_delimiter = ',',
+        requires = "remote"
+    )]
+    redis_cluster: Vec<String>,
+    /// With --redis: also measure the C client on hiredis, this
+    /// libkvwasm_bench_hiredis.so (`make -C examples/hiredis-baseline`,
+    /// needs libhiredis-dev); without it that row is skipped.
+    #[arg(long, value_name = "LIB", requires = "redis")]
+    hiredis: Option<PathBuf>,
     /// With --remote: `http://host:port` of an S3 service with the bucket
     /// `kv-cache` (credentials in $AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY).
     #[arg(long, value_name = "URL", requires = "remote")]
@@ -376,6 +392,8 @@ fn bench_events(args: &BenchArgs) -> anyhow::Result<()> {
 fn bench_remote(args: &BenchArgs) -> anyhow::Result<()> {
     let servers = kvwasm_bench::remote::Servers {
         redis: args.redis.clone(),
+        redis_cluster: args.redis_cluster.clone(),
+        hiredis: args.hiredis.clone(),
         s3: args.s3.clone(),
         guests: args.guests.clone(),
         redis_pid: args.redis_pid,
@@ -383,9 +401,15 @@ fn bench_remote(args: &BenchArgs) -> anyhow::Result<()> {
         same_handle: args.same_handle,
     };
     anyhow::ensure!(
-        servers.redis.is_some() || servers.s3.is_some(),
-        "--remote needs --redis HOST:PORT, --s3 URL or both"
+        servers.redis.is_some() || !servers.redis_cluster.is_empty() || servers.s3.is_some(),
+        "--remote needs --redis HOST:PORT, --redis-cluster HOST:PORT,..., --s3 URL or some of them"
     );
+    if servers.redis.is_some() && servers.hiredis.is_none() {
+        eprintln!(
+            "the hiredis (C) rows are skipped: pass --hiredis LIB \
+             (make -C examples/hiredis-baseline OUT=DIR; needs libhiredis-dev)"
+        );
+    }
     let reps = if args.quick { 1 } else { args.reps.max(1) };
     let scratch = tempfile::tempdir()?;
     let pairs = kvwasm_bench::remote::run(&servers, reps, args.quick, scratch.path())

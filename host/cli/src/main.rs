@@ -40,7 +40,8 @@ Environment:
 enum Command {
     Demo(demo::DemoArgs),
     Check(check::CheckArgs),
-    Bench(bench::BenchArgs),
+    // Boxed: its many options would make every command as large.
+    Bench(Box<bench::BenchArgs>),
     Inspect(inspect::InspectArgs),
     CheckConfig(check_config::CheckConfigArgs),
     Metrics(metrics::MetricsArgs),
@@ -67,7 +68,7 @@ fn main() -> std::process::ExitCode {
     let result = match Cli::parse().command {
         Command::Demo(args) => demo::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Check(args) => check::run(args),
-        Command::Bench(args) => bench::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Bench(args) => bench::run(*args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Inspect(args) => inspect::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::CheckConfig(args) => check_config::run(args),
         Command::Metrics(args) => metrics::run(args).map(|()| std::process::ExitCode::SUCCESS),

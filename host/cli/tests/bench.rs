@@ -66,3 +66,114 @@ fn a_quick_bench_measures_both_targets_and_writes_a_plot() {
     // The scratch directory is left empty.
     assert_eq!(std::fs::read_dir(&data).unwrap().count(), 0);
 }
+
+/// `kvwasm bench --remote --quick` on a real Redis server and a real Redis
+/// Cluster (3 masters + 3 replicas), both requiring a password: every
+/// Redis row of issues 42 and 43 is reported, and every restore was
+/// verified byte for byte (a mismatch fails the run). No timing is
+/// asserted.
+#[test]
+fn a_quick_remote_bench_reports_hiredis_new_and_same_handle_and_cluster_rows() {
+    let scratch = tempfile::tempdir().unwrap();
+    let status = Command::new("make")
+        .arg("-s")
+        .arg("-C")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/hiredis-baseline"))
+        .arg(format!("OUT={}", scratch.path().display()))
+        .status()
+        .expect("run make");
+    assert!(status.success(), "make examples/hiredis-baseline failed");
+    let server = kvwasm_tests::servers::RedisServer::start();
+    let password = server.password.clone().unwrap();
+    let cluster = kvwasm_tests::servers::RedisCluster::start(3, Some(password.clone()));
+    let nodes: Vec<String> = cluster.nodes.iter().map(ToString::to_string).collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvwasm"))
+        .args(["bench", "--remote", "--quick", "--no-progress"])
+        .arg("--redis")
+        .arg(server.addr.to_string())
+        .arg("--redis-cluster")
+        .arg(nodes.join(","))
+        .arg("--hiredis")
+        .arg(scratch.path().join("libkvwasm_bench_hiredis.so"))
+        .env("KVWASM_BENCH_REDIS_PASSWORD", &password)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cost = ", cluster ÷ one server";
+    let rows = [
+        ("save 8 × 1 MiB", "hiredis (C), pipelined", "kvwasm (redis)"),
+        (
+            "restore with prefetch 8 × 1 MiB",
+            "hiredis (C), pipelined",
+            "kvwasm (redis)",
+        ),
+        (
+            "restore with prefetch 8 × 1 MiB",
+            "hiredis (C), pipelined",
+            "kvwasm (redis-same-handle)",
+        ),
+        (
+            "save 256 × 4 KiB",
+            "hiredis (C), pipelined",
+            "kvwasm (redis)",
+        ),
+        (
+            "restore with prefetch 256 × 4 KiB",
+            "redis crate, pipelined",
+            "kvwasm (redis-same-handle)",
+        ),
+        (
+            "save 8 × 1 MiB",
+            "redis crate, cluster, pipelined per node",
+            "kvwasm (redis-cluster)",
+        ),
+        (
+            "restore with prefetch 256 × 4 KiB",
+            "redis crate, cluster, pipelined per node",
+            "kvwasm (redis-cluster)",
+        ),
+    ];
+    let has = |case: &str, native: &str, kvwasm: &str| {
+        report.lines().any(|line| {
+            line.starts_with(&format!("| {case} | {native} | "))
+                && line.contains(&format!(" | {kvwasm} | "))
+                && line.contains("× | ≤ ")
+        })
+    };
+    for (case, native, kvwasm) in rows {
+        assert!(
+            has(case, native, kvwasm),
+            "no row {case} / {native} / {kvwasm}:\n{report}"
+        );
+    }
+    for (case, one, on_cluster) in [
+        (
+            format!("save 8 × 1 MiB{cost}"),
+            "redis crate, pipelined",
+            "redis crate, cluster, pipelined per node",
+        ),
+        (
+            format!("restore with prefetch 256 × 4 KiB{cost}"),
+            "kvwasm (redis)",
+            "kvwasm (redis-cluster)",
+        ),
+    ] {
+        assert!(
+            report.lines().any(|line| {
+                line.starts_with(&format!("| {case} | {one} | "))
+                    && line.contains(&format!(" | {on_cluster} | "))
+                    && line.ends_with("| — (cost of cluster mode) |")
+            }),
+            "no row {case} / {one} / {on_cluster}:\n{report}"
+        );
+    }
+    assert!(
+        report.contains("verified byte for byte in the warm-up repetition"),
+        "{report}"
+    );
+}
