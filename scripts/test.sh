@@ -59,9 +59,8 @@ cargo clippy --release --workspace --all-targets --locked -- -D warnings
 (cd guest-backends && cargo clippy --release --target wasm32-wasip2 --workspace --locked -- -D warnings)
 
 step "guest unit and property tests (native): guest-support, fs chunk paths, Redis replies, S3 errors, fabrics, KV indexer"
-(cd guest-backends && cargo test --release --locked -p kvwasm-guest-support)
-(cd guest-backends && cargo test --release --locked -p kvwasm-kv-indexer-core)
-(cd guest-backends && cargo test --release --locked -p kvwasm-advisor-core)
+# One invocation: the three crates' dependencies resolve and build once.
+(cd guest-backends && cargo test --release --locked -p kvwasm-guest-support -p kvwasm-kv-indexer-core -p kvwasm-advisor-core)
 # --lib: the guests' cdylib targets do not link natively (export names).
 (cd guest-backends && cargo test --release --locked -p kvwasm-guest-fs -p kvwasm-guest-redis -p kvwasm-guest-s3 -p kvwasm-fabric-synthetic -p kvwasm-fabric-tcp -p kvwasm-fabric-hostile --lib)
 
