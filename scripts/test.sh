@@ -4,8 +4,42 @@
 # guide's build, and a smoke run of the demo. Installs what it needs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Each step's wall time, printed as it ends and again as a table at the end
+# (also when a step fails): where a CI run's time went (docs/testing.md).
+timings=()
+step_name=""
+step_start=$SECONDS
+end_step() {
+    if [ -n "$step_name" ]; then
+        local took=$((SECONDS - step_start))
+        timings+=("$(printf '%4d:%02d  %s' $((took / 60)) $((took % 60)) "$step_name")")
+        printf '== %s: %d s\n' "$step_name" "$took"
+    fi
+    step_name=""
+}
+step() {
+    end_step
+    step_name=$1
+    step_start=$SECONDS
+    printf '\n== %s\n' "$*"
+}
+scratch=$(mktemp -d)
+on_exit() {
+    local status=$?
+    end_step
+    printf '\n== time per step (min:s)%s\n' "$([ "$status" -eq 0 ] || echo ", until the failure")"
+    printf '%s\n' "${timings[@]}"
+    printf '%4d:%02d  total\n' $((SECONDS / 60)) $((SECONDS % 60))
+    rm -rf "$scratch"
+}
+trap on_exit EXIT
+
+step "setup: toolchain target, packages, cargo build --release --workspace"
 bash scripts/setup.sh
+step "test servers: redis-server, s3s-fs, stunnel, nats-server, pyzmq"
 bash scripts/test-servers.sh
+step "llama.cpp and Dynamo's indexer, built once into the tool cache"
 # llama.cpp for tests/tests/llama_e2e.rs, built once into the tool cache
 # (~12 min on an empty cache, 2 cores; a no-op afterwards).
 bash scripts/llama-build.sh >/dev/null
@@ -16,8 +50,6 @@ bash scripts/llama-build.sh --server >/dev/null # tests/tests/llama_server.rs (e
 KVWASM_DYNAMO_ORACLE=$(bash scripts/dynamo-oracle.sh)
 export KVWASM_DYNAMO_ORACLE
 
-step() { printf '\n== %s\n' "$*"; }
-
 step "cargo fmt --check"
 cargo fmt --all -- --check
 (cd guest-backends && cargo fmt --all -- --check)
@@ -27,9 +59,8 @@ cargo clippy --release --workspace --all-targets --locked -- -D warnings
 (cd guest-backends && cargo clippy --release --target wasm32-wasip2 --workspace --locked -- -D warnings)
 
 step "guest unit and property tests (native): guest-support, fs chunk paths, Redis replies, S3 errors, fabrics, KV indexer"
-(cd guest-backends && cargo test --release --locked -p kvwasm-guest-support)
-(cd guest-backends && cargo test --release --locked -p kvwasm-kv-indexer-core)
-(cd guest-backends && cargo test --release --locked -p kvwasm-advisor-core)
+# One invocation: the three crates' dependencies resolve and build once.
+(cd guest-backends && cargo test --release --locked -p kvwasm-guest-support -p kvwasm-kv-indexer-core -p kvwasm-advisor-core)
 # --lib: the guests' cdylib targets do not link natively (export names).
 (cd guest-backends && cargo test --release --locked -p kvwasm-guest-fs -p kvwasm-guest-redis -p kvwasm-guest-s3 -p kvwasm-fabric-synthetic -p kvwasm-fabric-tcp -p kvwasm-fabric-hostile --lib)
 
@@ -46,8 +77,6 @@ step "scripts/install.sh into a temporary prefix: the installed kvwasm, shim and
 bash scripts/test-install.sh
 
 step "kvwasm check --quick: the fs guest behind the shim, and the native C backend"
-scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
 make -s -C examples/native-backend OUT="$scratch"
 target/release/kvwasm check --quick --component builtin:fs
 target/release/kvwasm check --quick --lib "$scratch/libkv_store_cfs.so" --uri "cfs://$scratch/data"

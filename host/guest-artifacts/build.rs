@@ -21,6 +21,11 @@ const BACKENDS: &[(&str, &str)] = &[
     ("kvwasm-kv-indexer", "KV_INDEXER"),
     ("kvwasm-advisor", "ADVISOR"),
 ];
+/// The test-only guests (tests/guests/), built by every build and not only
+/// for tests: then `cargo build` and `cargo test` resolve the same features,
+/// and the tests reuse this crate and every crate above it instead of
+/// rebuilding them. Only tests name them, so no program embeds them (the
+/// linker drops unreferenced statics; tests/tests/shim_contents.rs).
 const TEST_GUESTS: &[(&str, &str)] = &[
     ("kvwasm-guest-hostile", "HOSTILE"),
     ("kvwasm-fabric-hostile", "HOSTILE_FABRIC"),
@@ -45,10 +50,7 @@ fn main() {
     let guests_workspace = workspace.join("guest-backends");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").unwrap());
 
-    let mut guests = BACKENDS.to_vec();
-    if env::var_os("CARGO_FEATURE_TEST_GUESTS").is_some() {
-        guests.extend_from_slice(TEST_GUESTS);
-    }
+    let mut guests = [BACKENDS, TEST_GUESTS].concat();
 
     for dir in [
         "wit",
@@ -65,12 +67,10 @@ fn main() {
         cmd.args(["-p", package]);
     }
     run(cmd);
-    if env::var_os("CARGO_FEATURE_TEST_GUESTS").is_some() {
-        let mut starter = guest_cargo(&workspace.join("examples/vendor-starter"), &target_dir);
-        starter.args(["-p", VENDOR_STARTER.0]);
-        run(starter);
-        guests.push(VENDOR_STARTER);
-    }
+    let mut starter = guest_cargo(&workspace.join("examples/vendor-starter"), &target_dir);
+    starter.args(["-p", VENDOR_STARTER.0]);
+    run(starter);
+    guests.push(VENDOR_STARTER);
 
     let mut consts = String::new();
     for (package, konst) in &guests {
