@@ -27,13 +27,19 @@ step() {
 scratch=$(mktemp -d)
 on_exit() {
     local status=$?
+    # Nothing here may replace the run's own status.
+    set +e
     end_step
     printf '\n== time per step (min:s)%s\n' "$([ "$status" -eq 0 ] || echo ", until the failure")"
     printf '%s\n' "${timings[@]}"
     printf '%4d:%02d  total\n' $((SECONDS / 60)) $((SECONDS % 60))
     rm -rf "$scratch"
+    exit "$status"
 }
 trap on_exit EXIT
+# Interrupted or stopped: the table says so, and the status says which.
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 step "setup: toolchain target, packages, cargo build --release --workspace"
 bash scripts/setup.sh

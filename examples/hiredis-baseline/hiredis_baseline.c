@@ -15,6 +15,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <hiredis/hiredis.h>
 #include <stdarg.h>
+#include <sys/time.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,20 +42,41 @@ static size_t chunk_key(char *out, const char *base, const uint8_t *hash, size_t
     return n;
 }
 
+/* The text of a reply that is not what was expected. */
+static const char *reply_text(const redisReply *r, const redisContext *c) {
+    if (!r) return c->errstr;
+    if (r->type == REDIS_REPLY_ERROR) return r->str;
+    return r->type == REDIS_REPLY_NIL ? "no such key" : "unexpected reply type";
+}
+
+/* Whether a hash length is one kv_store_v1 allows. */
+static int hash_len_ok(size_t hash_len, char *err, size_t err_len) {
+    if (hash_len >= 1 && hash_len <= 64) return 1;
+    fail(err, err_len, "hash length %zu is not 1 to 64", hash_len);
+    return 0;
+}
+
 /* A connection to `host:port`, authenticated with `password` if not NULL;
  * NULL on failure. */
 EXPORT void *kvb_hiredis_connect(const char *host, int port, const char *password, char *err,
                                  size_t err_len) {
-    redisContext *c = redisConnect(host, port);
+    /* A server that does not answer fails the bench, not hangs it. */
+    struct timeval connect_timeout = {5, 0}, io_timeout = {60, 0};
+    redisContext *c = redisConnectWithTimeout(host, port, connect_timeout);
     if (!c || c->err) {
         fail(err, err_len, "connect %s:%d: %s", host, port, c ? c->errstr : "out of memory");
         if (c) redisFree(c);
         return NULL;
     }
+    if (redisSetTimeout(c, io_timeout) != REDIS_OK) {
+        fail(err, err_len, "connect %s:%d: cannot set a timeout: %s", host, port, c->errstr);
+        redisFree(c);
+        return NULL;
+    }
     if (password) {
         redisReply *r = redisCommand(c, "AUTH %s", password);
         int ok = r && r->type == REDIS_REPLY_STATUS;
-        if (!ok) fail(err, err_len, "AUTH: %s", r ? r->str : c->errstr);
+        if (!ok) fail(err, err_len, "AUTH: %s", reply_text(r, c));
         if (r) freeReplyObject(r);
         if (!ok) {
             redisFree(c);
@@ -76,9 +98,13 @@ EXPORT long kvb_hiredis_save(void *conn, const char *base, const uint8_t *hashes
                              const uint8_t *manifest, size_t manifest_len, char *err,
                              size_t err_len) {
     redisContext *c = conn;
+    if (!hash_len_ok(hash_len, err, err_len)) return -1;
     size_t key_room = strlen(base) + 16 + 2 * hash_len;
     char *key = malloc(key_room);
-    if (!key) return -1;
+    if (!key) {
+        fail(err, err_len, "out of memory");
+        return -1;
+    }
     for (size_t i = 0; i < count; i++) {
         size_t key_len = chunk_key(key, base, hashes + i * hash_len, hash_len);
         const char *argv[] = {"SET", key, (const char *)data, "NX"};
@@ -100,6 +126,9 @@ EXPORT long kvb_hiredis_save(void *conn, const char *base, const uint8_t *hashes
         if (r->type == REDIS_REPLY_ERROR) {
             fail(err, err_len, "SET NX: %s", r->str);
             freeReplyObject(r);
+            /* Drain the pipeline so the connection stays usable. */
+            for (size_t j = i + 1; j < count; j++)
+                if (redisGetReply(c, (void **)&r) == REDIS_OK) freeReplyObject(r);
             return -1;
         }
         stored += r->type == REDIS_REPLY_STATUS;
@@ -107,7 +136,7 @@ EXPORT long kvb_hiredis_save(void *conn, const char *base, const uint8_t *hashes
     }
     redisReply *r = redisCommand(c, "SET %s/manifests/bench %b", base, manifest, manifest_len);
     int ok = r && r->type == REDIS_REPLY_STATUS;
-    if (!ok) fail(err, err_len, "SET manifest: %s", r ? r->str : c->errstr);
+    if (!ok) fail(err, err_len, "SET manifest: %s", reply_text(r, c));
     if (r) freeReplyObject(r);
     return ok ? stored : -1;
 }
@@ -118,15 +147,18 @@ EXPORT long kvb_hiredis_save(void *conn, const char *base, const uint8_t *hashes
 EXPORT long kvb_hiredis_restore(void *conn, const char *base, size_t hash_len, size_t len,
                                 const uint8_t *expect, char *err, size_t err_len) {
     redisContext *c = conn;
+    if (!hash_len_ok(hash_len, err, err_len)) return -1;
     redisReply *m = redisCommand(c, "GET %s/manifests/bench", base);
     if (!m || m->type != REDIS_REPLY_STRING || m->len % hash_len) {
-        fail(err, err_len, "GET manifest: %s", m ? "no manifest" : c->errstr);
+        fail(err, err_len, "GET manifest: %s",
+             m && m->type == REDIS_REPLY_STRING ? "not a whole number of hashes" : reply_text(m, c));
         if (m) freeReplyObject(m);
         return -1;
     }
     size_t count = m->len / hash_len;
     char *key = malloc(strlen(base) + 16 + 2 * hash_len);
     if (!key) {
+        fail(err, err_len, "out of memory");
         freeReplyObject(m);
         return -1;
     }
@@ -156,10 +188,15 @@ EXPORT long kvb_hiredis_restore(void *conn, const char *base, size_t hash_len, s
             memcpy(value, r->str, r->len);
             if (expect && memcmp(value, expect, len) != 0) ok = 0;
             free(value);
-        } else {
+            if (!ok) fail(err, err_len, "GET: chunk %zu is not the %zu bytes saved", i, len);
+        } else if (ok) {
             ok = 0;
+            fail(err, err_len, "out of memory");
+        } else if (r->type == REDIS_REPLY_STRING) {
+            fail(err, err_len, "GET: chunk %zu has %zu bytes, not %zu", i, r->len, len);
+        } else {
+            fail(err, err_len, "GET: chunk %zu: %s", i, reply_text(r, c));
         }
-        if (!ok) fail(err, err_len, "GET: chunk %zu is not the %zu bytes saved", i, len);
         freeReplyObject(r);
         if (!ok) {
             /* Drain the pipeline so the connection stays usable. */

@@ -387,3 +387,26 @@ fn tier_status_shows_usage_moves_and_decisions() {
         "{text}"
     );
 }
+
+/// `kvwasm` embeds the guests it runs, never a test guest or the vendor
+/// starter: every build makes those (only tests name them), so a name in
+/// shipped code would ship them silently.
+#[test]
+fn kvwasm_embeds_no_test_guest_or_vendor_starter() {
+    use kvwasm_guest_artifacts as guests;
+    let binary = std::fs::read(KVWASM).unwrap();
+    let contains = |needle: &[u8]| binary.windows(needle.len()).any(|w| w == needle);
+    // The search sees an embedded guest: `kvwasm serve` runs the KV indexer.
+    assert!(contains(guests::KV_INDEXER), "builtin:kv-indexer missing");
+    for (name, bytes) in [
+        ("test guest hostile", guests::HOSTILE),
+        ("test guest hostile-fabric", guests::HOSTILE_FABRIC),
+        ("test guest buffered", guests::BUFFERED),
+        ("test guest namespace-blind", guests::NAMESPACE_BLIND),
+        ("test guest hostile-advisor", guests::HOSTILE_ADVISOR),
+        ("test guest hostile-subscriber", guests::HOSTILE_SUBSCRIBER),
+        ("vendor starter", guests::VENDOR_STARTER),
+    ] {
+        assert!(!contains(bytes), "{name} embedded in kvwasm");
+    }
+}

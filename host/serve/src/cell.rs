@@ -14,8 +14,10 @@ use kvwasm_host::backoff::Backoff;
 use kvwasm_host::deadline::Deadline;
 use kvwasm_host::subscriber::{Event, Request, Response, Subscriber};
 
-use crate::feed::Batch;
 use crate::log::{Entry, EventLog, RESTORE};
+
+/// An event batch with its log sequence number.
+pub(crate) type Batch = (u64, Arc<[Event]>);
 
 /// What the feed needs of a subscriber guest; [`Subscriber`] in service,
 /// anything in tests.

@@ -17,10 +17,8 @@ use std::sync::{Arc, mpsc};
 
 use kvwasm_host::subscriber::Event;
 
-use crate::cell::{Guest, GuestCell};
+use crate::cell::{Batch, Guest, GuestCell};
 use crate::log::{Entry, EventLog};
-/// An event batch with its log sequence number.
-pub(crate) type Batch = (u64, Arc<[Event]>);
 
 /// What a guest's queue carries.
 pub(crate) enum Queued {

@@ -33,7 +33,11 @@ fn main() -> ExitCode {
         Ok(status) if status.success() => ExitCode::SUCCESS,
         Ok(status) => {
             eprintln!("{program}: {status}");
-            ExitCode::FAILURE
+            // Its own exit code; killed by a signal, 128 + the signal, as a shell reports it.
+            let code = status.code().or_else(|| {
+                std::os::unix::process::ExitStatusExt::signal(&status).map(|s| 128 + s)
+            });
+            ExitCode::from(code.and_then(|c| u8::try_from(c).ok()).unwrap_or(1))
         }
         Err(e) => {
             eprintln!("{program}: {e}");

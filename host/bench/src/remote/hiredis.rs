@@ -1,6 +1,8 @@
 //! hiredis in C (examples/hiredis-baseline, loaded at run time): the C baseline
 //! of `builtin:redis`.
 
+use std::ffi::{CStr, CString, c_char, c_int, c_long, c_void};
+
 use super::*;
 
 /// examples/hiredis-baseline's entry points (see hiredis_baseline.c).
@@ -152,6 +154,14 @@ impl Side for Hiredis {
         let measured = span.stop();
         if stored < 0 {
             return Err(format!("hiredis save: {}", c_error(&err)));
+        }
+        // Every save is into a fresh key space: a chunk found already there
+        // is a key left over, and the save did less than the others.
+        if usize::try_from(stored) != Ok(load.hashes.len()) {
+            return Err(format!(
+                "hiredis save: {stored} of {} chunks were new in a fresh key space",
+                load.hashes.len()
+            ));
         }
         Ok(measured)
     }

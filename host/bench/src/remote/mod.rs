@@ -33,11 +33,9 @@
 //! consumer receives it (kvwasm returns one), and drop it. The warm-up
 //! repetition (not kept) compares every restored byte on every side.
 
-use std::ffi::{CStr, CString, c_char, c_int, c_long, c_void};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use kvwasm_host::{Backend, MallocBuffer, StoreHandle};
 
@@ -351,6 +349,7 @@ impl Side for Kvwasm {
         };
         let span = meter.start();
         let manifest = h.get_manifest("bench").map_err(|e| e.to_string())?;
+        check_manifest(manifest.as_slice(), load)?;
         let hashes = manifest_hashes(manifest.as_slice());
         h.prefetch_chunks(&hashes).map_err(|e| e.to_string())?;
         for hash in &hashes {
@@ -369,6 +368,20 @@ impl Kvwasm {
     fn open(&self, ns: &str) -> Result<Arc<StoreHandle>, String> {
         kvwasm_host::handle::open_shared(self.backend.clone(), ns)
             .map_err(|e| format!("{}: open {ns:?}: {e}", self.name))
+    }
+}
+
+/// The restored manifest is the one saved: a missing manifest (which a
+/// client may read as empty) would otherwise restore nothing, fast.
+fn check_manifest(manifest: &[u8], load: &Load) -> Result<(), String> {
+    if manifest == load.manifest.as_slice() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the restored manifest ({} bytes) is not the one saved ({} bytes)",
+            manifest.len(),
+            load.manifest.len()
+        ))
     }
 }
 
@@ -828,6 +841,25 @@ mod tests {
             text.contains("component = \"/g/kvwasm_guest_s3.wasm\""),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_missing_or_other_manifest_and_a_short_or_changed_chunk_fail_the_restore() {
+        let load = Load::new(3, 64, 1.5);
+        check_manifest(&load.manifest, &load).unwrap();
+        check_manifest(&[], &load).unwrap_err();
+        check_manifest(&load.manifest[8..], &load).unwrap_err();
+        let mut other = load.manifest.clone();
+        other[0] ^= 1;
+        check_manifest(&other, &load).unwrap_err();
+        check(&load.data, &load, true).unwrap();
+        check(&load.data[1..], &load, false).unwrap_err();
+        check(&[], &load, false).unwrap_err();
+        let mut changed = load.data.clone();
+        changed[63] ^= 1;
+        check(&changed, &load, true).unwrap_err();
+        // Unverified (a kept repetition), only the length is compared.
+        check(&changed, &load, false).unwrap();
     }
 
     /// A side that takes no time: what `compare` pairs up is under test.

@@ -102,6 +102,7 @@ impl Side for NativeRedis {
             .arg(manifest_key(&base))
             .query(conn)
             .map_err(|e| format!("redis GET: {e}"))?;
+        check_manifest(&manifest, load)?;
         let mut pipe = redis::pipe();
         for hash in manifest_hashes(&manifest) {
             pipe.get(chunk_key(&base, &hash));
@@ -209,6 +210,7 @@ impl Side for NativeCluster {
             .arg(manifest_key(&base))
             .query(conn)
             .map_err(|e| format!("redis cluster GET: {e}"))?;
+        check_manifest(&manifest, load)?;
         let mut pipe = redis::cluster::cluster_pipe();
         for hash in manifest_hashes(&manifest) {
             pipe.cmd("GET").arg(chunk_key(&base, &hash));

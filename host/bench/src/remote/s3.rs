@@ -1,5 +1,8 @@
 //! `reqwest` with SigV4 signing: the baseline of `builtin:s3`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::SystemTime;
+
 use super::*;
 
 /// `reqwest` with SigV4, [`S3_CONCURRENCY`] requests in flight.
@@ -159,6 +162,7 @@ impl Side for NativeS3 {
         let span = meter.start();
         let body = |r: reqwest::blocking::Response| r.bytes().map_err(|e| e.to_string());
         let manifest = body(self.send(reqwest::Method::GET, &manifest_key(&base), &[])?)?;
+        check_manifest(&manifest, load)?;
         let hashes = manifest_hashes(&manifest);
         self.each(hashes.len(), |i| {
             let key = chunk_key(&base, &hashes[i]);

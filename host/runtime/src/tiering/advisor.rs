@@ -27,7 +27,7 @@ pub use crate::config_file::LoopConfig;
 use crate::error::KvError;
 use crate::subscriber::Subscriber;
 
-use super::{Access, AccessKind, Action, Advice, AdviceReport, AdviceSink, TierUsage};
+use super::contract::{Access, AccessKind, Action, Advice, AdviceReport, AdviceSink, TierUsage};
 
 /// The longest chunk hash kv_store allows: longer ones are refused.
 const MAX_HASH_LEN: usize = 64;

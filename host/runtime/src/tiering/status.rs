@@ -1,7 +1,7 @@
 //! What `kvwasm tier status` prints, and the status file a tiered store
 //! writes for it (`key value` lines).
 
-use super::TierUsage;
+use super::contract::TierUsage;
 
 /// What `kvwasm tier status` prints.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +76,10 @@ impl TierStatus {
                     };
                     status.usage.push(TierUsage {
                         name: (*name).to_owned(),
-                        capacity_bytes: capacity.parse().ok(),
+                        capacity_bytes: match *capacity {
+                            "-" => None,
+                            bytes => Some(bytes.parse().ok()?),
+                        },
                         used_bytes: used.parse().ok()?,
                         chunks: chunks.parse().ok()?,
                     });
@@ -142,6 +145,7 @@ mod tests {
             "misses many",
             "tier hot 1 2",
             "tier hot - x 2 3",
+            "tier hot abc 1 2 3",
             "moons 3",
             "misses",
         ] {

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use super::advisor::{Advisor, AdvisorLoop, AdvisorStatus};
 use super::config::TieredConfig;
+use super::contract::{Access, AccessKind, Action, AdviceSink};
 use super::fs_tier::FsTier;
-use super::{Access, AccessKind, Action, AdviceSink};
 use crate::error::KvError;
 use crate::handle::{StoreHandle, open_shared};
 use crate::metrics::{TierGauges, TierMetrics};

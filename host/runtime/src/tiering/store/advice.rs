@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::{TieredStore, lock};
 use crate::error::KvError;
 use crate::tiering::advisor::AdvisedStore;
-use crate::tiering::{Access, Action, Advice, AdviceReport, AdviceSink, TierUsage};
+use crate::tiering::contract::{Access, Action, Advice, AdviceReport, AdviceSink, TierUsage};
 
 /// Distinct refusal reasons reported per batch of advice.
 const MAX_REASONS: usize = 8;

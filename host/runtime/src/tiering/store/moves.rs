@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{TieredStore, lock};
 use crate::error::KvError;
-use crate::tiering::Action;
+use crate::tiering::contract::Action;
 
 impl TieredStore {
     /// Reserve `len` bytes in `tier` (which has a capacity), demoting its
