@@ -398,15 +398,7 @@ fn kvwasm_embeds_no_test_guest_or_vendor_starter() {
     let contains = |needle: &[u8]| binary.windows(needle.len()).any(|w| w == needle);
     // The search sees an embedded guest: `kvwasm serve` runs the KV indexer.
     assert!(contains(guests::KV_INDEXER), "builtin:kv-indexer missing");
-    for (name, bytes) in [
-        ("test guest hostile", guests::HOSTILE),
-        ("test guest hostile-fabric", guests::HOSTILE_FABRIC),
-        ("test guest buffered", guests::BUFFERED),
-        ("test guest namespace-blind", guests::NAMESPACE_BLIND),
-        ("test guest hostile-advisor", guests::HOSTILE_ADVISOR),
-        ("test guest hostile-subscriber", guests::HOSTILE_SUBSCRIBER),
-        ("vendor starter", guests::VENDOR_STARTER),
-    ] {
+    for (name, bytes) in guests::tests_only() {
         assert!(!contains(bytes), "{name} embedded in kvwasm");
     }
 }

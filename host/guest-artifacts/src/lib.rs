@@ -8,3 +8,17 @@
 //! tests only.
 
 include!(concat!(env!("OUT_DIR"), "/guests.rs"));
+
+/// The guests no shipped program may embed, with their names: tests check
+/// the shim and `kvwasm` against this list.
+pub fn tests_only() -> [(&'static str, &'static [u8]); 7] {
+    [
+        ("test guest hostile", HOSTILE),
+        ("test guest hostile-fabric", HOSTILE_FABRIC),
+        ("test guest buffered", BUFFERED),
+        ("test guest namespace-blind", NAMESPACE_BLIND),
+        ("test guest hostile-advisor", HOSTILE_ADVISOR),
+        ("test guest hostile-subscriber", HOSTILE_SUBSCRIBER),
+        ("vendor starter", VENDOR_STARTER),
+    ]
+}
