@@ -1,14 +1,30 @@
 /* kv_slot: see kv_slot.h; the chunking and the manifest are described in
  * docs/llama.md. */
-#define _GNU_SOURCE /* MADV_HUGEPAGE */
+#define _GNU_SOURCE /* MADV_HUGEPAGE, mremap, clock_gettime */
 #include "kv_slot.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
+/* xxh3 with the widest vectors the CPU has: llama.cpp builds for baseline
+ * x86-64 (GGML_NATIVE=OFF), where xxhash.h alone uses SSE2, and every save
+ * and restore hashes the whole state (docs/llama.md). xxhash.h's own
+ * dispatch hooks (as its xxh_x86dispatch.c uses them); the same hash on
+ * every path. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define KV_SLOT_XXH3_DISPATCH
+#define XXH_X86DISPATCH /* accumulators aligned for AVX-512 */
+#define XXH_DISPATCH_AVX2 1
+#define XXH_DISPATCH_AVX512 1
+#define XXH_TARGET_AVX2 __attribute__((__target__("avx2")))
+#define XXH_TARGET_AVX512 __attribute__((__target__("avx512f")))
+#endif
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 
@@ -71,11 +87,19 @@ void kv_slot_write_head(uint8_t *out, uint32_t magic, uint32_t version, const in
 
 uint8_t *kv_slot_buf_reserve(kv_slot_buf *buf, size_t size) {
     if (size <= buf->cap && buf->data) return buf->data;
-    kv_slot_buf_release(buf);
     size_t cap = (size + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1); /* whole huge pages */
-    if (cap < size) return NULL;
-    void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
+    if (cap < size) {
+        kv_slot_buf_release(buf);
+        return NULL;
+    }
+    /* Growing keeps the pages already touched (a slot's next turn is a
+     * little larger): only the new tail faults in. */
+    void *p = buf->data ? mremap(buf->data, buf->cap, cap, MREMAP_MAYMOVE)
+                        : mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        kv_slot_buf_release(buf);
+        return NULL;
+    }
 #ifdef MADV_HUGEPAGE
     madvise(p, cap, MADV_HUGEPAGE); /* a hint: without it, 4 KiB pages */
 #endif
@@ -185,29 +209,133 @@ static void cut(const uint8_t *st, size_t size, uint32_t rows, spans *out, int *
     for (size_t o = 0; o < size; o += FIXED_SPAN) push(out, o, size - o < FIXED_SPAN ? size - o : FIXED_SPAN);
 }
 
+#ifdef KV_SLOT_XXH3_DISPATCH
+__attribute__((__target__("avx512f"), __noinline__)) static XXH64_hash_t xxh3_long_avx512(const void *p, size_t len) {
+    return XXH3_hashLong_64b_internal(p, len, XXH3_kSecret, sizeof XXH3_kSecret, XXH3_accumulate_avx512,
+                                      XXH3_scrambleAcc_avx512);
+}
+__attribute__((__target__("avx2"), __noinline__)) static XXH64_hash_t xxh3_long_avx2(const void *p, size_t len) {
+    return XXH3_hashLong_64b_internal(p, len, XXH3_kSecret, sizeof XXH3_kSecret, XXH3_accumulate_avx2,
+                                      XXH3_scrambleAcc_avx2);
+}
+#endif
+
+static uint64_t xxh3(const uint8_t *data, size_t len) {
+#ifdef KV_SLOT_XXH3_DISPATCH
+    if (len > XXH3_MIDSIZE_MAX) {
+        if (__builtin_cpu_supports("avx512f")) return xxh3_long_avx512(data, len);
+        if (__builtin_cpu_supports("avx2")) return xxh3_long_avx2(data, len);
+    }
+#endif
+    return XXH3_64bits(data, len);
+}
+
 static void key_of(const uint8_t *data, size_t len, uint8_t key[KV_SLOT_HASH_LEN]) {
-    put_u64(key, XXH3_64bits(data, len));
+    put_u64(key, xxh3(data, len));
+}
+
+/* ---- two threads: the caller calls the backend, a helper hashes ----
+ *
+ * The passes over the state (xxh3, and a restore's copy into the buffer)
+ * cost as much as the backend's own copies (docs/llama.md), and the
+ * server's compute threads are idle during a save or restore: one helper
+ * thread takes them while the caller talks to the backend, which is only
+ * ever called from the caller's thread. Without a helper (pthread_create
+ * failed) the caller does it all, in the same order. */
+
+double kv_slot_now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+int kv_slot_tracing(void) {
+    const char *v = getenv("KV_SLOT_TRACE");
+    return v && *v;
+}
+
+/* A save's hashing: the helper hashes spans from the front; the caller
+ * puts them in order and, when the next is not hashed yet, hashes it
+ * itself or, while the helper is on it, one from the back. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    const uint8_t *state;
+    const spans *sp;
+    uint8_t *manifest;     /* each span's key and length go in its entry */
+    unsigned char *hashed; /* per span; under mu */
+    size_t lo, hi;         /* spans [lo, hi) are not claimed yet; under mu */
+    double helper_ms;      /* the helper's time hashing */
+} save_hashing;
+
+static void hash_span(save_hashing *h, size_t i) {
+    uint8_t *e = h->manifest + MANIFEST_HEAD + i * MANIFEST_ENTRY;
+    key_of(h->state + h->sp->s[i].off, h->sp->s[i].len, e);
+    put_u32(e + KV_SLOT_HASH_LEN, (uint32_t)h->sp->s[i].len);
+}
+
+static void *save_helper(void *arg) {
+    save_hashing *h = (save_hashing *)arg;
+    pthread_mutex_lock(&h->mu);
+    while (h->lo < h->hi) {
+        size_t i = h->lo++;
+        pthread_mutex_unlock(&h->mu);
+        double t = kv_slot_now_ms();
+        hash_span(h, i);
+        h->helper_ms += kv_slot_now_ms() - t;
+        pthread_mutex_lock(&h->mu);
+        h->hashed[i] = 1;
+        pthread_cond_signal(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* Returns once span i is hashed. Every span before i is hashed, so i is
+ * either the next unclaimed one, or the helper's, or was hashed from the
+ * back. */
+static void await_hash(save_hashing *h, size_t i) {
+    pthread_mutex_lock(&h->mu);
+    while (!h->hashed[i]) {
+        if (h->lo < h->hi) {
+            size_t j = h->lo == i ? h->lo++ : --h->hi;
+            pthread_mutex_unlock(&h->mu);
+            hash_span(h, j);
+            pthread_mutex_lock(&h->mu);
+            h->hashed[j] = 1;
+        } else {
+            pthread_cond_wait(&h->cv, &h->mu);
+        }
+    }
+    pthread_mutex_unlock(&h->mu);
 }
 
 int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, const uint8_t *state, size_t size,
                  uint32_t rows, kv_slot_save_stats *stats, kv_slot_error *err) {
     memset(stats, 0, sizeof *stats);
+    double t0 = kv_slot_now_ms();
     spans sp = {NULL, 0, 0};
     cut(state, size, rows, &sp, &stats->rows_layout);
     size_t mlen = MANIFEST_HEAD + sp.n * MANIFEST_ENTRY;
     uint8_t *m = (uint8_t *)malloc(mlen);
-    if (!m) abort();
+    unsigned char *hashed = (unsigned char *)calloc(sp.n ? sp.n : 1, 1);
+    if (!m || !hashed) abort();
     put_u32(m, MANIFEST_MAGIC);
     put_u32(m + 4, MANIFEST_VERSION);
     put_u32(m + 8, stats->rows_layout ? rows : 0);
     put_u32(m + 12, (uint32_t)sp.n);
     put_u64(m + 16, size);
+    save_hashing h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, state, &sp, m, hashed, 0, sp.n, 0};
+    pthread_t helper;
+    int threaded = sp.n > 1 && pthread_create(&helper, NULL, save_helper, &h) == 0;
+    double put_ms = 0;
     int result = 0;
     for (size_t i = 0; i < sp.n && result == 0; i++) {
-        uint8_t *e = m + MANIFEST_HEAD + i * MANIFEST_ENTRY;
-        key_of(state + sp.s[i].off, sp.s[i].len, e);
-        put_u32(e + KV_SLOT_HASH_LEN, (uint32_t)sp.s[i].len);
+        await_hash(&h, i);
+        const uint8_t *e = m + MANIFEST_HEAD + i * MANIFEST_ENTRY;
+        double t = kv_slot_now_ms();
         int rc = vt->put_chunk(store, e, KV_SLOT_HASH_LEN, state + sp.s[i].off, sp.s[i].len);
+        put_ms += kv_slot_now_ms() - t;
         if (rc < 0) {
             result = fail(err, rc, "put_chunk", "put_chunk of chunk %zu of %zu returned %d: %s", i, sp.n, rc,
                           kv_slot_rc_meaning(rc));
@@ -218,19 +346,107 @@ int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
             stats->bytes_stored += sp.s[i].len;
         }
     }
+    if (threaded) {
+        pthread_mutex_lock(&h.mu);
+        h.lo = h.hi; /* after a failure: nothing more to hash */
+        pthread_mutex_unlock(&h.mu);
+        pthread_join(helper, NULL);
+    }
+    double t_manifest = kv_slot_now_ms();
     if (result == 0) {
         int rc = vt->put_manifest(store, name, m, mlen);
         if (rc < 0)
             result = fail(err, rc, "put_manifest", "put_manifest returned %d: %s", rc, kv_slot_rc_meaning(rc));
     }
     stats->chunks = sp.n;
+    if (kv_slot_tracing())
+        fprintf(stderr,
+                "kv_slot: save %s: %zu chunks (%zu stored) in %.2f ms: put_chunk %.2f, put_manifest %.2f, "
+                "helper hashing %.2f%s\n",
+                name, sp.n, stats->stored, kv_slot_now_ms() - t0, put_ms, kv_slot_now_ms() - t_manifest, h.helper_ms,
+                threaded ? "" : " (no helper)");
+    free(hashed);
     free(m);
     free(sp.s);
     return result;
 }
 
+/* A restore's checking: the caller fetches the chunks in order; the
+ * helper and the caller check fetched chunks (length, xxh3-64) and copy
+ * them into place, oldest first. The caller checks one itself rather than
+ * fetch more than LOAD_AHEAD ahead, so a helper that gets no core (a busy
+ * machine) costs little: the caller then does what it did alone, on
+ * chunks still in its cache. */
+#define LOAD_AHEAD 4
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    const uint8_t *manifest;
+    uint8_t *state;
+    uint8_t **data;  /* per chunk: the backend's block, until checked */
+    size_t *len;     /* per chunk: its length */
+    size_t *off;     /* per chunk: where it goes in the state */
+    size_t fetched;  /* chunks [0, fetched) are fetched; under mu */
+    size_t claimed;  /* chunks [0, claimed) are checked or being checked; under mu */
+    int no_more;     /* the caller fetches nothing more; under mu */
+    size_t bad;      /* the first chunk that failed its check, or SIZE_MAX; under mu */
+    const char *why; /* what of it did not match; under mu */
+    double helper_ms;
+} load_checking;
+
+/* Claims the oldest fetched chunk not claimed yet (SIZE_MAX if none, or
+ * after a failed check); mu held. */
+static size_t claim_chunk(load_checking *c) {
+    return c->claimed < c->fetched && c->bad == SIZE_MAX ? c->claimed++ : SIZE_MAX;
+}
+
+/* Checks claimed chunk i and copies it into place; frees its block. mu is
+ * held on entry and exit, released meanwhile. */
+static void check_chunk(load_checking *c, size_t i) {
+    pthread_mutex_unlock(&c->mu);
+    const uint8_t *e = c->manifest + MANIFEST_HEAD + i * MANIFEST_ENTRY;
+    uint8_t key[KV_SLOT_HASH_LEN];
+    const char *why = NULL;
+    if (c->len[i] != get_u32(e + KV_SLOT_HASH_LEN)) {
+        why = "length";
+    } else {
+        key_of(c->data[i], c->len[i], key);
+        if (memcmp(key, e, KV_SLOT_HASH_LEN) != 0)
+            why = "xxh3-64";
+        else
+            memcpy(c->state + c->off[i], c->data[i], c->len[i]); /* still in cache from the hash */
+    }
+    free(c->data[i]); /* backend outputs come from malloc */
+    c->data[i] = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (why && i < c->bad) {
+        c->bad = i;
+        c->why = why;
+    }
+}
+
+static void *load_helper(void *arg) {
+    load_checking *c = (load_checking *)arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        size_t i = claim_chunk(c);
+        if (i == SIZE_MAX) {
+            if (c->no_more) break;
+            pthread_cond_wait(&c->cv, &c->mu);
+            continue;
+        }
+        double t = kv_slot_now_ms();
+        check_chunk(c, i);
+        c->helper_ms += kv_slot_now_ms() - t;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
 int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_buf *state, size_t *size,
                  size_t *chunks, kv_slot_error *err) {
+    double t0 = kv_slot_now_ms();
     uint8_t *m = NULL;
     size_t mlen = 0;
     int rc = vt->get_manifest(store, name, &m, &mlen);
@@ -247,48 +463,77 @@ int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
         return fail(err, 0, "manifest", "the manifest's length (%zu bytes) does not match its %zu chunks", mlen, n);
     }
     uint8_t *keys = (uint8_t *)malloc(n ? n * KV_SLOT_HASH_LEN : 1);
-    if (!keys) abort();
+    uint8_t **data = (uint8_t **)calloc(n ? n : 1, sizeof *data);
+    size_t *len = (size_t *)calloc(n ? n : 1, sizeof *len), *off = (size_t *)malloc((n ? n : 1) * sizeof *off);
+    if (!keys || !data || !len || !off) abort();
     uint64_t sum = 0;
     for (size_t i = 0; i < n; i++) {
         memcpy(keys + i * KV_SLOT_HASH_LEN, m + MANIFEST_HEAD + i * MANIFEST_ENTRY, KV_SLOT_HASH_LEN);
+        off[i] = (size_t)sum;
         sum += get_u32(m + MANIFEST_HEAD + i * MANIFEST_ENTRY + KV_SLOT_HASH_LEN);
     }
-    if (sum != total) {
-        free(keys);
-        free(m);
-        return fail(err, 0, "manifest", "the manifest's chunks hold %llu bytes, its header says %llu",
-                    (unsigned long long)sum, (unsigned long long)total);
-    }
-    /* A hint: a failure leaves the per-chunk gets to do the work. */
-    if (vt->version >= 2 && vt->prefetch_chunks && n) vt->prefetch_chunks(store, keys, KV_SLOT_HASH_LEN, n);
-    free(keys);
-    uint8_t *st = kv_slot_buf_reserve(state, total ? (size_t)total : 1);
-    if (!st) {
-        free(m);
-        return fail(err, 0, "memory", "no memory for a state of %llu bytes", (unsigned long long)total);
-    }
-    size_t o = 0;
     int result = 0;
-    for (size_t i = 0; i < n && result == 0; i++) {
-        const uint8_t *e = m + MANIFEST_HEAD + i * MANIFEST_ENTRY;
-        uint8_t *data = NULL, key[KV_SLOT_HASH_LEN];
-        size_t len = 0, want = get_u32(e + KV_SLOT_HASH_LEN);
-        rc = vt->get_chunk(store, e, KV_SLOT_HASH_LEN, &data, &len);
+    uint8_t *st = NULL;
+    if (sum != total) {
+        result = fail(err, 0, "manifest", "the manifest's chunks hold %llu bytes, its header says %llu",
+                      (unsigned long long)sum, (unsigned long long)total);
+    } else if (!(st = kv_slot_buf_reserve(state, total ? (size_t)total : 1))) {
+        result = fail(err, 0, "memory", "no memory for a state of %llu bytes", (unsigned long long)total);
+    }
+    double t_prefetch = kv_slot_now_ms(), prefetch_ms = 0, get_ms = 0;
+    /* A hint: a failure leaves the per-chunk gets to do the work. */
+    if (result == 0 && vt->version >= 2 && vt->prefetch_chunks && n) {
+        vt->prefetch_chunks(store, keys, KV_SLOT_HASH_LEN, n);
+        prefetch_ms = kv_slot_now_ms() - t_prefetch;
+    }
+    free(keys);
+    load_checking c = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, m, st, data, len, off, 0, 0, 0,
+                       SIZE_MAX, NULL, 0};
+    pthread_t helper;
+    int threaded = result == 0 && n > 1 && pthread_create(&helper, NULL, load_helper, &c) == 0;
+    size_t failed_get = n; /* the chunk whose get_chunk failed */
+    pthread_mutex_lock(&c.mu);
+    for (size_t i = 0; i < n && result == 0 && c.bad == SIZE_MAX; i++) {
+        size_t j;
+        while (c.fetched - c.claimed >= LOAD_AHEAD && (j = claim_chunk(&c)) != SIZE_MAX) check_chunk(&c, j);
+        if (c.bad != SIZE_MAX) break;
+        pthread_mutex_unlock(&c.mu);
+        double t = kv_slot_now_ms();
+        rc = vt->get_chunk(store, m + MANIFEST_HEAD + i * MANIFEST_ENTRY, KV_SLOT_HASH_LEN, &data[i], &len[i]);
+        get_ms += kv_slot_now_ms() - t;
+        pthread_mutex_lock(&c.mu);
         if (rc < 0) {
-            result = fail(err, rc, "get_chunk", "get_chunk of chunk %zu of %zu (%016llx) returned %d: %s", i, n,
-                          (unsigned long long)get_u64(e), rc, kv_slot_rc_meaning(rc));
+            failed_get = i;
             break;
         }
-        if (len == want) key_of(data, len, key);
-        if (len != want || memcmp(key, e, KV_SLOT_HASH_LEN) != 0) {
-            result = fail(err, 0, "get_chunk", "chunk %zu of %zu (%016llx) does not match its manifest entry (%s)", i,
-                          n, (unsigned long long)get_u64(e), len != want ? "length" : "xxh3-64");
-        } else {
-            memcpy(st + o, data, len); /* still in cache from the hash */
-            o += len;
-        }
-        free(data); /* backend outputs come from malloc */
+        c.fetched = i + 1;
+        pthread_cond_signal(&c.cv);
     }
+    /* The rest, with the helper; then wait for the helper's last chunk. */
+    c.no_more = 1;
+    pthread_cond_signal(&c.cv);
+    for (size_t j; (j = claim_chunk(&c)) != SIZE_MAX;) check_chunk(&c, j);
+    pthread_mutex_unlock(&c.mu);
+    if (threaded) pthread_join(helper, NULL);
+    /* The first failure in chunk order: a chunk that did not match comes
+     * before the one whose get failed, as it was fetched first. */
+    if (result == 0 && c.bad != SIZE_MAX) {
+        result = fail(err, 0, "get_chunk", "chunk %zu of %zu (%016llx) does not match its manifest entry (%s)", c.bad,
+                      n, (unsigned long long)get_u64(m + MANIFEST_HEAD + c.bad * MANIFEST_ENTRY), c.why);
+    } else if (result == 0 && failed_get < n) {
+        result = fail(err, rc, "get_chunk", "get_chunk of chunk %zu of %zu (%016llx) returned %d: %s", failed_get, n,
+                      (unsigned long long)get_u64(m + MANIFEST_HEAD + failed_get * MANIFEST_ENTRY), rc,
+                      kv_slot_rc_meaning(rc));
+    }
+    for (size_t i = 0; i < c.fetched; i++) free(data[i]); /* left unclaimed after a bad chunk */
+    if (kv_slot_tracing() && result == 0)
+        fprintf(stderr,
+                "kv_slot: load %s: %zu chunks in %.2f ms: prefetch_chunks %.2f, get_chunk %.2f, "
+                "helper checking %.2f%s\n",
+                name, n, kv_slot_now_ms() - t0, prefetch_ms, get_ms, c.helper_ms, threaded ? "" : " (no helper)");
+    free(data);
+    free(len);
+    free(off);
     free(m);
     if (result != 0) return result;
     *size = (size_t)total;

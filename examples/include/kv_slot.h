@@ -49,8 +49,8 @@ typedef struct {
     size_t cap;
 } kv_slot_buf;
 
-/* At least `size` bytes at buf->data (contents not kept when it grows);
- * NULL if memory is short (the buffer is then empty). */
+/* At least `size` bytes at buf->data (its contents are not to be relied
+ * on after it grows); NULL if memory is short (the buffer is then empty). */
 uint8_t *kv_slot_buf_reserve(kv_slot_buf *buf, size_t size);
 
 /* Unmaps the buffer; it may be reserved again. */
@@ -62,17 +62,28 @@ void kv_slot_write_head(uint8_t *out, uint32_t magic, uint32_t version, const in
 
 /* Saves `state` (`size` bytes) under manifest `name`: its chunks, `rows`
  * KV rows (cells) each, every one put_chunk'd under its xxh3-64, then the
- * manifest. 0 on success; -1 with `err` filled. */
+ * manifest. A helper thread hashes while the caller's thread calls the
+ * backend (only ever that thread). 0 on success; -1 with `err` filled. */
 int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, const uint8_t *state, size_t size,
                  uint32_t rows, kv_slot_save_stats *stats, kv_slot_error *err);
 
 /* Loads manifest `name` and its chunks (prefetch_chunks first on a v2
  * vtable), checking each chunk's length and xxh3-64 against the manifest,
- * into `state` (grown as needed). On success returns 0, state->data
+ * into `state` (grown as needed). A helper thread checks and copies
+ * chunks while the caller's thread fetches the next ones (the backend is
+ * only called from the caller's thread). On success returns 0, state->data
  * holding `*size` bytes and `*chunks` the chunk count; -1 with `err`
  * filled otherwise (the buffer's contents are then undefined). */
 int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_buf *state, size_t *size,
                  size_t *chunks, kv_slot_error *err);
+
+/* KV_SLOT_TRACE set (non-empty) in the environment: kv_slot_save and
+ * kv_slot_load print one line each on stderr saying where their time went
+ * (the callers add theirs: llama.cpp's state calls). */
+int kv_slot_tracing(void);
+
+/* A monotonic clock, in ms, for those lines. */
+double kv_slot_now_ms(void);
 
 /* What a negative return of libkv_store_wasm.so means (README, "Return
  * codes"); other backends' codes are unspecified. */

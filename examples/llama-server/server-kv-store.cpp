@@ -3,6 +3,7 @@
 #include "kv_slot.h"
 #include "kv_store_loader.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -86,8 +87,12 @@ size_t server_kv_store_save(llama_context * ctx, llama_seq_id seq, const std::ve
         std::memcpy(tokens.data(), packed_tokens.data(), n_tokens * sizeof(llama_token));
     }
     kv_slot_write_head(state, LLAMA_STATE_SEQ_MAGIC, LLAMA_STATE_SEQ_VERSION, tokens.data(), n_tokens);
+    const double t_get = kv_slot_now_ms();
     if (llama_state_seq_get_data(ctx, state + head, seq_size, seq) != seq_size) {
         throw server_kv_store_error("Unable to save slot: llama_state_seq_get_data failed", ERROR_TYPE_SERVER);
+    }
+    if (kv_slot_tracing()) {
+        fprintf(stderr, "kv_slot: llama_state_seq_get_data of %zu bytes: %.2f ms\n", seq_size, kv_slot_now_ms() - t_get);
     }
     kv_slot_save_stats stats;
     kv_slot_error      err;
@@ -136,6 +141,11 @@ server_kv_store_state server_kv_store_load(const std::string & name) {
 }
 
 bool server_kv_store_apply(llama_context * ctx, llama_seq_id seq, const server_kv_store_state & state) {
-    const size_t n = state.size - state.head;
-    return llama_state_seq_set_data(ctx, state.bytes + state.head, n, seq) == n;
+    const size_t n     = state.size - state.head;
+    const double t_set = kv_slot_now_ms();
+    const bool   ok    = llama_state_seq_set_data(ctx, state.bytes + state.head, n, seq) == n;
+    if (kv_slot_tracing()) {
+        fprintf(stderr, "kv_slot: llama_state_seq_set_data of %zu bytes: %.2f ms\n", n, kv_slot_now_ms() - t_set);
+    }
+    return ok;
 }
