@@ -13,6 +13,7 @@ and passes it in the environment:
   KVWASM_NATIVE_DIR     directory holding libkv_store_cfs.so (examples/native-backend)
   KVWASM_HOSTILE_GUEST  the hostile test guest component (tests only)
   KVWASM_BENCH_DIR      --bench: where the stores go (one disk for both sides)
+  KV_SLOT_TRACE         --bench: print the servers' kv_slot lines (where the time went)
 Starts its own redis-server on a free loopback port. Prints one line per
 check; exits non-zero on the first failure.
 """
@@ -476,6 +477,13 @@ def bench(work):
         for s in sides.values():
             s.stop()
         redis.stop()
+    if os.environ.get("KV_SLOT_TRACE"):
+        # kv_slot's lines (where each save's and restore's time went), per side
+        for name, s in sides.items():
+            with open(s.log_path) as f:
+                for line in f:
+                    if line.startswith("kv_slot: "):
+                        print(f"{name}: {line.rstrip()}")
     up = {k: median(v) for k, v in times["upstream files"].items()}
     print(f"state: {state['kvwasm fs']['n_saved']} tokens, {state['kvwasm fs']['n_written']} bytes, "
           f"{state['kvwasm fs']['n_chunks']} chunks; upstream's file {state['upstream files']['n_written']} bytes")

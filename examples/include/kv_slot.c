@@ -266,6 +266,7 @@ typedef struct {
     unsigned char *hashed; /* per span; under mu */
     size_t lo, hi;         /* spans [lo, hi) are not claimed yet; under mu */
     double helper_ms;      /* the helper's time hashing */
+    size_t helper_spans;   /* spans the helper hashed */
 } save_hashing;
 
 static void hash_span(save_hashing *h, size_t i) {
@@ -283,6 +284,7 @@ static void *save_helper(void *arg) {
         double t = kv_slot_now_ms();
         hash_span(h, i);
         h->helper_ms += kv_slot_now_ms() - t;
+        h->helper_spans++;
         pthread_mutex_lock(&h->mu);
         h->hashed[i] = 1;
         pthread_cond_signal(&h->cv);
@@ -325,7 +327,7 @@ int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
     put_u32(m + 8, stats->rows_layout ? rows : 0);
     put_u32(m + 12, (uint32_t)sp.n);
     put_u64(m + 16, size);
-    save_hashing h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, state, &sp, m, hashed, 0, sp.n, 0};
+    save_hashing h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, state, &sp, m, hashed, 0, sp.n, 0, 0};
     pthread_t helper;
     int threaded = sp.n > 1 && pthread_create(&helper, NULL, save_helper, &h) == 0;
     double put_ms = 0;
@@ -362,9 +364,9 @@ int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
     if (kv_slot_tracing())
         fprintf(stderr,
                 "kv_slot: save %s: %zu chunks (%zu stored) in %.2f ms: put_chunk %.2f, put_manifest %.2f, "
-                "helper hashing %.2f%s\n",
+                "helper hashing %.2f (%zu chunks)%s\n",
                 name, sp.n, stats->stored, kv_slot_now_ms() - t0, put_ms, kv_slot_now_ms() - t_manifest, h.helper_ms,
-                threaded ? "" : " (no helper)");
+                h.helper_spans, threaded ? "" : " (no helper)");
     free(hashed);
     free(m);
     free(sp.s);
@@ -393,6 +395,7 @@ typedef struct {
     size_t bad;      /* the first chunk that failed its check, or SIZE_MAX; under mu */
     const char *why; /* what of it did not match; under mu */
     double helper_ms;
+    size_t helper_chunks; /* chunks the helper checked */
 } load_checking;
 
 /* Claims the oldest fetched chunk not claimed yet (SIZE_MAX if none, or
@@ -439,6 +442,7 @@ static void *load_helper(void *arg) {
         double t = kv_slot_now_ms();
         check_chunk(c, i);
         c->helper_ms += kv_slot_now_ms() - t;
+        c->helper_chunks++;
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -488,7 +492,7 @@ int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
     }
     free(keys);
     load_checking c = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, m, st, data, len, off, 0, 0, 0,
-                       SIZE_MAX, NULL, 0};
+                       SIZE_MAX, NULL, 0, 0};
     pthread_t helper;
     int threaded = result == 0 && n > 1 && pthread_create(&helper, NULL, load_helper, &c) == 0;
     size_t failed_get = n; /* the chunk whose get_chunk failed */
@@ -514,7 +518,9 @@ int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
     pthread_cond_signal(&c.cv);
     for (size_t j; (j = claim_chunk(&c)) != SIZE_MAX;) check_chunk(&c, j);
     pthread_mutex_unlock(&c.mu);
+    double t_join = kv_slot_now_ms();
     if (threaded) pthread_join(helper, NULL);
+    double join_ms = kv_slot_now_ms() - t_join;
     /* The first failure in chunk order: a chunk that did not match comes
      * before the one whose get failed, as it was fetched first. */
     if (result == 0 && c.bad != SIZE_MAX) {
@@ -529,8 +535,9 @@ int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
     if (kv_slot_tracing() && result == 0)
         fprintf(stderr,
                 "kv_slot: load %s: %zu chunks in %.2f ms: prefetch_chunks %.2f, get_chunk %.2f, "
-                "helper checking %.2f%s\n",
-                name, n, kv_slot_now_ms() - t0, prefetch_ms, get_ms, c.helper_ms, threaded ? "" : " (no helper)");
+                "helper checking %.2f (%zu chunks), last wait %.2f%s\n",
+                name, n, kv_slot_now_ms() - t0, prefetch_ms, get_ms, c.helper_ms, c.helper_chunks, join_ms,
+                threaded ? "" : " (no helper)");
     free(data);
     free(len);
     free(off);
