@@ -7,7 +7,9 @@
 //!   and stop sources, and writes `/register` for `[[serve.workers]]`;
 //! * [`dump`]: Dynamo's `RouterEvent` and the `/dump` document made of
 //!   them: the guest writes and restores dumps, the host reads their keys
-//!   and decodes RouterEvents arriving on NATS.
+//!   and decodes RouterEvents arriving on NATS;
+//! * `vllm` (feature `vllm`, host only): vLLM's msgpack KV event batches,
+//!   decoded by the host's ZMQ sources and encoded by `publish_events`.
 //!
 //! The shapes follow what real publishers and Dynamo send
 //! (docs/events.md, "Formats accepted"); each module's tests hold the
@@ -15,3 +17,5 @@
 
 pub mod api;
 pub mod dump;
+#[cfg(feature = "vllm")]
+pub mod vllm;
