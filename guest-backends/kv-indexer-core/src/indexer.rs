@@ -1,20 +1,21 @@
 //! Registrations, the trees, event ingest and the HTTP API.
 
 use std::collections::BTreeMap;
-use std::marker::PhantomData;
 
-use serde::de::{SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer, Serialize};
+use kvwasm_indexer_protocol::api::{
+    self, InstanceOverlap, MAX_TOKEN_IDS, QueryByHashRequest, RegisterRequest, ScoreResponse,
+    UnregisterRequest, default_group,
+};
+use kvwasm_indexer_protocol::dump::{
+    Dump, DumpIndex, KvCacheEvent, KvCacheEventData, KvCacheStoreData, KvCacheStoredBlockData,
+    RouterEvent, device_tier, dump_key, split_dump_key,
+};
+use serde::{Deserialize, Serialize};
 
 use crate::hash::{self, BlockHasher, HashRun, RunsHasher, TokenJsonHasher};
 use crate::tree::{ApplyError, Tree, Worker};
 use crate::{Event, EventData, Stored};
 
-/// Longest `token_ids` of a `/query` (a request can make the indexer
-/// allocate no more than this).
-pub const MAX_TOKEN_IDS: usize = 1 << 20;
-/// Longest `block_hashes` of a `/query_by_hash`.
-pub const MAX_QUERY_BLOCKS: usize = 1 << 20;
 /// Longest endpoint accepted by `/register`.
 const MAX_ENDPOINT: usize = 1024;
 
@@ -286,7 +287,7 @@ impl Indexer {
         if req.block_size == 0 {
             return Err(error(400, "block_size must be positive".into()));
         }
-        let rank = req.dp_rank.unwrap_or(0);
+        let rank = req.rank();
         let key = (req.model_name, req.routing_group);
         if let Some(ranks) = self.workers.get(&req.instance_id) {
             let registered = &ranks.values().next().expect("no empty rank map").key;
@@ -527,7 +528,7 @@ impl Indexer {
     /// Every index as Dynamo's `/dump` gives it: a breadth-first list of
     /// one-block store events per worker per reachable node, with each
     /// worker's own engine hashes ([`Tree::walk`]).
-    fn dump(&self) -> BTreeMap<String, DumpIndex> {
+    fn dump(&self) -> Dump {
         self.indexes
             .iter()
             .map(|((model, group), index)| {
@@ -539,18 +540,20 @@ impl Indexer {
                     .map(
                         |(n, ((worker_id, dp_rank), parent, ext, local))| RouterEvent {
                             worker_id,
+                            // One tree holds every tier.
                             storage_tier: device_tier(),
-                            event: DumpEvent {
+                            event: KvCacheEvent {
                                 event_id: n as u64,
-                                data: DumpData::Stored {
+                                data: KvCacheEventData::Stored(KvCacheStoreData {
                                     parent_hash: parent,
                                     start_position: None,
-                                    blocks: vec![DumpBlock {
+                                    blocks: vec![KvCacheStoredBlockData {
                                         block_hash: ext,
                                         tokens_hash: local,
                                         mm_extra_info: None,
                                     }],
-                                },
+                                    lora_name: None,
+                                }),
                                 dp_rank,
                             },
                         },
@@ -560,7 +563,7 @@ impl Indexer {
                     block_size: index.block_size,
                     events,
                 };
-                (format!("{model}:{group}"), dump)
+                (dump_key(model, group), dump)
             })
             .collect()
     }
@@ -569,10 +572,10 @@ impl Indexer {
     /// its events applied as live ones are (a clear takes its rank only).
     /// Registrations stay; an index registered but absent from the dump
     /// is emptied.
-    fn restore(&mut self, dump: BTreeMap<String, DumpIndex>) -> (u16, Vec<u8>) {
+    fn restore(&mut self, dump: Dump) -> (u16, Vec<u8>) {
         let mut indexes = BTreeMap::new();
         for (name, dumped) in dump {
-            let Some((model, group)) = name.split_once(':') else {
+            let Some((model, group)) = split_dump_key(&name) else {
                 return error(400, format!("dump key {name:?} is not model:routing_group"));
             };
             if dumped.block_size == 0 {
@@ -588,17 +591,15 @@ impl Indexer {
                 self.counters.events += 1;
                 let worker = (event.worker_id, event.event.dp_rank);
                 let result = match event.event.data {
-                    DumpData::Stored {
-                        parent_hash,
-                        blocks,
-                        ..
-                    } => index.tree.store(
+                    KvCacheEventData::Stored(stored) => index.tree.store(
                         worker,
-                        parent_hash,
-                        blocks.iter().map(|b| (b.block_hash, b.tokens_hash)),
+                        stored.parent_hash,
+                        stored.blocks.iter().map(|b| (b.block_hash, b.tokens_hash)),
                     ),
-                    DumpData::Removed { block_hashes } => index.tree.remove(worker, &block_hashes),
-                    DumpData::Cleared => {
+                    KvCacheEventData::Removed(removed) => {
+                        index.tree.remove(worker, &removed.block_hashes)
+                    }
+                    KvCacheEventData::Cleared => {
                         index.tree.remove_worker(worker.0, Some(worker.1));
                         Ok(())
                     }
@@ -705,29 +706,6 @@ fn count_error(counters: &mut Counters, err: ApplyError) {
     }
 }
 
-/// `/query` and `/query_by_hash`'s answer, serialised directly (no
-/// `serde_json::Value` in between): `/query` is the hot path.
-#[derive(Serialize)]
-struct ScoreResponse<'a> {
-    scores: &'a BTreeMap<u64, BTreeMap<u32, u64>>,
-    frequencies: [u64; 0],
-    instances: BTreeMap<u64, InstanceOverlap<'a>>,
-    tree_sizes: BTreeMap<u64, BTreeMap<u32, usize>>,
-}
-
-/// Dynamo 1.6.1's per-instance summary (Mooncake RFC #1403), in matched
-/// tokens: `dp` per rank, `gpu` the best rank's, `cpu` and `disk`
-/// cumulative through the tiers before them, `longest_matched` the largest.
-/// One tree holds every tier here, so the lower tiers add nothing.
-#[derive(Serialize)]
-struct InstanceOverlap<'a> {
-    longest_matched: u64,
-    gpu: u64,
-    dp: &'a BTreeMap<u32, u64>,
-    cpu: u64,
-    disk: u64,
-}
-
 /// A handler's answer; `Err` carries an error response.
 type Reply = Result<(u16, Vec<u8>), (u16, Vec<u8>)>;
 
@@ -763,12 +741,12 @@ fn rejection(e: serde_json::Error) -> (u16, Vec<u8>) {
 }
 
 /// A `/query` body: read in place ([`QueryRequest::parse`]); what that
-/// refuses, serde_json reads ([`QueryBody`]), so a refused body gets
+/// refuses, serde_json reads ([`api::QueryRequest`]), so a refused body gets
 /// serde's answer and status, and a body only serde takes (a struct as a
 /// JSON array) is still answered.
 fn query_request(body: &[u8]) -> Result<QueryRequest<Vec<u32>>, (u16, Vec<u8>)> {
     QueryRequest::parse(body, token_list).or_else(|_| {
-        let body: QueryBody = parse(body)?;
+        let body: api::QueryRequest = parse(body)?;
         Ok(QueryRequest {
             token_ids: body.token_ids,
             model_name: body.model_name,
@@ -798,52 +776,6 @@ fn valid_endpoint(endpoint: &str) -> bool {
     !host.is_empty() && !host.contains(['/', ' ']) && port.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
-fn default_group() -> String {
-    "default".into()
-}
-
-/// A field Dynamo types as a `String` with a default: absent is `None`,
-/// `null` is refused (422) as there.
-fn present_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    String::deserialize(d).map(Some)
-}
-
-/// Dynamo 1.6.1's `RegisterRequest`, plus kvwasm's `lora_name` (the
-/// adapter a `/query` of the tree hashes with when it names none).
-#[derive(Deserialize)]
-struct RegisterRequest {
-    instance_id: u64,
-    /// kvwasm's extension: optional, for a worker fed over NATS.
-    #[serde(default)]
-    endpoint: Option<String>,
-    model_name: String,
-    #[serde(default = "default_group")]
-    routing_group: String,
-    #[serde(default, deserialize_with = "present_string")]
-    tenant_id: Option<String>,
-    block_size: u32,
-    #[serde(default)]
-    dp_rank: Option<u32>,
-    #[serde(default)]
-    replay_endpoint: Option<String>,
-    #[serde(default)]
-    lora_name: Option<String>,
-}
-
-/// Dynamo 1.6.1's `UnregisterRequest`; `tenant_id` (ignored there)
-/// narrows the removal to that tenant's ranks.
-#[derive(Deserialize)]
-struct UnregisterRequest {
-    instance_id: u64,
-    model_name: String,
-    #[serde(default)]
-    routing_group: Option<String>,
-    #[serde(default)]
-    tenant_id: Option<String>,
-    #[serde(default)]
-    dp_rank: Option<u32>,
-}
-
 /// A `/query` body: the fields of Dynamo's request, any order, unknown
 /// fields ignored, a field twice refused. `T` is the token ids as read by
 /// the `tokens` reader given to [`QueryRequest::parse`]: parsed
@@ -854,21 +786,6 @@ struct QueryRequest<T> {
     /// The tree's group; "default" when absent.
     routing_group: String,
     /// Only the workers registered with this tenant, when given.
-    tenant_id: Option<String>,
-    lora_name: Option<String>,
-    cache_salt: Option<String>,
-}
-
-/// Dynamo 1.6.1's `QueryRequest` as serde reads it: what
-/// [`QueryRequest::parse`] reads in place, for the bodies it refuses.
-#[derive(Deserialize)]
-struct QueryBody {
-    #[serde(deserialize_with = "bounded::<_, _, MAX_TOKEN_IDS>")]
-    token_ids: Vec<u32>,
-    model_name: String,
-    #[serde(default = "default_group")]
-    routing_group: String,
-    #[serde(default, deserialize_with = "present_string")]
     tenant_id: Option<String>,
     lora_name: Option<String>,
     cache_salt: Option<String>,
@@ -968,21 +885,6 @@ fn json_value<'a, T: Deserialize<'a>>(body: &'a [u8], at: &mut usize) -> Result<
         .map_err(|e| format!("at byte {at}: {e}"))?;
     *at += values.byte_offset();
     Ok(value)
-}
-
-/// Dynamo 1.6.1's `QueryByHashRequest`.
-#[derive(Deserialize)]
-struct QueryByHashRequest {
-    /// Signed, as Dynamo's API takes them; bit-cast to the u64 hashes.
-    #[serde(deserialize_with = "bounded::<_, _, MAX_QUERY_BLOCKS>")]
-    block_hashes: Vec<i64>,
-    model_name: String,
-    #[serde(default = "default_group")]
-    routing_group: String,
-    #[serde(default, deserialize_with = "present_string")]
-    tenant_id: Option<String>,
-    /// Refused when given: the hashes must already carry the salt.
-    cache_salt: Option<String>,
 }
 
 /// Index of the first non-whitespace byte of `bytes` at or after `i`.
@@ -1105,87 +1007,6 @@ fn scalar_number(bytes: &[u8], at: usize) -> Result<(u64, usize), String> {
         i += 1;
     }
     Ok((value, i - at))
-}
-
-/// A list of at most `MAX` items: a longer one fails while parsing,
-/// before it is held in memory.
-fn bounded<'de, D, T, const MAX: usize>(deserializer: D) -> Result<Vec<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    struct Bounded<T, const MAX: usize>(PhantomData<T>);
-    impl<'de, T: Deserialize<'de>, const MAX: usize> Visitor<'de> for Bounded<T, MAX> {
-        type Value = Vec<T>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            write!(f, "a list of at most {MAX} items")
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-            // A prompt's worth up front (JSON gives no length hint).
-            let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(4096).min(4096));
-            while let Some(item) = seq.next_element()? {
-                if items.len() == MAX {
-                    return Err(serde::de::Error::custom(format!("more than {MAX} items")));
-                }
-                items.push(item);
-            }
-            Ok(items)
-        }
-    }
-    deserializer.deserialize_seq(Bounded::<T, MAX>(PhantomData))
-}
-
-/// One index of a `/dump` document.
-#[derive(Serialize, Deserialize)]
-struct DumpIndex {
-    block_size: u32,
-    events: Vec<RouterEvent>,
-}
-
-/// Dynamo's `RouterEvent`, with every field 1.6.1 writes, so a dump
-/// reads as its own: `storage_tier` (always the device tier here: one
-/// tree holds every tier), `start_position` and `mm_extra_info` (none).
-#[derive(Serialize, Deserialize)]
-struct RouterEvent {
-    worker_id: u64,
-    #[serde(default = "device_tier")]
-    storage_tier: String,
-    event: DumpEvent,
-}
-
-fn device_tier() -> String {
-    "device".into()
-}
-
-#[derive(Serialize, Deserialize)]
-struct DumpEvent {
-    event_id: u64,
-    data: DumpData,
-    #[serde(default)]
-    dp_rank: u32,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum DumpData {
-    Stored {
-        parent_hash: Option<u64>,
-        #[serde(default)]
-        start_position: Option<u32>,
-        blocks: Vec<DumpBlock>,
-    },
-    Removed {
-        block_hashes: Vec<u64>,
-    },
-    Cleared,
-}
-
-#[derive(Serialize, Deserialize)]
-struct DumpBlock {
-    block_hash: u64,
-    tokens_hash: u64,
-    #[serde(default)]
-    mm_extra_info: Option<serde_json::Value>,
 }
 
 #[cfg(test)]

@@ -15,7 +15,8 @@ mod indexer;
 mod table;
 pub mod tree;
 
-pub use indexer::{Counters, Indexer, MAX_QUERY_BLOCKS, MAX_TOKEN_IDS, token_array};
+pub use indexer::{Counters, Indexer, token_array};
+pub use kvwasm_indexer_protocol::api::{MAX_QUERY_BLOCKS, MAX_TOKEN_IDS};
 
 /// One normalised event: a plain mirror of the WIT `event` record
 /// (`wit/events/events.wit`), so this crate needs no bindings.

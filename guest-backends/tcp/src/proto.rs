@@ -1,71 +1,26 @@
 //! The link protocol of `kvwasm fabric serve` (client side), apart from
-//! the socket so it is tested natively: request encoding, and responses
-//! decoded incrementally from whatever bytes have arrived.
-//!
-//! A connection opens with a hello (`KVFL` + u32 version 1, echoed by the
-//! server). Requests are an op byte and a u64: PUSH (frame length, then
-//! the frame), PULL (handle), RELEASE (handle). The server answers every
-//! request in order with a status byte: OK and the op's result (PUSH: u64
-//! handle, PULL: u64 length + frame, RELEASE: nothing), or NOT_FOUND,
-//! REFUSED or FAILED followed by a u16-length UTF-8 message. Integers are
-//! little-endian.
+//! the socket so it is tested natively: responses decoded incrementally
+//! from whatever bytes have arrived. The layouts (hello, requests,
+//! responses) are `kvwasm-fabric-link`'s, which the server writes with.
 
 use std::ops::Range;
 
-/// The hello both ends send: magic and protocol version 1.
-pub const HELLO: [u8; 8] = *b"KVFL\x01\x00\x00\x00";
+use kvwasm_fabric_link::{ERROR_HEAD_LEN, MAX_MESSAGE_LEN, OK, OK_WITH_LEN};
+pub use kvwasm_fabric_link::{HELLO, Op, Status, request};
 
 /// Longest frame there can be: an MRDN header and a body of at most
 /// `u32::MAX` bytes. A longer PULL response is malformed, whatever the
 /// configured limit.
 pub const MAX_FRAME: u64 = 32 + u32::MAX as u64;
 
-/// Longest error message a server may send.
-pub const MAX_MESSAGE: usize = 1024;
-
 /// Bytes asked of the socket per read, at least.
 const READ_SIZE: usize = 256 << 10;
-
-/// A request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Push = 1,
-    Pull = 2,
-    Release = 3,
-}
-
-impl Op {
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Push => "PUSH",
-            Op::Pull => "PULL",
-            Op::Release => "RELEASE",
-        }
-    }
-}
-
-/// A request's fixed part: the op byte and its u64 (the frame length of a
-/// PUSH, whose frame bytes follow; the handle of a PULL or RELEASE).
-pub fn request(op: Op, arg: u64) -> [u8; 9] {
-    let mut out = [0; 9];
-    out[0] = op as u8;
-    out[1..].copy_from_slice(&arg.to_le_bytes());
-    out
-}
 
 /// What the next response answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expect {
     Hello,
     Reply(Op),
-}
-
-/// Why the server refused a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
-    NotFound = 1,
-    Refused = 2,
-    Failed = 3,
 }
 
 /// One decoded response.
@@ -179,13 +134,13 @@ fn parse(pending: &[u8], expect: Expect, max_frame: u64) -> Result<Option<Parsed
     let Some(&status) = pending.first() else {
         return Ok(None);
     };
-    match (expect, status) {
+    match (expect, Status::from_byte(status)) {
         // Also how a server refuses the hello's version.
-        (_, 1..=3) => parse_error(pending, expect).map(Some),
-        (Expect::Hello, _) => parse_hello(pending).map(Some),
-        (Expect::Reply(op), 0) => parse_ok(pending, op, max_frame).map(Some),
-        (Expect::Reply(op), other) => Err(format!(
-            "unknown status byte {other} answering {}",
+        (_, Some(status)) => parse_error(pending, status, expect).map(Some),
+        (Expect::Hello, None) => parse_hello(pending).map(Some),
+        (Expect::Reply(op), None) if status == OK => parse_ok(pending, op, max_frame).map(Some),
+        (Expect::Reply(op), None) => Err(format!(
+            "unknown status byte {status} answering {}",
             op.name()
         )),
     }
@@ -210,12 +165,12 @@ fn parse_ok(pending: &[u8], op: Op, max_frame: u64) -> Result<Parsed, String> {
     if op == Op::Release {
         return Ok(Parsed::Done(Response::Released, 1));
     }
-    if pending.len() < 9 {
-        return Ok(Parsed::Need(9));
-    }
-    let value = u64::from_le_bytes(pending[1..9].try_into().expect("8 bytes"));
+    let Some(head) = pending.first_chunk::<OK_WITH_LEN>() else {
+        return Ok(Parsed::Need(OK_WITH_LEN));
+    };
+    let value = kvwasm_fabric_link::arg(head);
     if op == Op::Push {
-        return Ok(Parsed::Done(Response::Handle(value), 9));
+        return Ok(Parsed::Done(Response::Handle(value), OK_WITH_LEN));
     }
     if value > max_frame.min(MAX_FRAME) {
         return Err(format!(
@@ -226,42 +181,38 @@ fn parse_ok(pending: &[u8], op: Op, max_frame: u64) -> Result<Parsed, String> {
     }
     let total = usize::try_from(value)
         .ok()
-        .and_then(|len| len.checked_add(9))
+        .and_then(|len| len.checked_add(OK_WITH_LEN))
         .ok_or_else(|| format!("a PULL response of {value} bytes cannot be addressed"))?;
     Ok(if pending.len() < total {
         Parsed::Need(total)
     } else {
-        Parsed::Done(Response::Frame(9..total), total)
+        Parsed::Done(Response::Frame(OK_WITH_LEN..total), total)
     })
 }
 
-fn parse_error(pending: &[u8], expect: Expect) -> Result<Parsed, String> {
-    let status = match pending[0] {
-        1 => Status::NotFound,
-        2 => Status::Refused,
-        _ => Status::Failed,
-    };
-    if pending.len() < 3 {
-        return Ok(Parsed::Need(3));
+fn parse_error(pending: &[u8], status: Status, expect: Expect) -> Result<Parsed, String> {
+    if pending.len() < ERROR_HEAD_LEN {
+        return Ok(Parsed::Need(ERROR_HEAD_LEN));
     }
     let what = match expect {
         Expect::Hello => "the hello",
         Expect::Reply(op) => op.name(),
     };
     let len = usize::from(u16::from_le_bytes([pending[1], pending[2]]));
-    if len > MAX_MESSAGE {
+    if len > MAX_MESSAGE_LEN {
         return Err(format!(
-            "an error message of {len} bytes answering {what}, over the {MAX_MESSAGE}-byte limit"
+            "an error message of {len} bytes answering {what}, over the {MAX_MESSAGE_LEN}-byte limit"
         ));
     }
-    let Some(text) = pending.get(3..3 + len) else {
-        return Ok(Parsed::Need(3 + len));
+    let end = ERROR_HEAD_LEN + len;
+    let Some(text) = pending.get(ERROR_HEAD_LEN..end) else {
+        return Ok(Parsed::Need(end));
     };
     let message = std::str::from_utf8(text)
         .map_err(|_| format!("an error message answering {what} is not UTF-8"))?;
     Ok(Parsed::Done(
         Response::Error(status, message.to_owned()),
-        3 + len,
+        end,
     ))
 }
 

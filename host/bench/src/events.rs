@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvwasm_host::subscriber::{self as wit, Subscriber};
+use kvwasm_indexer_protocol::api::{RegisterRequest, default_group};
 use kvwasm_kv_indexer_core::{Event, EventData, Indexer, Stored, hash};
 
 use crate::Stat;
@@ -203,10 +204,18 @@ pub fn to_wit(event: &Event) -> wit::Event {
 pub fn registrations(shape: &Shape) -> Vec<Vec<u8>> {
     (0..shape.workers)
         .map(|id| {
-            serde_json::json!({"instance_id": id, "endpoint": format!("tcp://127.0.0.1:{}", 20000 + id),
-                "model_name": MODEL, "block_size": shape.block_size})
-            .to_string()
-            .into_bytes()
+            let registration = RegisterRequest {
+                instance_id: id,
+                endpoint: Some(format!("tcp://127.0.0.1:{}", 20000 + id)),
+                model_name: MODEL.into(),
+                routing_group: default_group(),
+                tenant_id: None,
+                block_size: shape.block_size,
+                dp_rank: None,
+                replay_endpoint: None,
+                lora_name: None,
+            };
+            serde_json::to_vec(&registration).expect("plain data serialises")
         })
         .collect()
 }

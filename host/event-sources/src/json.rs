@@ -1,6 +1,7 @@
 //! Dynamo's RouterEvent and KVBM's event batches (JSON), as they arrive on
 //! NATS (docs/events.md, "Formats accepted").
 
+use kvwasm_indexer_protocol::dump::{KvCacheEventData, RouterEvent, U64Bits};
 use serde::Deserialize;
 
 use crate::{BlocksRemoved, BlocksStored, DecodeError, Event, EventData, SourceKind};
@@ -16,9 +17,9 @@ pub fn decode_router_event(
     model: Option<&str>,
     tenant: Option<&str>,
 ) -> Result<Vec<Event>, DecodeError> {
-    let event: RouterEvent = parse(json, "RouterEvent")?;
+    let event: RouterEvent<U64Bits> = parse(json, "RouterEvent")?;
     let data = match event.event.data {
-        RouterData::Stored(stored) => EventData::Stored(BlocksStored {
+        KvCacheEventData::Stored(stored) => EventData::Stored(BlocksStored {
             block_hashes: stored.blocks.iter().map(|b| b.block_hash.0).collect(),
             parent_hash: stored.parent_hash.map(|h| h.0),
             token_ids: Vec::new(),
@@ -27,11 +28,11 @@ pub fn decode_router_event(
             lora_name: stored.lora_name,
             tier: None,
         }),
-        RouterData::Removed(removed) => EventData::Removed(BlocksRemoved {
+        KvCacheEventData::Removed(removed) => EventData::Removed(BlocksRemoved {
             block_hashes: removed.block_hashes.into_iter().map(|h| h.0).collect(),
             tier: None,
         }),
-        RouterData::Cleared => EventData::Cleared,
+        KvCacheEventData::Cleared => EventData::Cleared,
     };
     Ok(vec![Event {
         worker_id: event.worker_id.0,
@@ -84,49 +85,6 @@ fn parse<'a, T: Deserialize<'a>>(json: &'a [u8], what: &str) -> Result<T, Decode
 }
 
 #[derive(Deserialize)]
-struct RouterEvent {
-    worker_id: Hash64,
-    event: KvCacheEvent,
-}
-
-#[derive(Deserialize)]
-struct KvCacheEvent {
-    #[serde(default)]
-    event_id: Hash64,
-    #[serde(default)]
-    dp_rank: u32,
-    data: RouterData,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum RouterData {
-    Stored(Stored),
-    Removed(Removed),
-    Cleared,
-}
-
-#[derive(Deserialize)]
-struct Stored {
-    #[serde(default)]
-    parent_hash: Option<Hash64>,
-    blocks: Vec<Block>,
-    #[serde(default)]
-    lora_name: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Block {
-    block_hash: Hash64,
-    tokens_hash: Hash64,
-}
-
-#[derive(Deserialize)]
-struct Removed {
-    block_hashes: Vec<Hash64>,
-}
-
-#[derive(Deserialize)]
 struct KvbmBatch {
     events: KvbmEvents,
     instance_id: u128,
@@ -134,31 +92,8 @@ struct KvbmBatch {
 
 #[derive(Deserialize)]
 enum KvbmEvents {
-    Create(Vec<Hash64>),
-    Remove(Vec<Hash64>),
-}
-
-/// A 64-bit hash or id sent as an unsigned or a signed JSON integer.
-#[derive(Default)]
-struct Hash64(u64);
-
-impl<'de> Deserialize<'de> for Hash64 {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Hash64, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = Hash64;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a 64-bit integer")
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<Hash64, E> {
-                Ok(Hash64(v))
-            }
-            fn visit_i64<E>(self, v: i64) -> Result<Hash64, E> {
-                Ok(Hash64(v as u64))
-            }
-        }
-        deserializer.deserialize_any(Visitor)
-    }
+    Create(Vec<U64Bits>),
+    Remove(Vec<U64Bits>),
 }
 
 #[cfg(test)]

@@ -1,13 +1,10 @@
 //! vLLM and SGLang event batches (msgpack), as their ZMQ publishers send
-//! them (docs/events.md, "Formats accepted").
+//! them (docs/events.md, "Formats accepted"), read by
+//! `kvwasm_indexer_protocol::vllm` (which `publish_events` writes with).
 
-use rmpv::Value;
+use kvwasm_indexer_protocol::vllm;
 
 use crate::{BlocksRemoved, BlocksStored, DecodeError, Event, EventData, SourceKind, ZmqWorker};
-
-/// Nesting deeper than any real batch (batch, events, event, hashes) is
-/// refused before it costs stack.
-const MAX_DEPTH: usize = 16;
 
 /// Decode one ZMQ payload: a batch `[ts, events, data_parallel_rank?]`
 /// (SGLang: `[ts, events]`), events as tagged maps (vLLM ≥ 0.33) or tagged
@@ -20,156 +17,50 @@ pub fn decode_zmq_batch(
     worker: &ZmqWorker,
     seq: u64,
 ) -> Result<Vec<Event>, DecodeError> {
-    let batch = rmpv::decode::read_value_with_max_depth(&mut &payload[..], MAX_DEPTH)
-        .map_err(|e| DecodeError::new(format!("not a msgpack batch: {e}")))?;
-    let Value::Array(fields) = batch else {
-        return Err(DecodeError::new(
-            "a batch is an array [ts, events, dp_rank?]",
-        ));
-    };
-    let Some(Value::Array(events)) = fields.get(1) else {
-        return Err(DecodeError::new(
-            "a batch's second field must be its events",
-        ));
-    };
-    let dp_rank = match fields.get(2) {
-        None | Some(Value::Nil) => worker.dp_rank,
-        Some(rank) => int::<u32>(rank, "data_parallel_rank")?,
-    };
-    let mut out = Vec::with_capacity(events.len());
-    for event in events {
-        if let Some(data) = event_data(event)? {
-            out.push(Event {
-                worker_id: worker.instance_id,
-                dp_rank,
-                event_id: seq,
-                source: SourceKind::Zmq,
-                model: Some(worker.model.clone()),
-                tenant: Some(worker.tenant.clone()),
-                data,
-            });
-        }
-    }
-    Ok(out)
+    let batch = vllm::decode(payload).map_err(DecodeError)?;
+    let dp_rank = batch.data_parallel_rank.unwrap_or(worker.dp_rank);
+    let events = batch.events.into_iter().map(|event| Event {
+        worker_id: worker.instance_id,
+        dp_rank,
+        event_id: seq,
+        source: SourceKind::Zmq,
+        model: Some(worker.model.clone()),
+        tenant: Some(worker.tenant.clone()),
+        data: event_data(event),
+    });
+    Ok(events.collect())
 }
 
-/// An event's fields, by name (tagged map) or by position (tagged array,
-/// the tag at 0).
-enum Fields<'a> {
-    Map(&'a [(Value, Value)]),
-    Array(&'a [Value]),
-}
-
-impl Fields<'_> {
-    /// The field `key` (at `index` in the array form); absent and nil are
-    /// the same.
-    fn get(&self, key: &str, index: usize) -> Option<&Value> {
-        let value = match self {
-            Fields::Map(map) => map
-                .iter()
-                .find(|(k, _)| k.as_str() == Some(key))
-                .map(|(_, v)| v),
-            Fields::Array(items) => items.get(index),
-        };
-        value.filter(|v| !v.is_nil())
-    }
-}
-
-/// One event's data; `None` for an event type this decoder does not know.
-fn event_data(event: &Value) -> Result<Option<EventData>, DecodeError> {
-    let fields = match event {
-        Value::Map(map) => Fields::Map(map),
-        Value::Array(items) => Fields::Array(items),
-        _ => return Err(DecodeError::new("an event is a tagged map or array")),
-    };
-    let Some(tag) = fields.get("type", 0).and_then(Value::as_str) else {
-        return Err(DecodeError::new("an event has no type tag"));
-    };
-    let data = match tag {
-        "BlockStored" => EventData::Stored(BlocksStored {
-            block_hashes: hashes(fields.get("block_hashes", 1), "block_hashes")?,
-            parent_hash: fields
-                .get("parent_block_hash", 2)
-                .map(|h| hash(h, "parent_block_hash"))
-                .transpose()?,
-            token_ids: match fields.get("token_ids", 3) {
-                None => Vec::new(),
-                Some(tokens) => array(tokens, "token_ids")?
-                    .iter()
-                    .map(|t| int::<u32>(t, "token_ids"))
-                    .collect::<Result<_, _>>()?,
-            },
+/// A vLLM event as the WIT's event data; a medium names the tier.
+fn event_data(event: vllm::Event) -> EventData {
+    match event {
+        vllm::Event::BlockStored(s) => EventData::Stored(BlocksStored {
+            block_hashes: s.block_hashes,
+            parent_hash: s.parent_block_hash,
+            token_ids: s.token_ids,
             tokens_hashes: Vec::new(),
-            block_size: fields
-                .get("block_size", 4)
-                .map(|n| int::<u32>(n, "block_size"))
-                .transpose()?,
-            lora_name: match fields.get("lora_name", 7) {
-                None => None,
-                Some(Value::String(name)) => Some(
-                    name.as_str()
-                        .ok_or_else(|| DecodeError::new("lora_name is not UTF-8"))?
-                        .to_owned(),
-                ),
-                Some(_) => return Err(DecodeError::new("lora_name must be a string")),
-            },
-            tier: tier(fields.get("medium", 6)),
+            block_size: s.block_size,
+            lora_name: s.lora_name,
+            tier: tier(s.medium.as_deref()),
         }),
-        "BlockRemoved" => EventData::Removed(BlocksRemoved {
-            block_hashes: hashes(fields.get("block_hashes", 1), "block_hashes")?,
-            tier: tier(fields.get("medium", 2)),
+        vllm::Event::BlockRemoved(r) => EventData::Removed(BlocksRemoved {
+            block_hashes: r.block_hashes,
+            tier: tier(r.medium.as_deref()),
         }),
-        "AllBlocksCleared" => EventData::Cleared,
-        _ => return Ok(None),
-    };
-    Ok(Some(data))
+        vllm::Event::AllBlocksCleared => EventData::Cleared,
+    }
 }
 
 /// `medium` as a tier; a medium that is not a known name says nothing.
-fn tier(medium: Option<&Value>) -> Option<crate::Tier> {
-    medium
-        .and_then(Value::as_str)
-        .and_then(crate::tier_of_medium)
-}
-
-fn array<'a>(value: &'a Value, what: &str) -> Result<&'a [Value], DecodeError> {
-    value
-        .as_array()
-        .map(Vec::as_slice)
-        .ok_or_else(|| DecodeError::new(format!("{what} must be an array")))
-}
-
-fn hashes(value: Option<&Value>, what: &str) -> Result<Vec<u64>, DecodeError> {
-    let value = value.ok_or_else(|| DecodeError::new(format!("{what} is missing")))?;
-    array(value, what)?.iter().map(|h| hash(h, what)).collect()
-}
-
-/// A block hash: a signed or unsigned 64-bit integer (bit-cast), or raw
-/// bytes folded to their last 8 bytes, big-endian.
-fn hash(value: &Value, what: &str) -> Result<u64, DecodeError> {
-    match value {
-        Value::Integer(n) => n
-            .as_u64()
-            .or_else(|| n.as_i64().map(|i| i as u64))
-            .ok_or_else(|| DecodeError::new(format!("{what}: integer out of range"))),
-        Value::Binary(bytes) => Ok(kvwasm_host::events_out::fold_hash(bytes)),
-        _ => Err(DecodeError::new(format!(
-            "{what}: a hash is an integer or bytes"
-        ))),
-    }
-}
-
-fn int<T: TryFrom<u64>>(value: &Value, what: &str) -> Result<T, DecodeError> {
-    value
-        .as_u64()
-        .and_then(|n| T::try_from(n).ok())
-        .ok_or_else(|| DecodeError::new(format!("{what}: expected a small unsigned integer")))
+fn tier(medium: Option<&str>) -> Option<crate::Tier> {
+    medium.and_then(crate::tier_of_medium)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Tier;
+    use rmpv::Value;
 
     fn worker() -> ZmqWorker {
         ZmqWorker {

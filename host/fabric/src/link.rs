@@ -1,54 +1,18 @@
-//! The server side of the link protocol (docs/fabric.md, "Slot handoff"): the hello, requests decoded
-//! from a reader under the frame-size limit, and responses. Integers are little-endian.
-//!
-//! A client opens with `KVFL` + u32 version 1 and the server echoes it. Requests are an op byte
-//! (`1` PUSH u64 frame_len + frame, `2` PULL u64 handle, `3` RELEASE u64 handle), answered in
-//! order by a status byte (`0` OK, `1` NOT_FOUND, `2` REFUSED, `3` FAILED); OK carries a handle
-//! (PUSH), a u64 length and a frame (PULL) or nothing (RELEASE); an error carries a u16 length
-//! and at most [`MAX_MESSAGE_LEN`] bytes of UTF-8.
+//! The server side of the link protocol (docs/fabric.md, "Slot handoff"), whose layouts
+//! `kvwasm-fabric-link` holds for both ends: the hello, requests read from a reader under the
+//! frame-size limit, and responses written.
 
 use std::io::{self, Read, Write};
 use std::time::Duration;
 
+use kvwasm_fabric_link::{self as wire, HELLO_MAGIC, Op, VERSION};
 use thiserror::Error;
 
-/// First four bytes of either side's hello.
-pub const HELLO_MAGIC: [u8; 4] = *b"KVFL";
-/// The only link version.
-pub const VERSION: u32 = 1;
-/// Longest error message a response carries, in bytes.
-pub const MAX_MESSAGE_LEN: usize = 1024;
+pub use kvwasm_fabric_link::Status;
 
 /// The hello both sides send.
 pub fn hello() -> [u8; 8] {
-    let mut out = [0; 8];
-    out[..4].copy_from_slice(&HELLO_MAGIC);
-    out[4..].copy_from_slice(&VERSION.to_le_bytes());
-    out
-}
-
-/// Request op bytes.
-pub mod op {
-    /// PUSH u64 frame_len, frame.
-    pub const PUSH: u8 = 1;
-    /// PULL u64 handle.
-    pub const PULL: u8 = 2;
-    /// RELEASE u64 handle.
-    pub const RELEASE: u8 = 3;
-}
-
-/// A response's status byte.
-#[repr(u8)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    /// The request succeeded.
-    Ok = 0,
-    /// No live handle by that number.
-    NotFound = 1,
-    /// A bad frame, a bad message or a limit.
-    Refused = 2,
-    /// The store failed.
-    Failed = 3,
+    wire::HELLO
 }
 
 /// A request's fixed part; a PUSH's frame follows it on the wire ([`read_frame`]).
@@ -149,22 +113,23 @@ pub fn read_hello(r: &mut impl Read) -> Result<(), LinkError> {
 /// Reads the next request's fixed part; `None` at a clean end of stream before its op byte.
 /// A PUSH declaring more than `max_frame_len` bytes is [`LinkError::FrameTooLarge`].
 pub fn read_request(r: &mut impl Read, max_frame_len: usize) -> Result<Option<Request>, LinkError> {
-    let mut op = [0];
-    if r.read(&mut op)? == 0 {
+    let mut head = [0; wire::REQUEST_LEN];
+    if r.read(&mut head[..1])? == 0 {
         return Ok(None);
     }
-    let arg = u64::from_le_bytes(read_array(r)?);
-    match op[0] {
-        op::PUSH => match usize::try_from(arg) {
+    r.read_exact(&mut head[1..])?;
+    let arg = wire::arg(&head);
+    match Op::from_byte(head[0]) {
+        Some(Op::Push) => match usize::try_from(arg) {
             Ok(frame_len) if frame_len <= max_frame_len => Ok(Some(Request::Push { frame_len })),
             _ => Err(LinkError::FrameTooLarge {
                 len: arg,
                 max: max_frame_len,
             }),
         },
-        op::PULL => Ok(Some(Request::Pull { handle: arg })),
-        op::RELEASE => Ok(Some(Request::Release { handle: arg })),
-        found => Err(LinkError::UnknownOp { found }),
+        Some(Op::Pull) => Ok(Some(Request::Pull { handle: arg })),
+        Some(Op::Release) => Ok(Some(Request::Release { handle: arg })),
+        None => Err(LinkError::UnknownOp { found: head[0] }),
     }
 }
 
@@ -203,36 +168,39 @@ fn short(e: io::Error, at_least: usize, frame_len: usize) -> io::Error {
 
 /// OK to a PUSH: its handle.
 pub fn write_handle(w: &mut impl Write, handle: u64) -> io::Result<()> {
-    w.write_all(&[Status::Ok as u8])?;
-    w.write_all(&handle.to_le_bytes())
+    w.write_all(&wire::ok_with(handle))
 }
 
 /// OK to a PULL: the frame.
 pub fn write_frame(w: &mut impl Write, frame: &[u8]) -> io::Result<()> {
-    w.write_all(&[Status::Ok as u8])?;
-    w.write_all(&(frame.len() as u64).to_le_bytes())?;
+    w.write_all(&wire::ok_with(frame.len() as u64))?;
     w.write_all(frame)
 }
 
 /// OK to a RELEASE.
 pub fn write_ok(w: &mut impl Write) -> io::Result<()> {
-    w.write_all(&[Status::Ok as u8])
+    w.write_all(&[wire::OK])
 }
 
-/// An error response; `message` is cut to [`MAX_MESSAGE_LEN`] bytes on a character boundary.
+/// An error response; `message` is cut to `kvwasm_fabric_link::MAX_MESSAGE_LEN` bytes on a
+/// character boundary.
 pub fn write_error(w: &mut impl Write, status: Status, message: &str) -> io::Result<()> {
-    let mut end = message.len().min(MAX_MESSAGE_LEN);
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    w.write_all(&[status as u8])?;
-    w.write_all(&(end as u16).to_le_bytes())?;
-    w.write_all(&message.as_bytes()[..end])
+    let (head, message) = wire::error_head(status, message);
+    w.write_all(&head)?;
+    w.write_all(message.as_bytes())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The request op bytes, as the tests write them.
+    mod op {
+        use kvwasm_fabric_link::Op;
+        pub const PUSH: u8 = Op::Push as u8;
+        pub const PULL: u8 = Op::Pull as u8;
+        pub const RELEASE: u8 = Op::Release as u8;
+    }
 
     fn request(bytes: &[u8]) -> Result<Option<Request>, LinkError> {
         read_request(&mut &bytes[..], 100)

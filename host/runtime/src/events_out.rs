@@ -6,8 +6,9 @@
 //! address, so `kvwasm serve` (or any vLLM event consumer) can index what
 //! the store holds. The wire format is vLLM's (docs/events.md): 3 frames
 //! `[topic "", seq (u64 big-endian, from 0), payload]`, the payload a
-//! msgpack batch `[ts, [event, ...], nil]` with events as tagged maps:
-//! `block_hashes` is the chunk hash folded to 64 bits ([`fold_hash`]),
+//! msgpack batch `[ts, [event, ...], nil]` with events as tagged maps
+//! (written by `kvwasm_indexer_protocol::vllm`, which the ZMQ sources read
+//! with): `block_hashes` is the chunk hash folded to 64 bits ([`fold_hash`]),
 //! `token_ids` is empty (a chunk's bytes are not tokens), `block_size` 0,
 //! `medium` `"STORAGE"`. Events queued together go out as one batch.
 //!
@@ -25,6 +26,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use kvwasm_indexer_protocol::vllm::{self, BlockStored};
 use tokio::sync::mpsc;
 use zeromq::{Socket as _, SocketSend as _};
 
@@ -35,13 +37,7 @@ const QUEUE_EVENTS: usize = 16 * 1024;
 /// Most events in one published batch.
 const MAX_BATCH: usize = 1024;
 
-/// Fold a hash of any length to the 64-bit integer vLLM would have sent:
-/// its last 8 bytes, big-endian (fewer bytes are taken as a shorter
-/// big-endian number).
-pub fn fold_hash(hash: &[u8]) -> u64 {
-    let tail = &hash[hash.len().saturating_sub(8)..];
-    tail.iter().fold(0, |acc, &b| acc << 8 | u64::from(b))
-}
+pub use kvwasm_indexer_protocol::vllm::fold_hash;
 
 /// Whether `address` is an endpoint the publisher can bind (`tcp://host:port`).
 pub(crate) fn validate_address(address: &str) -> Result<(), String> {
@@ -129,33 +125,28 @@ async fn publish(address: String, mut queue: mpsc::Receiver<u64>, metrics: Arc<B
 
 /// One vLLM-format message: `[topic, seq, batch]`.
 fn message(seq: u64, hashes: &[u64]) -> zeromq::ZmqMessage {
-    use rmpv::Value;
     let ts = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    let event = |hash: u64| {
-        Value::Map(vec![
-            ("type".into(), "BlockStored".into()),
-            ("block_hashes".into(), Value::Array(vec![hash.into()])),
-            ("parent_block_hash".into(), Value::Nil),
-            ("token_ids".into(), Value::Array(Vec::new())),
-            ("block_size".into(), 0.into()),
-            ("lora_id".into(), Value::Nil),
-            ("medium".into(), "STORAGE".into()),
-            ("lora_name".into(), Value::Nil),
-        ])
+    let stored = |hash: u64| {
+        vllm::Event::BlockStored(BlockStored {
+            block_hashes: vec![hash],
+            parent_block_hash: None,
+            token_ids: Vec::new(),
+            block_size: Some(0),
+            medium: Some("STORAGE".into()),
+            lora_name: None,
+        })
     };
-    let batch = Value::Array(vec![
-        Value::F64(ts),
-        Value::Array(hashes.iter().copied().map(event).collect()),
-        Value::Nil,
-    ]);
-    let mut payload = Vec::new();
-    rmpv::encode::write_value(&mut payload, &batch).expect("writing to a Vec cannot fail");
+    let batch = vllm::Batch {
+        ts,
+        events: hashes.iter().copied().map(stored).collect(),
+        data_parallel_rank: None,
+    };
     let frames: Vec<bytes::Bytes> = vec![
         bytes::Bytes::new(),
         bytes::Bytes::copy_from_slice(&seq.to_be_bytes()),
-        payload.into(),
+        vllm::encode(&batch).into(),
     ];
     frames.try_into().expect("three frames")
 }
@@ -163,17 +154,6 @@ fn message(seq: u64, hashes: &[u64]) -> zeromq::ZmqMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn folds_the_last_eight_bytes_big_endian() {
-        assert_eq!(fold_hash(&[]), 0);
-        assert_eq!(fold_hash(&[1, 2]), 0x0102);
-        let xxh3_le = 0x1122_3344_5566_7788u64.to_le_bytes();
-        assert_eq!(fold_hash(&xxh3_le), 0x8877_6655_4433_2211);
-        let mut sha = [0xEEu8; 32];
-        sha[24..].copy_from_slice(&42u64.to_be_bytes());
-        assert_eq!(fold_hash(&sha), 42);
-    }
 
     #[test]
     fn accepts_only_tcp_endpoints() {

@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 
+use kvwasm_indexer_protocol::api::{RegisterRequest, default_group};
 use serde::{Deserialize, Serialize};
 
 /// `[serve]`.
@@ -77,9 +78,26 @@ pub struct WorkerConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_endpoint: Option<String>,
     pub model_name: String,
-    #[serde(default = "default_tenant")]
+    #[serde(default = "default_group")]
     pub tenant_id: String,
     pub block_size: u32,
+}
+
+impl WorkerConfig {
+    /// The `/register` body it stands for (in the default routing group).
+    pub fn registration(&self) -> RegisterRequest {
+        RegisterRequest {
+            instance_id: self.instance_id,
+            endpoint: self.endpoint.clone(),
+            model_name: self.model_name.clone(),
+            routing_group: default_group(),
+            tenant_id: Some(self.tenant_id.clone()),
+            block_size: self.block_size,
+            dp_rank: Some(self.dp_rank),
+            replay_endpoint: self.replay_endpoint.clone(),
+            lora_name: None,
+        }
+    }
 }
 
 /// `[[serve.nats]]`.
@@ -130,9 +148,6 @@ fn default_client_timeout_ms() -> u64 {
 }
 fn default_log_events() -> usize {
     4_000_000
-}
-fn default_tenant() -> String {
-    "default".into()
 }
 
 impl Default for ServeConfig {

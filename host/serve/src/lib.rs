@@ -28,7 +28,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use kvwasm_host::metrics::escape_label;
 use kvwasm_host::subscriber::{Event, Request, Subscriber};
-use serde::Deserialize;
+use kvwasm_indexer_protocol::api::{RegisterRequest, UnregisterRequest};
+use kvwasm_indexer_protocol::dump::split_dump_key;
 
 use cell::request;
 pub use cell::{Guest, GuestCell, GuestStats};
@@ -208,7 +209,7 @@ pub async fn start(settings: ServeConfig, guests: Vec<Arc<dyn Guest>>) -> anyhow
     // Workers' sources connect now; the guest hears of them after any
     // recovery, whose /restore replaces its state.
     for worker in &service.settings.workers {
-        service.start_zmq(&Registration::from(worker));
+        service.start_zmq(&worker.registration());
     }
     if let Some(indexer) = service.indexer()
         && !service.settings.peers.is_empty()
@@ -271,67 +272,23 @@ async fn shutdown_signal() {
     }
 }
 
-/// A `/register` body, as far as the host needs it (the guest checks it).
-/// The indexer keeps one tree per (model, `routing_group`), as Dynamo
-/// 1.6.1 does; `tenant_id` only tags the registration (docs/events.md).
-#[derive(Clone, Debug, Deserialize)]
-struct Registration {
-    instance_id: u64,
-    #[serde(default)]
-    dp_rank: u32,
-    /// None for a worker whose events come over NATS.
-    endpoint: Option<String>,
-    replay_endpoint: Option<String>,
-    model_name: String,
-    #[serde(default = "default_tenant")]
-    routing_group: String,
-    #[serde(default = "default_tenant")]
-    tenant_id: String,
-}
-
-/// An `/unregister` body: no group or tenant means any, no rank every rank.
-#[derive(Clone, Debug, Deserialize)]
-struct Unregistration {
-    instance_id: u64,
-    model_name: String,
-    routing_group: Option<String>,
-    tenant_id: Option<String>,
-    dp_rank: Option<u32>,
-}
-
-fn default_tenant() -> String {
-    "default".into()
-}
-
-impl From<&config::WorkerConfig> for Registration {
-    fn from(w: &config::WorkerConfig) -> Registration {
-        Registration {
-            instance_id: w.instance_id,
-            dp_rank: w.dp_rank,
-            endpoint: w.endpoint.clone(),
-            replay_endpoint: w.replay_endpoint.clone(),
-            model_name: w.model_name.clone(),
-            routing_group: default_tenant(),
-            tenant_id: w.tenant_id.clone(),
-        }
-    }
-}
-
-impl Registration {
-    fn key(&self) -> WorkerKey {
-        (
-            self.model_name.clone(),
-            self.routing_group.clone(),
-            self.instance_id,
-            self.dp_rank,
-        )
-    }
+/// The ZMQ source key of a registration: (model, routing group,
+/// instance, rank). The indexer keeps one tree per (model,
+/// `routing_group`), as Dynamo 1.6.1 does; `tenant_id` only tags the
+/// registration (docs/events.md).
+fn worker_key(r: &RegisterRequest) -> WorkerKey {
+    (
+        r.model_name.clone(),
+        r.routing_group.clone(),
+        r.instance_id,
+        r.rank(),
+    )
 }
 
 /// What the host does after the guest accepts an API call.
 pub(crate) enum Effect {
-    Register(Registration),
-    Unregister(Unregistration),
+    Register(RegisterRequest),
+    Unregister(UnregisterRequest),
     /// A `/restore` of a dump holding these (model, tenant) trees.
     Restore(Vec<pending::Model>),
 }
@@ -493,24 +450,24 @@ impl Service {
         }
     }
 
-    fn registered(&self, r: &Registration) {
+    fn registered(&self, r: &RegisterRequest) {
         self.pending.registered(
             r.instance_id,
             &r.model_name,
             &r.routing_group,
-            r.dp_rank,
+            r.rank(),
             &self.feed,
         );
     }
 
     /// The worker's ZMQ source, if it has an endpoint.
-    fn start_zmq(&self, r: &Registration) {
+    fn start_zmq(&self, r: &RegisterRequest) {
         let Some(endpoint) = r.endpoint.clone() else {
             return;
         };
         let worker = ZmqWorker {
             instance_id: r.instance_id,
-            dp_rank: r.dp_rank,
+            dp_rank: r.rank(),
             endpoint,
             replay_endpoint: r.replay_endpoint.clone(),
             model: r.model_name.clone(),
@@ -519,10 +476,10 @@ impl Service {
         let handle = sources::spawn_zmq(worker, self.sink.clone());
         let mut zmq = self.zmq.lock().unwrap_or_else(|p| p.into_inner());
         let source = ZmqSource {
-            tenant: r.tenant_id.clone(),
+            tenant: r.tenant().to_owned(),
             handle,
         };
-        zmq.insert(r.key(), source);
+        zmq.insert(worker_key(r), source);
     }
 
     /// `/register` each `[[serve.workers]]` with the indexer; a refused one
@@ -532,14 +489,15 @@ impl Service {
             return Ok(());
         };
         for worker in &self.settings.workers {
-            let body = serde_json::to_vec(worker)?;
+            let registration = worker.registration();
+            let body = serde_json::to_vec(&registration)?;
             let indexer = indexer.clone();
             let answer = tokio::task::spawn_blocking(move || {
                 indexer.handle(request("POST", "/register", body))
             })
             .await?;
             match answer {
-                Ok(r) if r.status == 201 => self.registered(&Registration::from(worker)),
+                Ok(r) if r.status == 201 => self.registered(&registration),
                 other => {
                     let why = match other {
                         Ok(r) => format!("{}: {}", r.status, guest_text(&r.body)),
@@ -550,11 +508,10 @@ impl Service {
                         worker.instance_id,
                         worker.dp_rank
                     );
-                    let key = Registration::from(worker).key();
                     self.zmq
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .remove(&key);
+                        .remove(&worker_key(&registration));
                 }
             }
         }
@@ -756,15 +713,15 @@ pub(crate) fn guest_text(body: &[u8]) -> String {
     kvwasm_host::log_limit::bounded(String::from_utf8_lossy(body).into_owned())
 }
 
-/// The (model, tenant) trees of a `/dump` document (keys `model:tenant`).
+/// The (model, routing group) trees of a `/dump` document.
 fn dumped_models(dump: &[u8]) -> Vec<pending::Model> {
     serde_json::from_slice::<BTreeMap<String, serde::de::IgnoredAny>>(dump)
         .map(|trees| {
             trees
                 .into_keys()
                 .filter_map(|key| {
-                    let (model, tenant) = key.split_once(':')?;
-                    Some((model.to_owned(), tenant.to_owned()))
+                    let (model, group) = split_dump_key(&key)?;
+                    Some((model.to_owned(), group.to_owned()))
                 })
                 .collect()
         })
