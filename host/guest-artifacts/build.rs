@@ -58,7 +58,7 @@ fn main() {
         "tests/guests",
         "examples/vendor-starter",
     ] {
-        println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
+        watch_sources(&workspace.join(dir));
     }
 
     let target_dir = guest_target_dir(&out_dir, &workspace);
@@ -90,6 +90,26 @@ fn main() {
 }
 
 /// `cargo build` of the wasm32-wasip2 guests of the Cargo project in `dir`.
+/// Rebuild the guests when anything under `dir` changes, except build
+/// output: a directory's mtime is the newest of everything beneath it, and
+/// `cargo test` or `cargo clippy` run inside `guest-backends` (as CI does
+/// between the host's build and its tests) writes `guest-backends/target`.
+/// Watching that would rebuild the guests and every host crate embedding
+/// them. A crate added later changes its workspace's `Cargo.toml`, watched
+/// here, so the next build sees it.
+fn watch_sources(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        println!("cargo:rerun-if-changed={}", dir.display());
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name() == "target" {
+            continue;
+        }
+        println!("cargo:rerun-if-changed={}", entry.path().display());
+    }
+}
+
 fn guest_cargo(dir: &Path, target_dir: &Path) -> Command {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
