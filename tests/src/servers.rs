@@ -261,6 +261,8 @@ impl Drop for RedisServer {
 pub struct RedisCluster {
     pub nodes: Vec<SocketAddr>,
     pub password: Option<String>,
+    /// `redis-cli`'s TLS options, for a cluster that speaks only TLS.
+    cli_tls: Vec<String>,
     dir: tempfile::TempDir,
     children: Vec<Option<Child>>,
 }
@@ -272,10 +274,50 @@ const CLUSTER_DEADLINE: Duration = Duration::from_secs(180);
 impl RedisCluster {
     /// `masters` × 2 nodes, requiring `password` if set.
     pub fn start(masters: usize, password: Option<String>) -> RedisCluster {
+        RedisCluster::launch(masters, password, None)
+    }
+
+    /// `masters` × 2 nodes that speak only TLS (`port 0`), to clients and
+    /// to each other (`tls-cluster`, `tls-replication`), with `pki`'s
+    /// server certificate, requiring `password` if set, and with
+    /// `acl_user` (`(name, password)`) allowed every key and command.
+    pub fn start_tls(
+        masters: usize,
+        pki: &Pki,
+        password: Option<String>,
+        acl_user: Option<(&str, &str)>,
+    ) -> RedisCluster {
+        // A node dialing another's bus must show a client certificate
+        // (the bus always asks for one), hence `tls-client-cert-file`.
+        let mut conf = format!(
+            "tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+             tls-client-cert-file {}\ntls-client-key-file {}\n\
+             tls-auth-clients no\ntls-cluster yes\ntls-replication yes\n",
+            pki.server.cert.display(),
+            pki.server.key.display(),
+            pki.ca.display(),
+            pki.client.cert.display(),
+            pki.client.key.display(),
+        );
+        if let Some((name, secret)) = acl_user {
+            conf.push_str(&format!("user {name} on >{secret} ~* &* +@all\n"));
+        }
+        let cli_tls = ["--tls", "--cacert", &pki.ca.to_string_lossy()]
+            .map(str::to_owned)
+            .to_vec();
+        RedisCluster::launch(masters, password, Some((conf, cli_tls)))
+    }
+
+    fn launch(
+        masters: usize,
+        password: Option<String>,
+        tls: Option<(String, Vec<String>)>,
+    ) -> RedisCluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let nodes: Vec<SocketAddr> = (0..masters * 2)
             .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
             .collect();
+        let (tls_conf, cli_tls) = tls.unwrap_or_default();
         for (i, addr) in nodes.iter().enumerate() {
             let node_dir = dir.path().join(format!("node{i}"));
             std::fs::create_dir(&node_dir).expect("node dir");
@@ -283,14 +325,21 @@ impl RedisCluster {
                 .as_ref()
                 .map(|p| format!("requirepass {p}\nmasterauth {p}\n"))
                 .unwrap_or_default();
+            let ports = if cli_tls.is_empty() {
+                format!("port {}\n", addr.port())
+            } else {
+                format!("port 0\ntls-port {}\n{tls_conf}", addr.port())
+            };
+            // The bus port is chosen too: the default (port + 10000) is
+            // past 65535 for a port above 55535.
             std::fs::write(
                 node_dir.join("redis.conf"),
                 format!(
-                    "bind 127.0.0.1\nport {}\nprotected-mode yes\ndir {}\n\
+                    "bind 127.0.0.1\n{ports}cluster-port {}\nprotected-mode yes\ndir {}\n\
                      cluster-enabled yes\ncluster-config-file nodes.conf\n\
                      cluster-node-timeout 3000\nappendonly no\nsave \"\"\n\
                      {auth}logfile {}\n",
-                    addr.port(),
+                    free_port(),
                     node_dir.display(),
                     node_dir.join("redis.log").display()
                 ),
@@ -300,6 +349,7 @@ impl RedisCluster {
         let mut cluster = RedisCluster {
             nodes,
             password,
+            cli_tls,
             dir,
             children: Vec::new(),
         };
@@ -322,9 +372,10 @@ impl RedisCluster {
         cluster
     }
 
-    /// `redis-cli` with the cluster's password, if any.
+    /// `redis-cli` with the cluster's password and TLS options, if any.
     fn redis_cli(&self) -> Command {
         let mut cmd = Command::new("redis-cli");
+        cmd.args(&self.cli_tls);
         if let Some(password) = &self.password {
             cmd.env("REDISCLI_AUTH", password);
         }

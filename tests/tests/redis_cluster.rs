@@ -4,7 +4,7 @@
 //! cluster's state with a generous deadline; no verdict depends on timing.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,7 +12,8 @@ use std::time::Duration;
 use kvwasm_host::config::Config;
 use kvwasm_host::{Backend, KvError, StoreHandle};
 use kvwasm_tests::servers::RedisCluster;
-use kvwasm_tests::{Probe, pattern, write_config};
+use kvwasm_tests::tls::Pki;
+use kvwasm_tests::{Probe, assert_open_refused, pattern, write_config};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_kv-probe");
 
@@ -402,5 +403,149 @@ fn an_announced_node_that_is_not_granted_is_refused_logged_and_sent_nothing() {
         connections(),
         before + 1,
         "the hidden node saw a connection"
+    );
+}
+
+/// The secret variable the TLS cluster tests grant in `env`.
+const PASSWORD_VAR: &str = "KVWASM_TEST_REDIS_PASSWORD";
+
+/// A config file for cluster mode on `cluster` (every node granted, two
+/// seeds) with the backend's `tls` table `tls` and `settings` pairs added.
+fn cluster_config(dir: &Path, cluster: &RedisCluster, tls: &str, settings: &str) -> PathBuf {
+    write_config(
+        dir,
+        &format!(
+            "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [{}]\n\
+             env = [\"{PASSWORD_VAR}\"]\ncall_timeout_ms = 120000\n{tls}\n\
+             [backends.redis.settings]\nmode = \"cluster\"\naddresses = [{}]\n\
+             password_env = \"{PASSWORD_VAR}\"\ntimeout_ms = 20000\n{settings}\n",
+            toml_list(&cluster.nodes),
+            toml_list(&cluster.nodes[..2]),
+        ),
+    )
+}
+
+/// The operator's CA in the backend's `tls` grant.
+fn trusting(ca: &Path) -> String {
+    format!("tls = {{ ca_file = \"{}\" }}", ca.display())
+}
+
+/// Keys on every node of `cluster`, masters and replicas.
+fn keys_on_every_node(cluster: &RedisCluster) -> Vec<u64> {
+    (0..cluster.nodes.len())
+        .map(|n| cluster.dbsize(n))
+        .collect()
+}
+
+/// Nodes that speak only TLS, to clients and to each other, with the
+/// operator's CA in the `tls` grant: chunks land on every master (through
+/// the TLS ports the cluster announces) and restore byte for byte.
+#[test]
+fn over_tls_chunks_spread_over_every_master_and_restore_exactly() {
+    let pki = Pki::new();
+    let cluster = RedisCluster::start_tls(3, &pki, None, None);
+    let dir = tempfile::tempdir().unwrap();
+    let entry = format!("{}\n", trusting(&pki.ca));
+    let backend = in_process(dir.path(), &cluster, &entry, "");
+    let store = StoreHandle::open(backend.clone(), "team/model").unwrap();
+    for i in 0..8 {
+        save(&store, i).unwrap();
+    }
+    let masters = cluster.masters().expect("the nodes agree");
+    assert_eq!(masters.len(), 3);
+    for &m in &masters {
+        assert!(cluster.dbsize(m) > 0, "master {m} holds nothing");
+    }
+    let total: u64 = masters.iter().map(|&m| cluster.dbsize(m)).sum();
+    assert_eq!(total, 8 * 6 + 8, "every chunk and manifest once");
+    let reader = StoreHandle::open(backend, "team/model").unwrap();
+    let hashes: Vec<Vec<u8>> = (0..8).flat_map(save_chunks).map(|(h, _)| h).collect();
+    reader.prefetch_chunks(&hashes).unwrap();
+    for i in 0..8 {
+        assert_eq!(restore(&reader, i), Ok(true));
+    }
+}
+
+/// A TLS cluster with an ACL user: the guest authenticates as that user
+/// on every master with the password from an `env` secret (the default
+/// user's password is another one), through the shim; the wrong password
+/// is refused at `open` with the server's reason, and is never logged.
+#[test]
+fn over_tls_an_acl_user_with_a_password_from_an_env_secret_reaches_every_master() {
+    let pki = Pki::new();
+    let (user, secret) = ("kvcache", "kvcache-pw-42");
+    let cluster =
+        RedisCluster::start_tls(3, &pki, Some("default-pw-42".into()), Some((user, secret)));
+    let dir = tempfile::tempdir().unwrap();
+    let config = cluster_config(
+        dir.path(),
+        &cluster,
+        &trusting(&pki.ca),
+        &format!("user = \"{user}\""),
+    );
+    let names: Vec<String> = (0..24).map(|i| format!("m{i}")).collect();
+    let mut ops: Vec<String> = names
+        .iter()
+        .map(|n| format!("put-manifest:{n}=v {n}"))
+        .collect();
+    ops.extend(names.iter().map(|n| format!("get-manifest:{n}")));
+    let ops: Vec<&str> = ops.iter().map(String::as_str).collect();
+    let (out, stderr) = Probe::new(PROBE, "wasm://redis/ns")
+        .config(&config)
+        .env(PASSWORD_VAR, secret)
+        .run(&ops);
+    let mut expected = vec!["open ok".to_owned()];
+    expected.extend(names.iter().map(|n| format!("put-manifest {n}=v {n} -> 0")));
+    expected.extend(names.iter().map(|n| format!("get-manifest {n} -> 0 v {n}")));
+    assert_eq!(out, expected, "{stderr}");
+    assert!(
+        !stderr.contains(secret),
+        "the password was logged: {stderr}"
+    );
+    for m in cluster.masters().expect("the nodes agree") {
+        assert!(cluster.dbsize(m) > 0, "master {m} holds nothing");
+    }
+
+    let before = keys_on_every_node(&cluster);
+    let started = std::time::Instant::now();
+    let outcome = Probe::new(PROBE, "wasm://redis/ns")
+        .config(&config)
+        .env(PASSWORD_VAR, "not-the-password")
+        .run(&["put-manifest:refused=x"]);
+    assert_open_refused(
+        outcome,
+        started.elapsed(),
+        &["WRONGPASS"],
+        "not-the-password",
+    );
+    assert_eq!(keys_on_every_node(&cluster), before, "nothing stored");
+}
+
+/// A CA that did not sign the nodes' certificates, or plain text to nodes
+/// that speak only TLS: `open` fails with the reason logged, and nothing
+/// reaches the cluster.
+#[test]
+fn a_wrong_ca_or_plain_text_to_a_tls_cluster_is_refused_logged_and_stores_nothing() {
+    let pki = Pki::new();
+    let cluster = RedisCluster::start_tls(3, &pki, None, None);
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |tls: &str, reasons: &[&str]| {
+        let config = cluster_config(dir.path(), &cluster, tls, "");
+        let started = std::time::Instant::now();
+        let outcome = Probe::new(PROBE, "wasm://redis/ns")
+            .config(&config)
+            .run(&["put-manifest:refused=x"]);
+        assert_open_refused(outcome, started.elapsed(), reasons, "no secret here");
+    };
+    refused(
+        &trusting(&pki.other_ca),
+        &["TLS handshake failed", "UnknownIssuer"],
+    );
+    // Reset or closed, depending on timing: either way the node is named.
+    refused("", &["redis at 127.0.0.1"]);
+    assert_eq!(
+        keys_on_every_node(&cluster),
+        vec![0; cluster.nodes.len()],
+        "nothing stored"
     );
 }
