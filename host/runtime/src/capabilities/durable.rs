@@ -100,6 +100,14 @@ impl Seen {
     }
 }
 
+/// Whether every one of these files and directories, as `stat` saw them,
+/// is a version the host synced (one lock for all).
+pub(crate) fn all_synced(seen: &[&libc::stat]) -> bool {
+    let synced = SYNCED.lock().unwrap_or_else(|e| e.into_inner());
+    seen.iter()
+        .all(|st| Seen::new(st).is_ok_and(|seen| synced.get(&seen.id) == Some(&seen.version)))
+}
+
 /// `payload-io.sync-paths` on the directory `dir`: see the WIT.
 pub(crate) fn sync_paths(
     dir: &std::fs::File,
