@@ -440,7 +440,7 @@ fn open_at(dir: RawFd, name: &CString, headroom: &Headroom) -> Result<OwnedFd, E
 /// kernel's clock in nanoseconds, as the coarse-clock guard assumes. A
 /// network or FUSE filesystem takes times from elsewhere: what is synced
 /// there is never remembered (each save syncs it again).
-fn stamps_from_this_clock(fd: RawFd) -> bool {
+pub(crate) fn stamps_from_this_clock(fd: RawFd) -> bool {
     const EXT4: i64 = 0xEF53;
     const XFS: i64 = 0x5846_5342;
     const BTRFS: i64 = 0x9123_683E;

@@ -35,6 +35,7 @@ use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use kvwasm_fs_layout::{
@@ -42,7 +43,7 @@ use kvwasm_fs_layout::{
 };
 
 use super::descriptors::Headroom;
-use super::durable::all_synced;
+use super::durable::{all_synced, stamps_from_this_clock};
 
 /// The chunks of one `builtin:fs` store the host may find in place.
 pub(crate) struct FoundInPlace {
@@ -54,6 +55,10 @@ pub(crate) struct FoundInPlace {
     /// The names of the directories after the first, down to `chunks`.
     rest: Vec<CString>,
     kept: Mutex<Option<Kept>>,
+    /// `chunks` is on a filesystem where the host remembers no sync
+    /// (network, FUSE, whole-second times): no put is ever answered here,
+    /// so none is looked up.
+    never: AtomicBool,
 }
 
 /// Directories kept open, each with the (device, inode) it had when
@@ -98,6 +103,7 @@ impl FoundInPlace {
             first: CString::new(first).ok()?,
             rest: beneath,
             kept: Mutex::default(),
+            never: AtomicBool::new(false),
         });
         stores.retain(|_, store| store.strong_count() > 0);
         stores.insert(key, Arc::downgrade(&store));
@@ -108,7 +114,7 @@ impl FoundInPlace {
     /// fan-out directory and `chunks` are versions the host synced: the
     /// guest would answer "already present" and sync nothing for it.
     pub(crate) fn durable(&self, hash: &[u8], len: usize) -> bool {
-        if hash.is_empty() || hash.len() > MAX_HASH_LEN {
+        if hash.is_empty() || hash.len() > MAX_HASH_LEN || self.never.load(Ordering::Relaxed) {
             return false;
         }
         let mut name = String::with_capacity(2 * MAX_HASH_LEN + 1);
@@ -194,8 +200,9 @@ impl FoundInPlace {
     }
 
     /// The directories beneath the grant down to `chunks`, each opened in
-    /// the one before without following a link; `None` if one is missing
-    /// or no descriptor may be kept.
+    /// the one before without following a link; `None` if one is missing,
+    /// no descriptor may be kept, or `chunks` is where no sync is
+    /// remembered.
     fn open_path(&self) -> Option<Vec<KeptDir>> {
         let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
         // SAFETY: `grant` is NUL-terminated.
@@ -207,6 +214,10 @@ impl FoundInPlace {
         for name in &self.rest {
             let parent = path.last()?.fd.as_raw_fd();
             path.push(open_dir_at(parent, name).filter(shareable)?);
+        }
+        if !stamps_from_this_clock(path.last()?.fd.as_raw_fd()) {
+            self.never.store(true, Ordering::Relaxed);
+            return None;
         }
         Some(path)
     }
