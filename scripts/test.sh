@@ -66,7 +66,7 @@ cargo clippy --release --workspace --all-targets --locked -- -D warnings
 
 step "guest unit and property tests (native): guest-support, fs chunk paths, Redis replies, S3 errors, fabrics, KV indexer"
 # One invocation: the three crates' dependencies resolve and build once.
-(cd guest-backends && cargo test --release --locked -p kvwasm-guest-support -p kvwasm-kv-indexer-core -p kvwasm-advisor-core)
+(cd guest-backends && cargo test --release --locked -p kvwasm-guest-support -p kvwasm-fs-layout -p kvwasm-kv-indexer-core -p kvwasm-advisor-core)
 # --lib: the guests' cdylib targets do not link natively (export names).
 (cd guest-backends && cargo test --release --locked -p kvwasm-guest-fs -p kvwasm-guest-redis -p kvwasm-guest-s3 -p kvwasm-fabric-synthetic -p kvwasm-fabric-tcp -p kvwasm-fabric-hostile --lib)
 

@@ -52,6 +52,7 @@ fn a_released_instance_is_started_again_and_reads_what_was_written_before() {
     // Released again once idle, and again served.
     wait_for_release(&handle);
     assert!(handle.put_chunk(b"chunk-1", b"payload").unwrap(), "present");
+    assert_eq!(handle.get_chunk(b"chunk-1").unwrap().as_slice(), b"payload");
     let last = backend.metrics.snapshot();
     assert!(last.instances_released >= 2 && last.instances_restarted >= 2);
 }
@@ -168,7 +169,9 @@ fn a_slow_destructor_does_not_hold_up_other_releases() {
 /// A warm save after an idle release finds every chunk in place, and the
 /// host syncs none of them (nor their directories) again: they are
 /// unchanged since it synced them. Before, each new instance synced every
-/// chunk it found once more (an `fdatasync` each on a disk).
+/// chunk it found once more (an `fdatasync` each on a disk). The host
+/// answers those puts itself (no guest instance, no `find-file`), so the
+/// manifest's instance has nothing to sync or check.
 #[test]
 fn a_warm_save_after_an_idle_release_syncs_nothing_the_host_synced_before() {
     let dir = tempfile::tempdir().unwrap();
@@ -201,9 +204,83 @@ fn a_warm_save_after_an_idle_release_syncs_nothing_the_host_synced_before() {
     assert!(warm.instances_restarted >= 1, "{warm:?}");
     assert_eq!(warm.syncs, cold.syncs, "nothing synced again: {warm:?}");
     assert_eq!(
-        warm.syncs_skipped - cold.syncs_skipped,
-        cold.syncs - 24,
-        "every chunk found durable where it was looked up (`find-file`), every \
-         directory checked and found unchanged"
+        (
+            warm.puts_found_in_place - cold.puts_found_in_place,
+            warm.syncs_skipped - cold.syncs_skipped
+        ),
+        (24, 0),
+        "every chunk found durable in place by the host; the guest saw none"
+    );
+}
+
+/// Issue 37: after a save and an idle release, a warm save of the same
+/// chunks gets "already present" for each from the host and starts no
+/// guest instance until its manifest. A chunk another process rewrote in
+/// between (same bytes, a new change time) is not the version the host
+/// synced: its put goes to the guest, which syncs it before the manifest.
+#[test]
+fn a_warm_save_after_an_idle_release_starts_an_instance_only_for_its_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = backend(dir.path(), "idle_fs_in_place", "builtin:fs");
+    let handle = StoreHandle::open(backend.clone(), "").unwrap();
+    let chunks: Vec<Vec<u8>> = (0..24)
+        .map(|i| kvwasm_tests::pattern(2048, 100 + i))
+        .collect();
+    let keys: Vec<_> = chunks.iter().map(|c| kvwasm_tests::xxh3_key(c)).collect();
+    for (key, chunk) in keys.iter().zip(&chunks) {
+        assert!(!handle.put_chunk(key, chunk).unwrap(), "stored");
+    }
+    kvwasm_tests::wait_past_change_times(dir.path());
+    handle.put_manifest("slot", b"names them").unwrap();
+
+    // Warm, after an idle release: no instance until the manifest.
+    wait_for_release(&handle);
+    let before = backend.metrics.snapshot();
+    for (key, chunk) in keys.iter().zip(&chunks) {
+        assert!(handle.put_chunk(key, chunk).unwrap(), "already present");
+    }
+    let puts = backend.metrics.snapshot();
+    assert_eq!(handle.live_instances(), 0);
+    assert_eq!(
+        (
+            puts.puts_found_in_place - before.puts_found_in_place,
+            puts.instances_restarted - before.instances_restarted,
+            puts.calls - before.calls,
+        ),
+        (24, 0, 24),
+        "every put answered by the host: {puts:?}"
+    );
+    handle.put_manifest("slot", b"names them").unwrap();
+    let saved = backend.metrics.snapshot();
+    assert_eq!(saved.instances_restarted - before.instances_restarted, 1);
+    assert_eq!(saved.syncs, before.syncs, "nothing to sync");
+
+    // Another process rewrites one chunk in place, same bytes.
+    wait_for_release(&handle);
+    let name = hex::encode(keys[0]);
+    let file = dir.path().join("data/chunks").join(&name[..1]).join(&name);
+    std::fs::write(&file, &chunks[0]).unwrap();
+    let before = backend.metrics.snapshot();
+    for (key, chunk) in keys.iter().zip(&chunks) {
+        assert!(handle.put_chunk(key, chunk).unwrap(), "already present");
+    }
+    let puts = backend.metrics.snapshot();
+    assert_eq!(
+        (
+            puts.puts_found_in_place - before.puts_found_in_place,
+            puts.instances_restarted - before.instances_restarted,
+        ),
+        (23, 1),
+        "the rewritten chunk went to the guest: {puts:?}"
+    );
+    handle.put_manifest("slot", b"names them").unwrap();
+    let saved = backend.metrics.snapshot();
+    assert_eq!(
+        (
+            saved.syncs - before.syncs,
+            saved.instances_restarted - before.instances_restarted
+        ),
+        (1, 1),
+        "the rewritten file synced before the manifest, on the put's instance"
     );
 }

@@ -8,9 +8,8 @@
 //! `<root>` is the directory granted at guest path [`DATA_DIR`], plus the
 //! namespace from the URI, one directory per component. A component that
 //! could name a chunk store (`chunks`, in any letter case) is stored as
-//! `..chunks` instead: valid namespace components and manifest names never
-//! contain `..`, so the escaped name meets no other namespace or manifest,
-//! and no namespace can reach into another one's chunks. Every other
+//! `..chunks` instead (`kvwasm_fs_layout`, which the host shares: it finds
+//! chunks in place itself, see docs/architecture.md). Every other
 //! namespace keeps its plain path, and the empty namespace is the granted
 //! directory itself.
 //!
@@ -49,6 +48,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
 
+use kvwasm_fs_layout::{CHUNKS_DIR, FANOUT_DIRS, chunk_path, fanout_slot, namespace_dir};
 use kvwasm_guest_support::bindings::kvwasm::kv_store::payload_io;
 use kvwasm_guest_support::bindings::wasi::filesystem::preopens;
 use kvwasm_guest_support::bindings::wasi::filesystem::types::{
@@ -61,8 +61,6 @@ use kvwasm_guest_support::{
 
 /// Guest path at which the operator grants the data directory.
 pub const DATA_DIR: &str = "/data";
-/// Where chunks live under the root.
-const CHUNKS_DIR: &str = "chunks";
 /// Prefix of in-flight temporary files. Never a valid result of hex-encoding
 /// a hash; a manifest name could start with it only on purpose.
 const TMP_PREFIX: &str = ".kvwasm-tmp-";
@@ -137,7 +135,7 @@ impl GuestStore for FsStore {
         let parts = validate::namespace(&namespace)?;
         let mut dir = data_dir()?;
         for part in parts {
-            dir = dir.subdir(&namespace_dir(part)?)?;
+            dir = dir.subdir(&namespace_dir_checked(part)?)?;
         }
         let chunks = dir.subdir(CHUNKS_DIR)?;
         Ok(Store::new(FsStore {
@@ -390,64 +388,16 @@ fn read_file(dir: &Dir, name: &str, what: &str) -> Result<Payload> {
     payload_io::read_file(&dir.fd, name).fs_context(what)
 }
 
-/// The directory name of namespace component `part` (see the module docs):
-/// `..<part>` if it could be taken for a chunk store on a case-insensitive
-/// filesystem (which may also fold Unicode look-alikes or drop trailing dots
-/// and spaces), else `part` itself.
-fn namespace_dir(part: &str) -> Result<Cow<'_, str>> {
-    let folded = part
-        .trim_end_matches(['.', ' '])
-        .to_uppercase()
-        .to_lowercase();
-    if folded != CHUNKS_DIR {
-        return Ok(Cow::Borrowed(part));
-    }
-    let escaped = format!("..{part}");
-    if escaped.len() > validate::MAX_NAME_LEN {
+/// The directory of namespace component `part` ([`namespace_dir`]), if
+/// its escaped form is still a valid name.
+fn namespace_dir_checked(part: &str) -> Result<Cow<'_, str>> {
+    let dir = namespace_dir(part);
+    if dir.len() > validate::MAX_NAME_LEN {
         return Err(Error::InvalidArgument(format!(
             "namespace component {part:?} is too long to escape"
         )));
     }
-    Ok(Cow::Owned(escaped))
-}
-
-/// Index of a (non-empty) hash's fan-out directory: its first hex digit.
-fn fanout_slot(hash: &[u8]) -> usize {
-    usize::from(hash[0] >> 4)
-}
-
-/// The fan-out directories' names, by slot.
-const FANOUT_DIRS: [&str; 16] = [
-    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "a", "b", "c", "d", "e", "f",
-];
-
-/// A chunk's path under `chunks`: `<first hex digit>/<hex of whole hash>`,
-/// made in one allocation (every chunk call makes one).
-fn chunk_path(hash: &[u8]) -> String {
-    let mut path = String::with_capacity(2 + 2 * hash.len());
-    path.push_str(FANOUT_DIRS[fanout_slot(hash)]);
-    path.push('/');
-    validate::push_hex(&mut path, hash);
-    path
+    Ok(dir)
 }
 
 export_backend!(FsBackend);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunk_paths_are_the_in_tree_layout() {
-        // llama.cpp's local store: chunks/<first hex digit>/<hex of hash>.
-        let path = chunk_path(&[0xa7, 0x00, 0x3c]);
-        assert_eq!(path, "a/a7003c");
-        assert_eq!(fanout_slot(&[0xa7]), 10);
-        assert_eq!(chunk_path(&[0x05]), "0/05");
-        let longest = [0xff; validate::MAX_HASH_LEN];
-        assert_eq!(chunk_path(&longest), format!("f/{}", "ff".repeat(64)));
-        for (slot, name) in FANOUT_DIRS.iter().enumerate() {
-            assert_eq!(*name, format!("{slot:x}"));
-        }
-    }
-}

@@ -32,6 +32,7 @@ pub struct BackendMetrics {
     instances_restarted: AtomicU64,
     syncs: AtomicU64,
     syncs_skipped: AtomicU64,
+    puts_found_in_place: AtomicU64,
     known_chunk_hits: AtomicU64,
     http_requests: AtomicU64,
 }
@@ -57,6 +58,9 @@ pub struct Counters {
     /// Files and directories `sync-paths` found durable already (the host
     /// synced them before, and they have not changed since).
     pub syncs_skipped: u64,
+    /// `put_chunk` calls the host answered "already present" itself: the
+    /// chunk was in place, in a version it synced (no guest call).
+    pub puts_found_in_place: u64,
     /// Hashes a guest found in the host's `known-chunks` record (each one
     /// a server round trip saved after an idle release).
     pub known_chunk_hits: u64,
@@ -90,6 +94,11 @@ impl BackendMetrics {
     pub(crate) fn synced(&self, synced: u64, skipped: u64) {
         self.syncs.fetch_add(synced, Relaxed);
         self.syncs_skipped.fetch_add(skipped, Relaxed);
+    }
+
+    /// A `put_chunk` the host answered without the guest.
+    pub(crate) fn put_found_in_place(&self) {
+        self.puts_found_in_place.fetch_add(1, Relaxed);
     }
 
     /// A `known-chunks.contains` that found its hash.
@@ -140,6 +149,7 @@ impl BackendMetrics {
             instances_restarted: self.instances_restarted.load(Relaxed),
             syncs: self.syncs.load(Relaxed),
             syncs_skipped: self.syncs_skipped.load(Relaxed),
+            puts_found_in_place: self.puts_found_in_place.load(Relaxed),
             known_chunk_hits: self.known_chunk_hits.load(Relaxed),
             http_requests: self.http_requests.load(Relaxed),
         }
@@ -170,7 +180,7 @@ pub fn snapshot() -> BTreeMap<String, Counters> {
 pub fn prometheus_text() -> String {
     let all = snapshot();
     type Family = (&'static str, &'static str, fn(&Counters) -> u64);
-    let families: [Family; 14] = [
+    let families: [Family; 15] = [
         ("calls", "Calls into backend guests.", |c| c.calls),
         ("errors", "Calls that failed (misses excluded).", |c| {
             c.errors
@@ -214,6 +224,11 @@ pub fn prometheus_text() -> String {
             "syncs_skipped",
             "Files and directories sync-paths found durable already, unchanged since the host synced them.",
             |c| c.syncs_skipped,
+        ),
+        (
+            "puts_found_in_place",
+            "Chunk puts the host answered already-present itself: a durable chunk in place (builtin:fs).",
+            |c| c.puts_found_in_place,
         ),
         (
             "known_chunk_hits",

@@ -100,6 +100,14 @@ impl Seen {
     }
 }
 
+/// Whether every one of these files and directories, as `stat` saw them,
+/// is a version the host synced (one lock for all).
+pub(crate) fn all_synced(seen: &[&libc::stat]) -> bool {
+    let synced = SYNCED.lock().unwrap_or_else(|e| e.into_inner());
+    seen.iter()
+        .all(|st| Seen::new(st).is_ok_and(|seen| synced.get(&seen.id) == Some(&seen.version)))
+}
+
 /// `payload-io.sync-paths` on the directory `dir`: see the WIT.
 pub(crate) fn sync_paths(
     dir: &std::fs::File,
@@ -432,7 +440,7 @@ fn open_at(dir: RawFd, name: &CString, headroom: &Headroom) -> Result<OwnedFd, E
 /// kernel's clock in nanoseconds, as the coarse-clock guard assumes. A
 /// network or FUSE filesystem takes times from elsewhere: what is synced
 /// there is never remembered (each save syncs it again).
-fn stamps_from_this_clock(fd: RawFd) -> bool {
+pub(crate) fn stamps_from_this_clock(fd: RawFd) -> bool {
     const EXT4: i64 = 0xEF53;
     const XFS: i64 = 0x5846_5342;
     const BTRFS: i64 = 0x9123_683E;

@@ -20,6 +20,7 @@ pub mod dirs;
 pub(crate) mod durable;
 pub mod env;
 pub mod http;
+pub(crate) mod in_place;
 pub mod net;
 pub mod settings;
 pub mod tls;

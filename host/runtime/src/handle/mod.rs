@@ -32,6 +32,8 @@ use pool::{CallKind, CheckedOut, Pool, Release};
 
 use crate::backend::Backend;
 use crate::bindings::PutOutcome;
+use crate::capabilities::in_place::FoundInPlace;
+use crate::component::{Builtin, ComponentSource};
 use crate::deadline::Deadline;
 use crate::error::KvError;
 use crate::instance::Instance;
@@ -45,6 +47,8 @@ pub struct StoreHandle {
     /// On a tiered store's handle (this one serves its last tier, where
     /// manifests live): the tiers that chunk calls go to.
     tiered: Option<crate::tiering::Front>,
+    /// On a `builtin:fs` store: the chunks the host finds in place itself.
+    in_place: Option<Arc<FoundInPlace>>,
 }
 
 /// Open handles on backends whose state lives inside their one instance,
@@ -110,11 +114,21 @@ impl StoreHandle {
             reaper::watch(&pool);
         }
         backend.start_publishing();
+        let in_place = match backend.source {
+            ComponentSource::Builtin(Builtin::Fs) => backend
+                .grants
+                .dirs
+                .iter()
+                .find(|d| d.guest == crate::capabilities::DATA_DIR)
+                .and_then(|grant| FoundInPlace::for_store(&grant.host, namespace)),
+            _ => None,
+        };
         Ok(StoreHandle {
             pool,
             backend,
             namespace: namespace.to_owned(),
             tiered: None,
+            in_place,
         })
     }
 
@@ -182,6 +196,10 @@ impl StoreHandle {
     }
 
     /// `put_chunk`: `Ok(true)` when the hash was already present.
+    ///
+    /// On a `builtin:fs` store, a chunk in place in a version the host
+    /// synced is answered here, without a guest instance (see
+    /// [`FoundInPlace`]).
     pub fn put_chunk(&self, hash: &[u8], data: &[u8]) -> Result<bool, KvError> {
         if let Some(tiers) = &self.tiered {
             return tiers.put_chunk(hash, data);
@@ -192,6 +210,13 @@ impl StoreHandle {
             |_| 0,
             |deadline| {
                 self.check_payload(data)?;
+                if let Some(in_place) = &self.in_place
+                    && in_place.durable(hash, data.len())
+                {
+                    self.backend.metrics.put_found_in_place();
+                    self.backend.publish_stored(hash);
+                    return Ok(true);
+                }
                 self.checkout(deadline)?
                     .run(CallKind::Put, |i| i.put_chunk(deadline, hash, data))
                     .inspect(|_| self.backend.publish_stored(hash))

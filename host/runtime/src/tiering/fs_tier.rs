@@ -2,7 +2,8 @@
 //!
 //! The kv-store WIT has no chunk delete or listing. Rather than widen every
 //! guest's contract, a tier above the last must be `builtin:fs`, whose
-//! on-disk layout is llama.cpp's and fixed (guest-backends/fs):
+//! on-disk layout is llama.cpp's and fixed (`kvwasm_fs_layout`, which the
+//! guest writes by):
 //! `<dir>/<namespace components>/chunks/<first hex digit>/<hex of hash>`,
 //! with a namespace component that folds to `chunks` stored as
 //! `..<component>`. The host owns that directory grant anyway; it only
@@ -11,6 +12,8 @@
 //! chunk file is always whole.
 
 use std::path::{Path, PathBuf};
+
+use kvwasm_fs_layout::{CHUNKS_DIR, FANOUT_DIRS, chunk_path, hash_of_chunk_name, namespace_dir};
 
 use crate::backend::Backend;
 use crate::capabilities::DATA_DIR;
@@ -37,15 +40,14 @@ impl FsTier {
             })?;
         let mut chunks = grant.host.clone();
         for part in namespace.split('/').filter(|p| !p.is_empty()) {
-            chunks.push(namespace_dir(part));
+            chunks.push(&*namespace_dir(part));
         }
-        chunks.push("chunks");
+        chunks.push(CHUNKS_DIR);
         Ok(FsTier { chunks })
     }
 
     fn path(&self, hash: &[u8]) -> PathBuf {
-        let name = hex::encode(hash);
-        self.chunks.join(&name[..1]).join(name)
+        self.chunks.join(chunk_path(hash))
     }
 
     /// Remove the chunk's file (a missing one is success: already gone).
@@ -66,8 +68,8 @@ impl FsTier {
     /// index from. Files whose names are not a whole hash are skipped.
     pub(crate) fn list(&self) -> Result<Vec<(Vec<u8>, u64)>, String> {
         let mut out = Vec::new();
-        for slot in 0..16u8 {
-            let dir = self.chunks.join(format!("{slot:x}"));
+        for fanout in FANOUT_DIRS {
+            let dir = self.chunks.join(fanout);
             let entries = match std::fs::read_dir(&dir) {
                 Ok(entries) => entries,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -75,7 +77,7 @@ impl FsTier {
             };
             for entry in entries {
                 let entry = entry.map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
-                let Some(hash) = entry.file_name().to_str().and_then(unhex) else {
+                let Some(hash) = entry.file_name().to_str().and_then(hash_of_chunk_name) else {
                     continue;
                 };
                 match entry.metadata() {
@@ -91,42 +93,5 @@ impl FsTier {
     /// The directory listed, for messages.
     pub(crate) fn dir(&self) -> &Path {
         &self.chunks
-    }
-}
-
-/// As the fs guest's `namespace_dir`: a component that could name a chunk
-/// store is escaped with a `..` prefix.
-fn namespace_dir(part: &str) -> String {
-    let folded = part
-        .trim_end_matches(['.', ' '])
-        .to_uppercase()
-        .to_lowercase();
-    if folded == "chunks" {
-        format!("..{part}")
-    } else {
-        part.to_owned()
-    }
-}
-
-/// A chunk file name back to its hash: lowercase hex of 1 to 64 bytes,
-/// exactly as the guest names it.
-fn unhex(name: &str) -> Option<Vec<u8>> {
-    let hash = hex::decode(name).ok()?;
-    (!hash.is_empty() && hash.len() <= 64 && hex::encode(&hash) == name).then_some(hash)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn file_names_round_trip_and_temporaries_are_skipped() {
-        let hash = vec![0x0a, 0xff, 0x00, 0x7c];
-        assert_eq!(unhex(&hex::encode(&hash)), Some(hash));
-        for name in [".kvwasm-tmp-1-2", "ABCD", "abc", "", "zz"] {
-            assert_eq!(unhex(name), None, "{name}");
-        }
-        assert_eq!(namespace_dir("Chunks."), "..Chunks.");
-        assert_eq!(namespace_dir("alice"), "alice");
     }
 }

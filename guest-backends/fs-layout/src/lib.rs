@@ -1,0 +1,142 @@
+//! Where the fs backend (`builtin:fs`) keeps chunks, written once for the
+//! guest that writes them and the host that finds, lists and removes them
+//! (a tiered store's fs tier; a put answered in place).
+//!
+//! llama.cpp's in-tree local store:
+//!
+//! ```text
+//! <root>/<manifest name>
+//! <root>/chunks/<first hex digit of hash>/<hex of whole hash>
+//! ```
+//!
+//! `<root>` is the granted directory plus the namespace, one directory per
+//! component ([`namespace_dir`]). Plain Rust without dependencies, so both
+//! the wasm guest and the host build it.
+
+#![no_std]
+
+extern crate alloc;
+
+use alloc::borrow::Cow;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+/// Where chunks live under a store's root.
+pub const CHUNKS_DIR: &str = "chunks";
+
+/// The fan-out directories' names under [`CHUNKS_DIR`], by slot.
+pub const FANOUT_DIRS: [&str; 16] = [
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "a", "b", "c", "d", "e", "f",
+];
+
+/// Index of a (non-empty) hash's fan-out directory: its first hex digit.
+pub fn fanout_slot(hash: &[u8]) -> usize {
+    usize::from(hash[0] >> 4)
+}
+
+/// A chunk's path under [`CHUNKS_DIR`]: `<first hex digit>/<hex of whole
+/// hash>`, made in one allocation (every chunk call makes one). `hash` is
+/// not empty.
+pub fn chunk_path(hash: &[u8]) -> String {
+    let mut path = String::with_capacity(2 + 2 * hash.len());
+    path.push_str(FANOUT_DIRS[fanout_slot(hash)]);
+    path.push('/');
+    push_chunk_name(&mut path, hash);
+    path
+}
+
+/// Append a chunk's file name, the lowercase hex of its hash, to `out`.
+pub fn push_chunk_name(out: &mut String, hash: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(2 * hash.len());
+    for byte in hash {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+    }
+}
+
+/// Longest hash a chunk file is named after, in bytes.
+pub const MAX_HASH_LEN: usize = 64;
+
+/// A chunk file's name back to its hash: lowercase hex of 1 to
+/// [`MAX_HASH_LEN`] bytes, exactly as [`push_chunk_name`] writes it (a
+/// temporary file, whose name is not hex, is none).
+pub fn hash_of_chunk_name(name: &str) -> Option<Vec<u8>> {
+    let digits = name.as_bytes();
+    if digits.is_empty() || !digits.len().is_multiple_of(2) || digits.len() > 2 * MAX_HASH_LEN {
+        return None;
+    }
+    let value = |d: u8| match d {
+        b'0'..=b'9' => Some(d - b'0'),
+        b'a'..=b'f' => Some(d - b'a' + 10),
+        _ => None,
+    };
+    digits
+        .chunks_exact(2)
+        .map(|pair| Some(value(pair[0])? << 4 | value(pair[1])?))
+        .collect()
+}
+
+/// The directory name of namespace component `part`: `..<part>` if it
+/// could be taken for a chunk store on a case-insensitive filesystem (which
+/// may also fold Unicode look-alikes or drop trailing dots and spaces),
+/// else `part` itself. Valid namespace components and manifest names never
+/// contain `..`, so the escaped name meets no other namespace or manifest,
+/// and no namespace can reach into another one's chunks.
+pub fn namespace_dir(part: &str) -> Cow<'_, str> {
+    let folded = part
+        .trim_end_matches(['.', ' '])
+        .to_uppercase()
+        .to_lowercase();
+    if folded == CHUNKS_DIR {
+        Cow::Owned(format!("..{part}"))
+    } else {
+        Cow::Borrowed(part)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::ToString;
+    use alloc::vec;
+
+    #[test]
+    fn chunk_paths_are_the_in_tree_layout() {
+        // llama.cpp's local store: chunks/<first hex digit>/<hex of hash>.
+        assert_eq!(chunk_path(&[0xa7, 0x00, 0x3c]), "a/a7003c");
+        assert_eq!(fanout_slot(&[0xa7]), 10);
+        assert_eq!(chunk_path(&[0x05]), "0/05");
+        let longest = [0xff; MAX_HASH_LEN];
+        assert_eq!(chunk_path(&longest), format!("f/{}", "ff".repeat(64)));
+        for (slot, name) in FANOUT_DIRS.iter().enumerate() {
+            assert_eq!(*name, format!("{slot:x}"));
+        }
+    }
+
+    #[test]
+    fn chunk_names_round_trip_and_nothing_else_is_a_chunk() {
+        let hash = vec![0x0a, 0xff, 0x00, 0x7c];
+        let mut name = String::new();
+        push_chunk_name(&mut name, &hash);
+        assert_eq!(name, "0aff007c");
+        assert_eq!(hash_of_chunk_name(&name), Some(hash));
+        let longest = "ab".repeat(MAX_HASH_LEN);
+        assert_eq!(hash_of_chunk_name(&longest).map(|h| h.len()), Some(64));
+        let too_long = "ab".repeat(MAX_HASH_LEN + 1);
+        for name in [".kvwasm-tmp-1-2", "ABCD", "abc", "", "zz", "0g", &too_long] {
+            assert_eq!(hash_of_chunk_name(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_namespace_that_could_name_a_chunk_store_is_escaped() {
+        for part in ["chunks", "Chunks.", "CHUNKS ", "chunks. ."] {
+            assert_eq!(namespace_dir(part), format!("..{part}"));
+        }
+        for part in ["alice", "chunk", "chunks-2", ".chunks"] {
+            assert_eq!(namespace_dir(part), part.to_string());
+        }
+    }
+}

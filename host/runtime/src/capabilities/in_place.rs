@@ -1,0 +1,487 @@
+//! A `put_chunk` on a `builtin:fs` store answered by the host, without a
+//! guest instance, when the fs guest would only find the chunk in place.
+//!
+//! A warm save puts chunks that are already there. The fs guest answers
+//! such a put "already present" after one `find-file` and, at the next
+//! manifest, asks the host to sync the file, its fan-out directory and
+//! `chunks` unless the host synced those very versions before
+//! ([`super::durable`]). When all three are versions the host synced, and
+//! the file has the put's length, the guest's answer is known in advance
+//! and it would sync nothing for this put: the host answers itself. After
+//! an idle release a warm save then starts an instance only for its
+//! manifest.
+//!
+//! The guest's layout (`kvwasm_fs_layout`) names the paths:
+//! `<grant>/<namespace dirs>/chunks/<fan-out>/<hex of hash>`. Each call
+//! checks that every directory on that path is still the one kept open for
+//! it, by a `stat` of its name that follows no link: the first one beneath
+//! the grant by its whole path (the grant's own path is resolved as its
+//! preopen is: it is the operator's), each further one by `fstatat` in the
+//! directory kept before it. A directory renamed or replaced since is thus
+//! never trusted. The chunk file is then `fstatat`ed in its fan-out
+//! directory without following it. For the empty namespace that is three
+//! system calls (native: one `stat`). Anything unexpected (a link, a
+//! missing name, a size or version mismatch, no descriptor room) sends the
+//! put to the guest as before.
+//!
+//! Kept open per store (granted directory and namespace) while a handle on
+//! it is open, shared by its handles: the namespace directories, `chunks`
+//! and up to 16 fan-out directories, as `O_PATH` descriptors, and only
+//! while the process holds fewer than half the descriptors a store may
+//! reach ([`Headroom::may_share`]).
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+
+use kvwasm_fs_layout::{
+    CHUNKS_DIR, FANOUT_DIRS, MAX_HASH_LEN, fanout_slot, namespace_dir, push_chunk_name,
+};
+
+use super::descriptors::Headroom;
+use super::durable::{all_synced, stamps_from_this_clock};
+
+/// The chunks of one `builtin:fs` store the host may find in place.
+pub(crate) struct FoundInPlace {
+    /// The granted directory's host path.
+    grant: CString,
+    /// The first directory beneath the grant (a namespace directory, or
+    /// `chunks`), by its whole path.
+    first: CString,
+    /// The names of the directories after the first, down to `chunks`.
+    rest: Vec<CString>,
+    kept: Mutex<Option<Kept>>,
+    /// `chunks` is on a filesystem where the host remembers no sync
+    /// (network, FUSE, whole-second times): no put is ever answered here,
+    /// so none is looked up.
+    never: AtomicBool,
+}
+
+/// Directories kept open, each with the (device, inode) it had when
+/// opened.
+struct Kept {
+    /// The first directory beneath the grant, then one for each name of
+    /// [`FoundInPlace::rest`]: the last is `chunks`.
+    path: Vec<KeptDir>,
+    fanout: [Option<KeptDir>; FANOUT_DIRS.len()],
+}
+
+struct KeptDir {
+    fd: OwnedFd,
+    id: (u64, u64),
+}
+
+/// Stores with an open handle, by granted directory and namespace.
+type Stores = HashMap<(CString, String), Weak<FoundInPlace>>;
+static STORES: LazyLock<Mutex<Stores>> = LazyLock::new(Default::default);
+
+impl FoundInPlace {
+    /// The store of `namespace` (a valid one: the guest opened it) in the
+    /// directory granted at `grant`, shared with the other open handles on
+    /// it.
+    pub(crate) fn for_store(grant: &Path, namespace: &str) -> Option<Arc<FoundInPlace>> {
+        let grant = CString::new(grant.as_os_str().as_bytes()).ok()?;
+        let key = (grant, namespace.to_owned());
+        let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(store) = stores.get(&key).and_then(Weak::upgrade) {
+            return Some(store);
+        }
+        let mut beneath = Vec::new();
+        for part in namespace.split('/').filter(|p| !p.is_empty()) {
+            beneath.push(CString::new(namespace_dir(part).as_bytes()).ok()?);
+        }
+        beneath.push(CString::new(CHUNKS_DIR).ok()?);
+        let mut first = key.0.as_bytes().to_vec();
+        first.push(b'/');
+        first.extend_from_slice(beneath.remove(0).as_bytes());
+        let store = Arc::new(FoundInPlace {
+            grant: key.0.clone(),
+            first: CString::new(first).ok()?,
+            rest: beneath,
+            kept: Mutex::default(),
+            never: AtomicBool::new(false),
+        });
+        stores.retain(|_, store| store.strong_count() > 0);
+        stores.insert(key, Arc::downgrade(&store));
+        Some(store)
+    }
+
+    /// Whether the chunk `hash` is in place with `len` bytes, and it, its
+    /// fan-out directory and `chunks` are versions the host synced: the
+    /// guest would answer "already present" and sync nothing for it.
+    pub(crate) fn durable(&self, hash: &[u8], len: usize) -> bool {
+        if hash.is_empty() || hash.len() > MAX_HASH_LEN || self.never.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut name = String::with_capacity(2 * MAX_HASH_LEN + 1);
+        push_chunk_name(&mut name, hash);
+        name.push('\0');
+        let Ok(name) = CStr::from_bytes_with_nul(name.as_bytes()) else {
+            return false;
+        };
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        // Kept directories found renamed or replaced are opened afresh,
+        // once.
+        for _ in 0..2 {
+            match self.look(&mut kept, fanout_slot(hash), name, len) {
+                Look::Answer(durable) => return durable,
+                Look::Stale => *kept = None,
+            }
+        }
+        false
+    }
+
+    fn look(&self, kept: &mut Option<Kept>, slot: usize, name: &CStr, len: usize) -> Look {
+        if kept.is_none() {
+            match self.open_path() {
+                Some(path) => {
+                    *kept = Some(Kept {
+                        path,
+                        fanout: Default::default(),
+                    })
+                }
+                None => return Look::Answer(false),
+            }
+        }
+        let Some(kept) = kept.as_mut() else {
+            return Look::Answer(false);
+        };
+        let mut seen = match stat_at(libc::AT_FDCWD, &self.first) {
+            Some(st) if is_dir(&st) && id(&st) == kept.path[0].id => st,
+            _ => return Look::Stale,
+        };
+        for (pair, name) in kept.path.windows(2).zip(&self.rest) {
+            match stat_at(pair[0].fd.as_raw_fd(), name) {
+                Some(st) if is_dir(&st) && id(&st) == pair[1].id => seen = st,
+                _ => return Look::Stale,
+            }
+        }
+        let (chunks, Some(chunks_dir)) = (seen, kept.path.last()) else {
+            return Look::Answer(false);
+        };
+        let fanout_name = &FANOUT_NAMES[slot];
+        let fanout = match stat_at(chunks_dir.fd.as_raw_fd(), fanout_name) {
+            Some(st) if is_dir(&st) && all_synced(&[&chunks, &st]) => st,
+            _ => return Look::Answer(false),
+        };
+        let fresh;
+        let fanout_fd = match &kept.fanout[slot] {
+            Some(dir) if dir.id == id(&fanout) => dir.fd.as_raw_fd(),
+            _ => {
+                // Opened where it was just seen, and used only if it is
+                // that directory (not one renamed into its place since).
+                let Some(dir) = open_dir_at(chunks_dir.fd.as_raw_fd(), fanout_name) else {
+                    return Look::Answer(false);
+                };
+                if dir.id != id(&fanout) {
+                    return Look::Answer(false);
+                }
+                if Headroom::may_share(dir.fd.as_raw_fd()) {
+                    kept.fanout[slot].insert(dir).fd.as_raw_fd()
+                } else {
+                    fresh = dir;
+                    fresh.fd.as_raw_fd()
+                }
+            }
+        };
+        Look::Answer(match stat_at(fanout_fd, name) {
+            Some(file)
+                if file.st_mode & libc::S_IFMT == libc::S_IFREG
+                    && u64::try_from(file.st_size) == Ok(len as u64) =>
+            {
+                all_synced(&[&file, &fanout, &chunks])
+            }
+            _ => false,
+        })
+    }
+
+    /// The directories beneath the grant down to `chunks`, each opened in
+    /// the one before without following a link; `None` if one is missing,
+    /// no descriptor may be kept, or `chunks` is where no sync is
+    /// remembered.
+    fn open_path(&self) -> Option<Vec<KeptDir>> {
+        let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+        // SAFETY: `grant` is NUL-terminated.
+        let grant = keep(unsafe { libc::open(self.grant.as_ptr(), flags) })?;
+        let first_name = CString::new(&self.first.as_bytes()[self.grant.as_bytes().len() + 1..])
+            .expect("no NUL");
+        let shareable = |dir: &KeptDir| Headroom::may_share(dir.fd.as_raw_fd());
+        let mut path = vec![open_dir_at(grant.fd.as_raw_fd(), &first_name).filter(shareable)?];
+        for name in &self.rest {
+            let parent = path.last()?.fd.as_raw_fd();
+            path.push(open_dir_at(parent, name).filter(shareable)?);
+        }
+        if !stamps_from_this_clock(path.last()?.fd.as_raw_fd()) {
+            self.never.store(true, Ordering::Relaxed);
+            return None;
+        }
+        Some(path)
+    }
+}
+
+/// [`FANOUT_DIRS`], NUL-terminated.
+static FANOUT_NAMES: LazyLock<Vec<CString>> = LazyLock::new(|| {
+    FANOUT_DIRS
+        .iter()
+        .map(|dir| CString::new(*dir).expect("no NUL"))
+        .collect()
+});
+
+enum Look {
+    Answer(bool),
+    /// A kept directory is no longer the one its name names.
+    Stale,
+}
+
+/// Open the directory `name` (a plain name) in `parent` as an `O_PATH`
+/// descriptor, never through a link (`O_NOFOLLOW` on `O_PATH` would open
+/// the link itself: the `fstat` refuses it).
+fn open_dir_at(parent: RawFd, name: &CStr) -> Option<KeptDir> {
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: `name` is NUL-terminated, `parent` a descriptor the caller holds.
+    keep(unsafe { libc::openat(parent, name.as_ptr(), flags) })
+}
+
+/// Own `fd` (if the open succeeded) and read its identity; only a
+/// directory.
+fn keep(fd: RawFd) -> Option<KeptDir> {
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `fd` is open; `st` is read only after a successful call.
+    let st = unsafe {
+        if libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) != 0 {
+            return None;
+        }
+        st.assume_init()
+    };
+    is_dir(&st).then(|| KeptDir { id: id(&st), fd })
+}
+
+/// `fstatat` without following a last link (`AT_FDCWD` for a whole path).
+fn stat_at(dir: RawFd, name: &CStr) -> Option<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `name` is NUL-terminated; `st` is read only after a
+    // successful call.
+    unsafe {
+        (libc::fstatat(
+            dir,
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        ) == 0)
+            .then(|| st.assume_init())
+    }
+}
+
+fn is_dir(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+fn id(st: &libc::stat) -> (u64, u64) {
+    (st.st_dev, st.st_ino)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capabilities::descriptors::Share;
+    use crate::capabilities::durable::sync_paths;
+    use std::os::unix::fs::MetadataExt;
+
+    /// A store's directory with one chunk in place, not yet synced.
+    struct Store {
+        _dir: tempfile::TempDir,
+        grant: std::path::PathBuf,
+        hash: Vec<u8>,
+        found: Arc<FoundInPlace>,
+    }
+
+    const CHUNK: &[u8] = b"chunk bytes";
+
+    impl Store {
+        fn new(namespace: &str) -> Store {
+            let dir = tempfile::tempdir().unwrap();
+            let grant = dir.path().join("grant");
+            let hash = vec![0xa7, 0x01];
+            let store = Store {
+                found: FoundInPlace::for_store(&grant, namespace).unwrap(),
+                grant,
+                hash,
+                _dir: dir,
+            };
+            std::fs::create_dir_all(store.fanout()).unwrap();
+            std::fs::write(store.file(), CHUNK).unwrap();
+            store
+        }
+
+        fn chunks(&self) -> std::path::PathBuf {
+            let mut chunks = std::path::PathBuf::from(self.found.first.to_str().unwrap());
+            for part in self.found.rest.iter() {
+                chunks.push(part.to_str().unwrap());
+            }
+            chunks
+        }
+
+        fn fanout(&self) -> std::path::PathBuf {
+            self.chunks().join("a")
+        }
+
+        fn file(&self) -> std::path::PathBuf {
+            self.fanout().join("a701")
+        }
+
+        /// Sync `paths` (beneath `chunks`) as a guest's `sync-paths` does,
+        /// once every change so far is older than the coarse clock (so the
+        /// syncs are remembered).
+        fn sync(&self, paths: &[&str]) {
+            for path in paths {
+                let meta = std::fs::symlink_metadata(self.chunks().join(path)).unwrap();
+                while coarse_clock() <= (meta.ctime(), meta.ctime_nsec()) {
+                    std::thread::yield_now();
+                }
+            }
+            let chunks = std::fs::File::open(self.chunks()).unwrap();
+            let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
+            let headroom = Headroom::new("test".into(), Share::Store, None);
+            sync_paths(&chunks, &paths, &headroom).unwrap();
+        }
+
+        fn durable(&self) -> bool {
+            self.found.durable(&self.hash, CHUNK.len())
+        }
+    }
+
+    fn coarse_clock() -> (i64, i64) {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a valid timespec to write.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut now) };
+        (now.tv_sec, now.tv_nsec)
+    }
+
+    #[test]
+    fn only_a_file_and_directories_the_host_synced_unchanged_with_the_size_are_found() {
+        let store = Store::new("");
+        assert!(!store.durable(), "never synced");
+        store.sync(&["a/a701", "a"]);
+        assert!(!store.durable(), "`chunks` not synced");
+        store.sync(&["."]);
+        assert!(store.durable());
+        assert!(!store.found.durable(&store.hash, CHUNK.len() + 1), "size");
+        assert!(!store.found.durable(&[0xa7, 0x02], CHUNK.len()), "missing");
+        assert!(!store.found.durable(&[], 0) && !store.found.durable(&[0xa7; 65], 0));
+
+        // Another file added to the fan-out directory: its new version was
+        // never synced.
+        std::fs::write(store.fanout().join("a702"), CHUNK).unwrap();
+        assert!(!store.durable(), "fan-out directory changed");
+        store.sync(&["a"]);
+        assert!(store.durable());
+        std::fs::create_dir(store.chunks().join("b")).unwrap();
+        assert!(!store.durable(), "`chunks` changed");
+    }
+
+    #[test]
+    fn a_rewritten_replaced_or_touched_chunk_is_not_found() {
+        let store = Store::new("team/chunks");
+        assert!(store.chunks().ends_with("team/..chunks/chunks"));
+        let synced = || {
+            store.sync(&["a/a701", "a", "."]);
+            assert!(store.durable());
+        };
+        synced();
+        std::fs::write(store.file(), b"CHUNK BYTES").unwrap();
+        assert!(!store.durable(), "rewritten in place, same size");
+        synced();
+        std::fs::File::options()
+            .write(true)
+            .open(store.file())
+            .unwrap()
+            .set_modified(std::time::SystemTime::UNIX_EPOCH)
+            .unwrap();
+        assert!(!store.durable(), "touched");
+        synced();
+        let tmp = store.fanout().join("tmp");
+        std::fs::write(&tmp, CHUNK).unwrap();
+        std::fs::rename(&tmp, store.file()).unwrap();
+        store.sync(&["a", "."]);
+        assert!(!store.durable(), "replaced: a new inode, never synced");
+    }
+
+    #[test]
+    fn no_link_is_followed_and_a_replaced_directory_is_not_trusted() {
+        let store = Store::new("");
+        let synced = |paths: &[&str]| {
+            store.sync(paths);
+            store.durable()
+        };
+        let all = ["a/a701", "a", "."];
+        assert!(synced(&all));
+
+        // The chunk a link to a synced file.
+        let elsewhere = store.grant.join("elsewhere");
+        std::fs::rename(store.file(), &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, store.file()).unwrap();
+        assert!(!synced(&["a", "."]), "a chunk that is a link");
+        std::fs::remove_file(store.file()).unwrap();
+        std::fs::rename(&elsewhere, store.file()).unwrap();
+        assert!(synced(&all));
+
+        // The fan-out directory a link to the synced one.
+        std::fs::rename(store.fanout(), store.chunks().join("real-a")).unwrap();
+        std::os::unix::fs::symlink("real-a", store.fanout()).unwrap();
+        store.sync(&["real-a", "."]);
+        assert!(!store.durable(), "a fan-out directory that is a link");
+        std::fs::remove_file(store.fanout()).unwrap();
+        std::fs::rename(store.chunks().join("real-a"), store.fanout()).unwrap();
+        assert!(synced(&all));
+
+        // `chunks` moved away (its kept descriptor still reaches the synced
+        // file) and replaced by another directory, then by a link to it.
+        let moved = store.grant.join("moved");
+        std::fs::rename(store.chunks(), &moved).unwrap();
+        std::fs::create_dir_all(store.fanout()).unwrap();
+        assert!(!synced(&["a", "."]), "the new `chunks` has no such chunk");
+        std::fs::remove_dir_all(store.chunks()).unwrap();
+        std::os::unix::fs::symlink("moved", store.chunks()).unwrap();
+        assert!(!store.durable(), "`chunks` is a link");
+        std::fs::remove_file(store.chunks()).unwrap();
+        std::fs::rename(&moved, store.chunks()).unwrap();
+        assert!(synced(&all), "back, as a directory");
+    }
+
+    #[test]
+    fn handles_on_one_store_share_its_directories_and_they_close_with_the_last() {
+        let store = Store::new("ns");
+        let other = FoundInPlace::for_store(&store.grant, "ns").unwrap();
+        assert!(Arc::ptr_eq(&store.found, &other));
+        let elsewhere = FoundInPlace::for_store(&store.grant, "other").unwrap();
+        assert!(!Arc::ptr_eq(&store.found, &elsewhere));
+        store.sync(&["a/a701", "a", "."]);
+        assert!(store.durable());
+        let grant = store.grant.canonicalize().unwrap();
+        let held = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                .filter(|target| target.starts_with(&grant))
+                .count()
+        };
+        assert_eq!(held(), 3, "`ns`, `chunks`, `a`");
+        drop(other);
+        assert_eq!(held(), 3, "a handle on the store is still open");
+        let Store { _dir, found, .. } = store;
+        drop(found);
+        assert_eq!(held(), 0, "closed with the store's last handle");
+    }
+}
