@@ -181,7 +181,11 @@ pub fn prometheus_text() -> String {
     let all = snapshot();
     type Family = (&'static str, &'static str, fn(&Counters) -> u64);
     let families: [Family; 15] = [
-        ("calls", "Calls into backend guests.", |c| c.calls),
+        (
+            "calls",
+            "Calls to the backend (puts the host answers in place included).",
+            |c| c.calls,
+        ),
         ("errors", "Calls that failed (misses excluded).", |c| {
             c.errors
         }),

@@ -183,6 +183,8 @@ impl FoundInPlace {
                 if Headroom::may_share(dir.fd.as_raw_fd()) {
                     kept.fanout[slot].insert(dir).fd.as_raw_fd()
                 } else {
+                    // The kept one names a directory no longer there.
+                    kept.fanout[slot] = None;
                     fresh = dir;
                     fresh.fd.as_raw_fd()
                 }
@@ -215,11 +217,27 @@ impl FoundInPlace {
             let parent = path.last()?.fd.as_raw_fd();
             path.push(open_dir_at(parent, name).filter(shareable)?);
         }
-        if !stamps_from_this_clock(path.last()?.fd.as_raw_fd()) {
+        let chunks = path.last()?.fd.as_raw_fd();
+        if !stamps_from_this_clock(chunks) || whole_second_times(chunks) {
             self.never.store(true, Ordering::Relaxed);
             return None;
         }
         Some(path)
+    }
+}
+
+/// Whether `dir` carries whole-second times (ext2, ext3, ext4 with small
+/// inodes share ext4's magic number): the host remembers no sync there
+/// ([`super::durable`]), so it could never answer. A directory whose
+/// times both fall on a whole second by chance only loses the lookup.
+fn whole_second_times(dir: RawFd) -> bool {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `dir` is open; `st` is read only after a successful call.
+    unsafe {
+        libc::fstat(dir, st.as_mut_ptr()) != 0 || {
+            let st = st.assume_init();
+            st.st_ctime_nsec == 0 && st.st_mtime_nsec == 0
+        }
     }
 }
 
@@ -416,6 +434,36 @@ mod tests {
         std::fs::rename(&tmp, store.file()).unwrap();
         store.sync(&["a", "."]);
         assert!(!store.durable(), "replaced: a new inode, never synced");
+    }
+
+    /// A kept directory moved away and replaced by another real one is
+    /// not looked through: the synced chunk beneath the old one would
+    /// otherwise answer for the new, never synced, one.
+    #[test]
+    fn a_replaced_namespace_or_fanout_directory_is_looked_up_afresh() {
+        let store = Store::new("team");
+        store.sync(&["a/a701", "a", "."]);
+        assert!(store.durable());
+
+        let namespace = store.grant.join("team");
+        std::fs::rename(&namespace, store.grant.join("team-old")).unwrap();
+        std::fs::create_dir_all(store.fanout()).unwrap();
+        std::fs::write(store.file(), CHUNK).unwrap();
+        store.sync(&["a", "."]);
+        assert!(
+            !store.durable(),
+            "the new namespace's chunk was never synced"
+        );
+        store.sync(&["a/a701"]);
+        assert!(store.durable());
+
+        std::fs::rename(store.fanout(), store.chunks().join("a-old")).unwrap();
+        std::fs::create_dir(store.fanout()).unwrap();
+        std::fs::write(store.file(), CHUNK).unwrap();
+        store.sync(&["a", "."]);
+        assert!(!store.durable(), "the new fan-out's chunk was never synced");
+        store.sync(&["a/a701"]);
+        assert!(store.durable());
     }
 
     #[test]

@@ -114,14 +114,24 @@ impl StoreHandle {
             reaper::watch(&pool);
         }
         backend.start_publishing();
-        let in_place = match backend.source {
-            ComponentSource::Builtin(Builtin::Fs) => backend
+        // With `durability = "none"` the guest syncs nothing, so the host
+        // has no sync record to answer from: no lookup.
+        let durable_fs = matches!(backend.source, ComponentSource::Builtin(Builtin::Fs))
+            && backend
+                .grants
+                .settings
+                .values
+                .get("durability")
+                .map(String::as_str)
+                != Some("none");
+        let in_place = match durable_fs {
+            true => backend
                 .grants
                 .dirs
                 .iter()
                 .find(|d| d.guest == crate::capabilities::DATA_DIR)
                 .and_then(|grant| FoundInPlace::for_store(&grant.host, namespace)),
-            _ => None,
+            false => None,
         };
         Ok(StoreHandle {
             pool,
