@@ -22,7 +22,7 @@
 //! time; it would also need the same inode, size and nanoseconds.)
 
 use std::collections::HashMap;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
@@ -388,7 +388,8 @@ fn sync_one(
     Ok(())
 }
 
-fn stat_at(dir: RawFd, name: &CString) -> Result<libc::stat, ErrorCode> {
+/// `fstatat` without following a last link (`AT_FDCWD` for a whole path).
+pub(super) fn stat_at(dir: RawFd, name: &CStr) -> Result<libc::stat, ErrorCode> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: `name` is NUL-terminated; `st` is written by a successful call
     // before it is read.
@@ -460,7 +461,7 @@ pub(crate) fn stamps_from_this_clock(fd: RawFd) -> bool {
 }
 
 /// The kernel's coarse real-time clock: what it stamps files with.
-fn coarse_clock() -> (i64, i64) {
+pub(super) fn coarse_clock() -> (i64, i64) {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -43,7 +43,7 @@ use kvwasm_fs_layout::{
 };
 
 use super::descriptors::Headroom;
-use super::durable::{all_synced, stamps_from_this_clock};
+use super::durable::{self, all_synced, stamps_from_this_clock};
 
 /// The chunks of one `builtin:fs` store the host may find in place.
 pub(crate) struct FoundInPlace {
@@ -285,18 +285,7 @@ fn keep(fd: RawFd) -> Option<KeptDir> {
 
 /// `fstatat` without following a last link (`AT_FDCWD` for a whole path).
 fn stat_at(dir: RawFd, name: &CStr) -> Option<libc::stat> {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: `name` is NUL-terminated; `st` is read only after a
-    // successful call.
-    unsafe {
-        (libc::fstatat(
-            dir,
-            name.as_ptr(),
-            st.as_mut_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        ) == 0)
-            .then(|| st.assume_init())
-    }
+    durable::stat_at(dir, name).ok()
 }
 
 fn is_dir(st: &libc::stat) -> bool {
@@ -311,7 +300,7 @@ fn id(st: &libc::stat) -> (u64, u64) {
 mod tests {
     use super::*;
     use crate::capabilities::descriptors::Share;
-    use crate::capabilities::durable::sync_paths;
+    use crate::capabilities::durable::{coarse_clock, sync_paths};
     use std::os::unix::fs::MetadataExt;
 
     /// A store's directory with one chunk in place, not yet synced.
@@ -375,16 +364,6 @@ mod tests {
         fn durable(&self) -> bool {
             self.found.durable(&self.hash, CHUNK.len())
         }
-    }
-
-    fn coarse_clock() -> (i64, i64) {
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `now` is a valid timespec to write.
-        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut now) };
-        (now.tv_sec, now.tv_nsec)
     }
 
     #[test]
