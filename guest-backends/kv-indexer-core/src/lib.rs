@@ -12,11 +12,14 @@
 
 pub mod hash;
 mod indexer;
+mod query_body;
+mod reply;
 mod table;
 pub mod tree;
 
-pub use indexer::{Counters, Indexer, token_array};
+pub use indexer::{Counters, Indexer};
 pub use kvwasm_indexer_protocol::api::{MAX_QUERY_BLOCKS, MAX_TOKEN_IDS};
+pub use query_body::token_array;
 
 /// One normalised event: a plain mirror of the WIT `event` record
 /// (`wit/events/events.wit`), so this crate needs no bindings.
