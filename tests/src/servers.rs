@@ -36,6 +36,105 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// How long one `redis-cli` command may take (a query, not a cluster
+/// operation) before the harness kills it and fails the test: a node that
+/// accepts connections but answers nothing would otherwise hang the test.
+pub const CLI_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A command the harness started, killed and reported if it runs past its
+/// deadline. Its output goes to files (read when it ends), so a command
+/// that writes a lot never blocks on a full pipe.
+pub struct Bounded {
+    child: Child,
+    what: String,
+    started: Instant,
+    limit: Duration,
+    stdout: std::fs::File,
+    stderr: std::fs::File,
+}
+
+impl Bounded {
+    /// Start `cmd` (stdin closed), described as `what` in failures, with
+    /// `limit` to finish.
+    pub fn start(cmd: &mut Command, what: &str, limit: Duration) -> Bounded {
+        let stdout = tempfile::tempfile().expect("a temporary file for stdout");
+        let stderr = tempfile::tempfile().expect("a temporary file for stderr");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(stdout.try_clone().expect("clone the stdout file"))
+            .stderr(stderr.try_clone().expect("clone the stderr file"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        Bounded {
+            child,
+            what: what.to_owned(),
+            started: Instant::now(),
+            limit,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Its output if it has ended; `None` while it runs. Past its deadline
+    /// it is killed and the test fails, naming it, with what it wrote.
+    pub fn try_finish(&mut self) -> Option<std::process::Output> {
+        let status = self.child.try_wait().expect("poll a child process");
+        let Some(status) = status else {
+            if self.started.elapsed() > self.limit {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let (stdout, stderr) = self.written();
+                panic!(
+                    "{} did not finish within {:?} and was killed; stdout:\n{}\nstderr:\n{}",
+                    self.what,
+                    self.limit,
+                    String::from_utf8_lossy(&stdout),
+                    String::from_utf8_lossy(&stderr)
+                );
+            }
+            return None;
+        };
+        let (stdout, stderr) = self.written();
+        Some(std::process::Output {
+            status,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Wait for it to end (polling), within its deadline.
+    pub fn finish(mut self) -> std::process::Output {
+        loop {
+            if let Some(out) = self.try_finish() {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn written(&mut self) -> (Vec<u8>, Vec<u8>) {
+        use std::io::{Read, Seek};
+        let read = |file: &mut std::fs::File| {
+            let mut bytes = Vec::new();
+            file.seek(std::io::SeekFrom::Start(0))
+                .and_then(|_| file.read_to_end(&mut bytes))
+                .expect("read a command's output");
+            bytes
+        };
+        (read(&mut self.stdout), read(&mut self.stderr))
+    }
+}
+
+impl Drop for Bounded {
+    /// A test that fails while the command runs does not leave it behind.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Wait until `addr` accepts connections, or panic with `log`'s content.
 fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str, log: &Path) {
     let start = Instant::now();
@@ -198,7 +297,9 @@ tls-auth-clients {}
         if let Some(password) = &self.password {
             cmd.env("REDISCLI_AUTH", password);
         }
-        let out = cmd.args(args).output().expect("run redis-cli");
+        cmd.args(args);
+        let what = format!("redis-cli {} against {}", args.join(" "), self.addr);
+        let out = Bounded::start(&mut cmd, &what, CLI_DEADLINE).finish();
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
@@ -206,7 +307,11 @@ tls-auth-clients {}
     /// connection of its own (`cli` passes values in argv).
     pub fn set(&self, key: &str, value: &[u8]) {
         use std::io::{Read, Write};
-        let mut conn = TcpStream::connect(self.addr).expect("connect to redis-server");
+        let mut conn =
+            TcpStream::connect_timeout(&self.addr, CLI_DEADLINE).expect("connect to redis-server");
+        conn.set_read_timeout(Some(CLI_DEADLINE))
+            .and_then(|()| conn.set_write_timeout(Some(CLI_DEADLINE)))
+            .expect("set the connection's timeouts");
         let mut request = Vec::new();
         if let Some(password) = &self.password {
             request.extend(resp(&[b"AUTH", password.as_bytes()]));
@@ -267,9 +372,10 @@ pub struct RedisCluster {
     children: Vec<Option<Child>>,
 }
 
-/// How long a cluster may take to reach a state (a loaded 2-core machine
-/// runs six servers and the tests at once).
-const CLUSTER_DEADLINE: Duration = Duration::from_secs(180);
+/// How long a cluster may take to reach a state, or a cluster operation
+/// (`redis-cli --cluster create`, `reshard`) to finish: a loaded 2-core
+/// machine runs six servers and the tests at once.
+pub const CLUSTER_DEADLINE: Duration = Duration::from_secs(180);
 
 impl RedisCluster {
     /// `masters` × 2 nodes, requiring `password` if set.
@@ -361,7 +467,8 @@ impl RedisCluster {
         create.arg("--cluster").arg("create");
         create.args(cluster.nodes.iter().map(ToString::to_string));
         create.args(["--cluster-replicas", "1", "--cluster-yes"]);
-        let out = create.output().expect("run redis-cli --cluster create");
+        let out =
+            Bounded::start(&mut create, "redis-cli --cluster create", CLUSTER_DEADLINE).finish();
         assert!(
             out.status.success(),
             "redis-cli --cluster create failed:\n{}{}",
@@ -384,17 +491,20 @@ impl RedisCluster {
 
     /// `redis-cli` output for `args` sent to node `node`.
     pub fn cli(&self, node: usize, args: &[&str]) -> String {
-        let out = self
-            .redis_cli()
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.nodes[node].port().to_string(),
-            ])
-            .args(args)
-            .output()
-            .expect("run redis-cli");
+        let mut cmd = self.redis_cli();
+        cmd.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.nodes[node].port().to_string(),
+        ])
+        .args(args);
+        let what = format!(
+            "redis-cli {} against cluster node {node} ({})",
+            args.join(" "),
+            self.nodes[node]
+        );
+        let out = Bounded::start(&mut cmd, &what, CLI_DEADLINE).finish();
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
@@ -518,17 +628,16 @@ impl RedisCluster {
     }
 
     /// Move `slots` slots, with their keys, from master `from` to master
-    /// `to` (`redis-cli --cluster reshard`); returns the running process.
-    pub fn reshard(&self, from: usize, to: usize, slots: usize) -> Child {
+    /// `to` (`redis-cli --cluster reshard`); returns the running process,
+    /// which fails the test if it runs past [`CLUSTER_DEADLINE`].
+    pub fn reshard(&self, from: usize, to: usize, slots: usize) -> Bounded {
         let mut cmd = self.redis_cli();
         cmd.args(["--cluster", "reshard", &self.nodes[to].to_string()])
             .args(["--cluster-from", &self.id(from)])
             .args(["--cluster-to", &self.id(to)])
             .args(["--cluster-slots", &slots.to_string()])
-            .args(["--cluster-pipeline", "4", "--cluster-yes"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        cmd.spawn().expect("run redis-cli --cluster reshard")
+            .args(["--cluster-pipeline", "4", "--cluster-yes"]);
+        Bounded::start(&mut cmd, "redis-cli --cluster reshard", CLUSTER_DEADLINE)
     }
 
     /// Keys stored on node `node`.

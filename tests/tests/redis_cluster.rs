@@ -168,9 +168,9 @@ fn a_resharding_during_saves_and_restores_loses_no_byte() {
     let mut reshard = cluster.reshard(from, to, 3000);
     let mut next = 16;
     let mut rounds_during = 0;
-    let status = loop {
-        if let Some(status) = reshard.try_wait().unwrap() {
-            break status;
+    let resharded = loop {
+        if let Some(out) = reshard.try_finish() {
+            break out;
         }
         save(&store, next).unwrap();
         for i in [next, next / 2, 0] {
@@ -179,11 +179,10 @@ fn a_resharding_during_saves_and_restores_loses_no_byte() {
         next += 1;
         rounds_during += 1;
     };
-    let mut err = String::new();
-    std::io::Read::read_to_string(reshard.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert!(
-        status.success(),
-        "redis-cli --cluster reshard failed: {err}"
+        resharded.status.success(),
+        "redis-cli --cluster reshard failed: {}",
+        String::from_utf8_lossy(&resharded.stderr)
     );
     eprintln!("{rounds_during} save/restore rounds ran during the resharding");
 
@@ -548,4 +547,117 @@ fn a_wrong_ca_or_plain_text_to_a_tls_cluster_is_refused_logged_and_stores_nothin
         vec![0; cluster.nodes.len()],
         "nothing stored"
     );
+}
+
+/// Calls of `command` node `node` served (`INFO commandstats`).
+fn calls(cluster: &RedisCluster, node: usize, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    cluster
+        .cli(node, &["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a call count"))
+}
+
+/// `dedup_check = "flush"` on the cluster: `put_chunk` asks nothing; the
+/// manifest's flush is one existence check and one write of the missing
+/// chunks, each split into a pipeline per master and sent to every master
+/// before any reply is read, then a `WAIT` on each master written to, the
+/// manifest and its `WAIT`: five round trips for the whole save, however
+/// many chunks. The same save from a new process writes no chunk again,
+/// and a third restores every byte.
+#[test]
+fn in_flush_mode_a_save_is_one_check_and_one_write_per_master_confirmed_by_wait() {
+    let cluster = RedisCluster::start(3, None);
+    let dir = tempfile::tempdir().unwrap();
+    let config = cluster_config(
+        dir.path(),
+        &cluster,
+        "",
+        "dedup_check = \"flush\"\nwait_replicas = 1\nwait_timeout_ms = 30000",
+    );
+    let count = 48;
+    let puts: Vec<String> = (0..count)
+        .map(|i| format!("put-chunk:{i:04x}=chunk {i}"))
+        .collect();
+    let save: Vec<&str> = puts
+        .iter()
+        .map(String::as_str)
+        .chain(["put-manifest:m=48 chunks"])
+        .collect();
+    let probe = || Probe::new(PROBE, "wasm://redis/ns").config(&config);
+    let (out, stderr) = probe().run(&save);
+    assert!(
+        out[1..=count].iter().all(|l| l.ends_with("-> 0")),
+        "{out:?}"
+    );
+    assert_eq!(out[count + 1], "put-manifest m=48 chunks -> 0", "{stderr}");
+    assert!(
+        stderr.contains("48 staged chunks (0 already stored), 5 round trips"),
+        "{stderr}"
+    );
+    let masters = cluster.masters().expect("the nodes agree");
+    assert_eq!(masters.len(), 3);
+    let total =
+        |command: &str| -> u64 { masters.iter().map(|&m| calls(&cluster, m, command)).sum() };
+    for &m in &masters {
+        for command in ["exists", "set", "wait"] {
+            assert!(calls(&cluster, m, command) > 0, "master {m}: no {command}");
+        }
+    }
+    assert_eq!((total("exists"), total("set")), (48, 49));
+
+    let (out, stderr) = probe().run(&save);
+    assert_eq!(out[count + 1], "put-manifest m=48 chunks -> 0", "{stderr}");
+    assert!(
+        stderr.contains("48 staged chunks (48 already stored)"),
+        "{stderr}"
+    );
+    assert_eq!(
+        (total("exists"), total("set")),
+        (96, 50),
+        "only the manifest written again"
+    );
+
+    let gets: Vec<String> = (0..count).map(|i| format!("get-chunk:{i:04x}")).collect();
+    let restore: Vec<&str> = ["get-manifest:m"]
+        .into_iter()
+        .chain(gets.iter().map(String::as_str))
+        .collect();
+    let (out, stderr) = probe().run(&restore);
+    let mut expected = vec![
+        "open ok".to_owned(),
+        "get-manifest m -> 0 48 chunks".to_owned(),
+    ];
+    expected.extend((0..count).map(|i| format!("get-chunk {i:04x} -> 0 chunk {i}")));
+    assert_eq!(out, expected, "{stderr}");
+}
+
+/// The harness's commands have deadlines: a `redis-cli` talking to a
+/// "node" that accepts connections and never answers (a listener nobody
+/// accepts on; the kernel completes the handshake) is killed at its
+/// deadline, and the failure names the command. A command that never ends
+/// ends this test only through that deadline.
+#[test]
+fn a_harness_command_past_its_deadline_is_killed_and_named() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port().to_string();
+    let mut cmd = std::process::Command::new("redis-cli");
+    cmd.args(["-h", "127.0.0.1", "-p", &port, "CLUSTER", "INFO"]);
+    let bounded = kvwasm_tests::servers::Bounded::start(
+        &mut cmd,
+        "redis-cli CLUSTER INFO against a silent node",
+        Duration::from_millis(300),
+    );
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| bounded.finish()))
+        .expect_err("the command cannot finish: nothing ever answers it");
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.starts_with(
+            "redis-cli CLUSTER INFO against a silent node did not finish within 300ms and was killed"
+        ),
+        "{message}"
+    );
+    drop(silent);
 }

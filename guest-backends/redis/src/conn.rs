@@ -1,6 +1,7 @@
 //! One TCP connection to Redis, speaking RESP2 through `redis-protocol`,
 //! with every wait bounded by the configured deadline.
 
+use std::cell::Cell;
 use std::io::ErrorKind;
 use std::time::{Duration, Instant};
 
@@ -128,6 +129,30 @@ pub(crate) struct Connection {
 struct Peer {
     address: String,
     timeout: Duration,
+    /// Bytes the next read asks the socket for ([`Peer::receive`]).
+    read_request: Cell<usize>,
+}
+
+/// What one read asks the socket for, adapted to the replies: it starts at
+/// [`SMALL_READ`], doubles after a read that filled it and halves after one
+/// that brought less than a quarter of it, within [`SMALL_READ`] and
+/// [`LARGE_READ`]. The host allocates and zeroes the size asked for on every
+/// read, the one that finds no reply yet included, so asking for the whole
+/// read buffer to get a 5-byte `+OK` cost two zeroed 64 KiB buffers per
+/// round trip; a pipeline's replies or a value still grow it in a few reads.
+const SMALL_READ: usize = 4 << 10;
+/// The most the host hands over per read (wasmtime-wasi's limit).
+const LARGE_READ: usize = 64 << 10;
+
+/// The next read request after one of `asked` bytes brought `got`.
+fn next_read_request(asked: usize, got: usize) -> usize {
+    if got >= asked {
+        (asked * 2).min(LARGE_READ)
+    } else if got < asked / 4 {
+        (asked / 2).max(SMALL_READ)
+    } else {
+        asked
+    }
 }
 
 /// Writes are sent in pieces of about this size while encoding.
@@ -459,6 +484,7 @@ impl Connection {
             peer: Peer {
                 address: address.to_owned(),
                 timeout: endpoint.timeout,
+                read_request: Cell::new(SMALL_READ),
             },
             replies: Replies::default(),
         };
@@ -652,14 +678,122 @@ impl Connection {
     }
 }
 
+/// Whether `commands` can go through [`send_together`]: they hold no host
+/// payload (a long value, which the host writes whole).
+pub(crate) fn all_bytes(commands: &[&[Arg<'_>]]) -> bool {
+    commands
+        .iter()
+        .all(|command| command.iter().all(|a| a.bytes().is_some()))
+}
+
+/// One pipeline of [`send_together`]: the commands still to encode, and
+/// the encoded bytes not yet taken by the socket.
+struct Outgoing<'p, 'c, 'a> {
+    conn: &'p Connection,
+    commands: std::slice::Iter<'p, &'c [Arg<'a>]>,
+    out: Vec<u8>,
+    sent: usize,
+    result: Option<Result<(), ConnError>>,
+}
+
+/// Send each pipeline on its connection, all at once: bytes go to whichever
+/// connection takes them now, and only when none does is there a wait (for
+/// any of them), so a server slow to read holds back only its own
+/// pipeline. Commands must hold bytes only ([`all_bytes`]).
+/// One result per pipeline; after an error a connection's state is
+/// unknown (drop it).
+pub(crate) fn send_together(
+    pipelines: &[(&Connection, Vec<&[Arg<'_>]>)],
+    deadline: Instant,
+) -> Vec<Result<(), ConnError>> {
+    let mut outgoing: Vec<Outgoing<'_, '_, '_>> = pipelines
+        .iter()
+        .map(|(conn, commands)| Outgoing {
+            conn,
+            commands: commands.iter(),
+            out: Vec::new(),
+            sent: 0,
+            result: None,
+        })
+        .collect();
+    loop {
+        let mut progressed = false;
+        let mut blocked: Vec<usize> = Vec::new();
+        for (at, o) in outgoing.iter_mut().enumerate() {
+            if o.result.is_some() {
+                continue;
+            }
+            if o.sent == o.out.len() {
+                (o.sent, progressed) = (0, true);
+                o.out.clear();
+                while o.out.len() < WRITE_BATCH
+                    && let Some(command) = o.commands.next()
+                {
+                    if let Err(e) = encode_bytes(&mut o.out, command) {
+                        o.result = Some(Err(o.conn.peer.encode_failed(e)));
+                        break;
+                    }
+                }
+                if o.out.is_empty() && o.result.is_none() {
+                    o.result = Some(Ok(()));
+                }
+                if o.result.is_some() {
+                    continue;
+                }
+            }
+            match o.conn.stream.try_write(&o.out[o.sent..]) {
+                Ok(0) => blocked.push(at),
+                Ok(n) => (o.sent, progressed) = (o.sent + n, true),
+                Err(e) => o.result = Some(Err(o.conn.peer.io_failure("send failed", e))),
+            }
+        }
+        if blocked.is_empty() && !progressed {
+            break;
+        }
+        if progressed {
+            continue;
+        }
+        // Every pipeline left is waiting for its server to read.
+        let conns: Vec<&Connection> = blocked.iter().map(|&b| outgoing[b].conn).collect();
+        let streams: Vec<&Stream> = conns.iter().map(|c| &c.stream).collect();
+        let waited = conns[0].peer.remaining(deadline).and_then(|wait| {
+            kvwasm_guest_support::net::wait_writable(&streams, wait)
+                .map_err(|e| conns[0].peer.io_failure("send failed", e))
+        });
+        if waited.is_err() {
+            for (&b, conn) in blocked.iter().zip(&conns) {
+                outgoing[b].result = Some(Err(conn.peer.timed_out()));
+            }
+        }
+    }
+    outgoing
+        .into_iter()
+        .map(|o| o.result.unwrap_or(Ok(())))
+        .collect()
+}
+
+/// Append `command`, which holds bytes only, to `out` as a RESP array of
+/// bulk strings.
+fn encode_bytes(out: &mut Vec<u8>, command: &[Arg<'_>]) -> Result<(), String> {
+    let args: Vec<BorrowedFrame<'_>> = command
+        .iter()
+        .map(|a| a.bytes().map(BorrowedFrame::BulkString))
+        .collect::<Option<_>>()
+        .ok_or("a host payload in a command sent with others")?;
+    append(out, &BorrowedFrame::Array(&args))
+}
+
 impl Peer {
-    /// Read at least one byte from `stream` into `buf`.
+    /// Read at least one byte from `stream` into `buf`, asking for no more
+    /// than the current read request (see [`SMALL_READ`]).
     fn receive(
         &self,
         stream: &Stream,
         buf: &mut [u8],
         deadline: Instant,
     ) -> Result<usize, ConnError> {
+        let asked = self.read_request.get().min(buf.len());
+        let buf = &mut buf[..asked];
         loop {
             let wait = self.remaining(deadline)?;
             stream
@@ -667,7 +801,10 @@ impl Peer {
                 .map_err(|e| self.io_failure("cannot set a read timeout", e))?;
             match stream.read(buf) {
                 Ok(0) => return Err(self.failure("the server closed the connection".into(), true)),
-                Ok(n) => return Ok(n),
+                Ok(n) => {
+                    self.read_request.set(next_read_request(asked, n));
+                    return Ok(n);
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(self.io_failure("receive failed", e)),
             }
@@ -822,6 +959,26 @@ mod tests {
             (READ_SIZE - 8..READ_SIZE + 300_000, any::<u8>())
                 .prop_map(|(len, b)| OwnedFrame::BulkString(vec![b; len])),
         ]
+    }
+
+    #[test]
+    fn read_requests_grow_with_full_reads_and_shrink_with_short_ones() {
+        // A pipeline's replies: each full read doubles the next, to the
+        // host's most per read.
+        let mut asked = SMALL_READ;
+        let mut sizes = vec![asked];
+        while asked < LARGE_READ {
+            asked = next_read_request(asked, asked);
+            sizes.push(asked);
+        }
+        assert_eq!(sizes, [4, 8, 16, 32, 64].map(|k| k << 10));
+        assert_eq!(next_read_request(LARGE_READ, LARGE_READ), LARGE_READ);
+        // Then `+OK` replies, one per round trip: back down to the least.
+        assert_eq!(next_read_request(LARGE_READ, 5), LARGE_READ / 2);
+        assert_eq!(next_read_request(SMALL_READ, 5), SMALL_READ);
+        // A read between a quarter and all of the request keeps it.
+        assert_eq!(next_read_request(16 << 10, 4 << 10), 16 << 10);
+        assert_eq!(next_read_request(16 << 10, (16 << 10) - 1), 16 << 10);
     }
 
     #[test]

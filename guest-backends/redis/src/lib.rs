@@ -88,6 +88,11 @@ struct Command<'a> {
     writes: bool,
 }
 
+/// The commands bound for one node: its address, each command's index
+/// and whether an `ASK` sent it there, and whether the node's connection
+/// was open before this operation.
+type Group = (String, Vec<(usize, bool)>, bool);
+
 /// Redirections and reconnections one operation follows before failing.
 const MAX_ATTEMPTS: usize = 5;
 const NO_MASTER: u16 = u16::MAX;
@@ -123,12 +128,31 @@ impl Redis {
                 groups.entry(node).or_default().push((at, asking));
             }
             let mut refresh = false;
-            let mut sent = Vec::new();
+            let mut connected = Vec::new();
             for (address, group) in groups {
                 let reused = self.nodes.contains_key(&address);
-                match self.send(&address, commands, &group, deadline) {
+                let opened = if reused {
+                    Ok(())
+                } else {
+                    self.connect(&address, deadline)
+                };
+                match opened {
+                    Ok(()) => connected.push((address, group, reused)),
+                    Err(e) => {
+                        self.failed(e, reused, &mut reconnected)?;
+                        refresh = true;
+                        failure = Some(address);
+                        todo.extend(group.into_iter().map(|(at, _)| (at, None)));
+                    }
+                }
+            }
+            let mut sent = Vec::new();
+            let results = self.send(commands, &connected, deadline);
+            for (result, (address, group, reused)) in results.into_iter().zip(connected) {
+                match result {
                     Ok(()) => sent.push((address, group, reused)),
                     Err(e) => {
+                        self.drop_node(&address);
                         self.failed(e, reused, &mut reconnected)?;
                         refresh = true;
                         failure = Some(address);
@@ -219,28 +243,44 @@ impl Redis {
         Err(e.into())
     }
 
-    /// Send `group` of `commands` to `address`, connecting first if needed
-    /// (`ASKING` before each command an `ASK` redirected). On failure the
-    /// connection is dropped: its state is unknown.
+    /// Send each group of `commands` to its node, connected (`ASKING`
+    /// before each command an `ASK` redirected): to all nodes at once
+    /// ([`conn::send_together`]), or, when long values are among them
+    /// (written whole by the host), one node after the other. One result
+    /// per group; a node that failed is in an unknown state (drop it).
     fn send(
         &mut self,
-        address: &str,
         commands: &[Command<'_>],
-        group: &[(usize, bool)],
+        groups: &[Group],
         deadline: Instant,
-    ) -> Result<(), ConnError> {
+    ) -> Vec<Result<(), ConnError>> {
         let asking = [Arg::Bytes(b"ASKING")];
-        let args = group.iter().flat_map(|&(at, ask)| {
-            let first: Option<&[Arg<'_>]> = ask.then_some(&asking);
-            first.into_iter().chain([commands[at].args.as_slice()])
-        });
-        if !self.nodes.contains_key(address) {
-            self.connect(address, deadline)?;
+        let pipeline = |group: &[(usize, bool)]| -> Vec<&[Arg<'_>]> {
+            group
+                .iter()
+                .flat_map(|&(at, ask)| {
+                    let first: Option<&[Arg<'_>]> = ask.then_some(&asking);
+                    first.into_iter().chain([commands[at].args.as_slice()])
+                })
+                .collect()
+        };
+        let pipelines: Vec<Vec<&[Arg<'_>]>> = groups.iter().map(|(_, g, _)| pipeline(g)).collect();
+        if pipelines.iter().all(|p| conn::all_bytes(p)) {
+            let together: Vec<(&Connection, Vec<&[Arg<'_>]>)> = groups
+                .iter()
+                .zip(pipelines)
+                .map(|((address, _, _), p)| (&self.nodes[address].conn, p))
+                .collect();
+            return conn::send_together(&together, deadline);
         }
-        let node = self.nodes.get_mut(address).expect("connected");
-        node.conn
-            .send_commands(args, deadline)
-            .inspect_err(|_| self.drop_node(address))
+        groups
+            .iter()
+            .zip(pipelines)
+            .map(|((address, _, _), p)| {
+                let node = self.nodes.get_mut(address).expect("connected");
+                node.conn.send_commands(p.into_iter(), deadline)
+            })
+            .collect()
     }
 
     fn connect(&mut self, address: &str, deadline: Instant) -> Result<(), ConnError> {

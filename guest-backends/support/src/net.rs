@@ -52,7 +52,7 @@ pub const NOT_GRANTED: &str = "the peer is not granted in `net`";
 /// and timed out like a [`TcpStream`]; unlike one, it hands out its input
 /// stream, so a long value can be read straight into a payload
 /// ([`crate::bindings::kvwasm::kv_store::payload_streams`]).
-pub use raw::Stream;
+pub use raw::{Stream, wait_writable};
 
 /// Connect to `address` (`host:port`) by `deadline`, then, if `tls`, ask
 /// the host for a TLS session on the socket with `host` as the server
@@ -271,16 +271,43 @@ mod raw {
         /// sending it (callers then wait for the reply, not for a flush).
         pub fn write(&self, buf: &[u8]) -> std::io::Result<usize> {
             loop {
-                let room = self.output.check_write().map_err(stream_error)?;
-                if room == 0 {
-                    wait(&self.output.subscribe(), self.write_timeout.get())?;
-                    continue;
+                let n = self.try_write(buf)?;
+                if n > 0 || buf.is_empty() {
+                    return Ok(n);
                 }
-                let n = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
-                self.output.write(&buf[..n]).map_err(stream_error)?;
-                self.output.flush().map_err(stream_error)?;
-                return Ok(n);
+                wait(&self.output.subscribe(), self.write_timeout.get())?;
             }
+        }
+
+        /// As [`Stream::write`] without waiting: 0 if the session takes
+        /// nothing now ([`wait_writable`] waits for that).
+        pub fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
+            let room = self.output.check_write().map_err(stream_error)?;
+            let n = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+            if n == 0 {
+                return Ok(0);
+            }
+            self.output.write(&buf[..n]).map_err(stream_error)?;
+            self.output.flush().map_err(stream_error)?;
+            Ok(n)
+        }
+    }
+
+    /// Wait until at least one of `streams` takes more bytes
+    /// ([`Stream::try_write`]), for at most `timeout`: a client writing to
+    /// several servers at once waits for whichever reads first.
+    pub fn wait_writable(streams: &[&Stream], timeout: Duration) -> std::io::Result<()> {
+        let ready: Vec<Pollable> = streams.iter().map(|s| s.output.subscribe()).collect();
+        let timer = monotonic_clock::subscribe_duration(
+            u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+        );
+        let mut waiting: Vec<&Pollable> = ready.iter().collect();
+        waiting.push(&timer);
+        let streams = u32::try_from(ready.len()).unwrap_or(u32::MAX);
+        if poll(&waiting).iter().any(|&i| i < streams) {
+            Ok(())
+        } else {
+            Err(Error::from(ErrorKind::TimedOut))
         }
     }
 }

@@ -138,6 +138,11 @@ fn a_quick_remote_bench_reports_hiredis_new_and_same_handle_and_cluster_rows() {
             "redis crate, cluster, pipelined per node",
             "kvwasm (redis-cluster)",
         ),
+        (
+            "save 256 × 4 KiB",
+            "redis crate, cluster, pipelined per node",
+            "kvwasm (redis-cluster-batched)",
+        ),
     ];
     let has = |case: &str, native: &str, kvwasm: &str| {
         report.lines().any(|line| {
@@ -163,6 +168,11 @@ fn a_quick_remote_bench_reports_hiredis_new_and_same_handle_and_cluster_rows() {
             "kvwasm (redis)",
             "kvwasm (redis-cluster)",
         ),
+        (
+            format!("save 256 × 4 KiB{cost}"),
+            "kvwasm (redis-batched)",
+            "kvwasm (redis-cluster-batched)",
+        ),
     ] {
         assert!(
             report.lines().any(|line| {
@@ -173,6 +183,16 @@ fn a_quick_remote_bench_reports_hiredis_new_and_same_handle_and_cluster_rows() {
             "no row {case} / {one} / {on_cluster}:\n{report}"
         );
     }
+    // Exact puts on the cluster beside the native client that also waits
+    // for each `SET NX`: what is left once the round trips are the same.
+    assert!(
+        report.lines().any(|line| {
+            line.starts_with("| save 256 × 4 KiB | redis crate, cluster, SET NX per chunk | ")
+                && line.contains(" | kvwasm (redis-cluster) | ")
+                && line.ends_with("| — (like for like) |")
+        }),
+        "no like-for-like cluster row:\n{report}"
+    );
     assert!(
         report.contains("verified byte for byte in the warm-up repetition"),
         "{report}"

@@ -246,6 +246,49 @@ fn the_redis_guest_passes_everything_against_a_real_redis_cluster() {
     );
 }
 
+/// The same over TLS: nodes that speak only TLS, to clients and to each
+/// other, with the operator's CA in the backend's `tls` grant, a password,
+/// and `wait_replicas = 1`. Every check passes through the shim, and every
+/// master took the writes (through the TLS ports the cluster announces)
+/// and confirmed them.
+#[test]
+fn the_redis_guest_passes_everything_against_a_real_redis_cluster_over_tls() {
+    let pki = kvwasm_tests::tls::Pki::new();
+    let cluster =
+        kvwasm_tests::servers::RedisCluster::start_tls(3, &pki, Some("cluster-pw-42".into()), None);
+    let list = |nodes: &[std::net::SocketAddr]| {
+        nodes
+            .iter()
+            .map(|a| format!("\"{a}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let entry = format!(
+        "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [{}]\n\
+         env = [\"REDIS_PASSWORD\"]\ncall_timeout_ms = 120000\n\
+         settings = {{ mode = \"cluster\", addresses = [{}], timeout_ms = 30000, \
+         wait_replicas = 1, wait_timeout_ms = 30000 }}\n\
+         tls = {{ ca_file = \"{}\" }}\n",
+        list(&cluster.nodes),
+        list(&cluster.nodes[..2]),
+        pki.ca.display()
+    );
+    assert_passes_everything(
+        "builtin:redis",
+        &entry,
+        &[("REDIS_PASSWORD", "cluster-pw-42")],
+    );
+    let masters = cluster.masters().expect("the nodes agree");
+    assert_eq!(masters.len(), 3);
+    assert!(
+        masters.iter().all(|&m| {
+            let stats = cluster.cli(m, &["INFO", "commandstats"]);
+            stats.contains("cmdstat_set:") && stats.contains("cmdstat_wait:")
+        }),
+        "every master took writes and confirmed them"
+    );
+}
+
 #[test]
 fn the_s3_guest_passes_everything_against_a_real_s3_server() {
     let server = kvwasm_tests::servers::S3Server::start();

@@ -22,8 +22,9 @@
 //!   restore as above.
 //! * Redis Cluster (`--redis-cluster`): the `redis` crate's cluster client,
 //!   one pipeline per node; the same kvwasm guest in `mode = "cluster"`
-//!   against it, and each against its one-server self (the cost of
-//!   cluster mode).
+//!   against it (exact puts, and `dedup_check = "flush"`: one batched
+//!   check and write per node at the manifest), and each against its
+//!   one-server self (the cost of cluster mode).
 //! * S3: `reqwest` (blocking) with `aws-sigv4` signing set up as the s3
 //!   guest sets it up, 16 requests in flight (the guest's default
 //!   `max_concurrency`): `PUT`s of the chunks, then of the manifest; a
@@ -412,8 +413,11 @@ const REDIS_SIDES: [(&str, &str); 2] = [("redis", "put"), ("redis-batched", "flu
 /// `redis` (put) restoring on the handle that saved, beside `redis` on a
 /// new handle (unless `--same-handle` makes every side restore so).
 const REDIS_SAME_HANDLE: &str = "redis-same-handle";
-/// `redis` (put) in `mode = "cluster"` on the Redis Cluster.
-const REDIS_CLUSTER: &str = "redis-cluster";
+/// The kvwasm sides on the Redis Cluster (`mode = "cluster"`), as
+/// [`REDIS_SIDES`] on one server: exact puts, and one batched check per
+/// node at the flush.
+const REDIS_CLUSTER_SIDES: [(&str, &str); 2] =
+    [("redis-cluster", "put"), ("redis-cluster-batched", "flush")];
 const S3_SIDES: [(&str, &str); 2] = [("s3", "put"), ("s3-batched", "flush")];
 
 /// The kvwasm configuration of the remote backends: for each server, the
@@ -464,13 +468,15 @@ fn config(servers: &Servers) -> String {
             quoted.join(", ")
         };
         let nodes = &servers.redis_cluster;
-        out += &format!(
-            "[backends.{REDIS_CLUSTER}]\ncomponent = {}\nnet = [{}]\n{env}{limits}\
-             settings = {{ mode = \"cluster\", addresses = [{}], {password}dedup_check = \"put\", {tuning} }}\n",
-            component("redis"),
-            list(nodes),
-            list(&nodes[..nodes.len().min(2)]),
-        );
+        for (name, dedup) in REDIS_CLUSTER_SIDES {
+            out += &format!(
+                "[backends.{name}]\ncomponent = {}\nnet = [{}]\n{env}{limits}\
+                 settings = {{ mode = \"cluster\", addresses = [{}], {password}dedup_check = \"{dedup}\", {tuning} }}\n",
+                component("redis"),
+                list(nodes),
+                list(&nodes[..nodes.len().min(2)]),
+            );
+        }
     }
     for (name, dedup) in S3_SIDES {
         let Some(endpoint) = &servers.s3 else { break };
@@ -533,7 +539,12 @@ pub fn run(
             })
             .transpose()?;
         let cluster = (!servers.redis_cluster.is_empty())
-            .then(|| NativeCluster::connect(&servers.redis_cluster))
+            .then(|| -> Result<_, String> {
+                Ok((
+                    NativeCluster::connect(&servers.redis_cluster, false)?,
+                    NativeCluster::connect(&servers.redis_cluster, true)?,
+                ))
+            })
             .transpose()?;
         let mut natives: Vec<&dyn Side> = Vec::new();
         let mut sides: Vec<Box<dyn Side>> = Vec::new();
@@ -545,7 +556,10 @@ pub fn run(
                 twin: "kvwasm",
                 ..side(exact_name, exact_dedup)?
             }));
-            sides.push(Box::new(side(batched_name, batched_dedup)?));
+            sides.push(Box::new(Kvwasm {
+                twin: "kvwasm-batched",
+                ..side(batched_name, batched_dedup)?
+            }));
             if !servers.same_handle {
                 sides.push(Box::new(Kvwasm {
                     same_handle: true,
@@ -553,12 +567,18 @@ pub fn run(
                 }));
             }
         }
-        if let Some(cluster) = &cluster {
-            natives.push(cluster);
+        if let Some((cluster, exact)) = &cluster {
+            natives.extend([cluster as &dyn Side, exact]);
+            let [(exact_name, exact_dedup), (batched_name, batched_dedup)] = REDIS_CLUSTER_SIDES;
             sides.push(Box::new(Kvwasm {
                 cluster: true,
                 twin: "kvwasm",
-                ..side(REDIS_CLUSTER, "put")?
+                ..side(exact_name, exact_dedup)?
+            }));
+            sides.push(Box::new(Kvwasm {
+                cluster: true,
+                twin: "kvwasm-batched",
+                ..side(batched_name, batched_dedup)?
             }));
         }
         let loads = [Load::new(big, 1 << 20, 1.3), Load::new(small, 4 << 10, 1.5)];
@@ -572,7 +592,9 @@ pub fn run(
                 if let Some((native, ..)) = &one {
                     native.clean(base, load)?;
                 }
-                cluster.as_ref().map_or(Ok(()), |c| c.clean(base, load))
+                cluster
+                    .as_ref()
+                    .map_or(Ok(()), |(c, _)| c.clean(base, load))
             },
         )?);
     }
@@ -814,6 +836,16 @@ mod tests {
         std::fs::write(&path, &cluster).unwrap();
         let loaded = kvwasm_host::config::Config::load(&path).unwrap();
         loaded.backend("redis-cluster").unwrap();
+        loaded.backend("redis-cluster-batched").unwrap();
+        assert!(
+            cluster.contains("mode = \"cluster\"")
+                && cluster.contains("[backends.redis-cluster-batched]\n")
+                && cluster
+                    .lines()
+                    .any(|l| l.contains("mode = \"cluster\"")
+                        && l.contains("dedup_check = \"flush\"")),
+            "{cluster}"
+        );
         assert!(
             cluster.contains(
                 "settings = { mode = \"cluster\", addresses = [\"127.0.0.1:7001\", \"127.0.0.1:7002\"], "

@@ -123,10 +123,14 @@ impl Side for NativeRedis {
 /// sent as one pipeline per node.
 pub(super) struct NativeCluster {
     conn: std::cell::RefCell<redis::cluster::ClusterConnection>,
+    /// Save with a `SET … NX` per chunk, routed to its node, as it is put
+    /// (as [`NativeRedis`]'s `exact_puts`): the floor of a cluster client
+    /// that answers each put exactly.
+    exact_puts: bool,
 }
 
 impl NativeCluster {
-    pub(super) fn connect(nodes: &[String]) -> Result<NativeCluster, String> {
+    pub(super) fn connect(nodes: &[String], exact_puts: bool) -> Result<NativeCluster, String> {
         let fail = |e: redis::RedisError| format!("redis cluster at {nodes:?}: {e}");
         let mut client =
             redis::cluster::ClusterClient::builder(nodes.iter().map(|n| format!("redis://{n}/")));
@@ -140,6 +144,7 @@ impl NativeCluster {
             .map_err(fail)?;
         Ok(NativeCluster {
             conn: std::cell::RefCell::new(conn),
+            exact_puts,
         })
     }
 
@@ -157,15 +162,19 @@ impl NativeCluster {
 
 impl Side for NativeCluster {
     fn label(&self) -> String {
-        "redis crate, cluster, pipelined per node".into()
+        if self.exact_puts {
+            "redis crate, cluster, SET NX per chunk".into()
+        } else {
+            "redis crate, cluster, pipelined per node".into()
+        }
     }
 
     fn exact_puts(&self) -> bool {
-        false
+        self.exact_puts
     }
 
     fn baseline(&self) -> bool {
-        true
+        !self.exact_puts
     }
 
     fn cluster(&self) -> bool {
@@ -173,7 +182,7 @@ impl Side for NativeCluster {
     }
 
     fn twin(&self) -> &'static str {
-        "redis crate"
+        if self.exact_puts { "" } else { "redis crate" }
     }
 
     fn save(&self, ns: &str, load: &Load, meter: Meter) -> Result<Measured, String> {
@@ -182,10 +191,18 @@ impl Side for NativeCluster {
         let span = meter.start();
         let mut pipe = redis::cluster::cluster_pipe();
         for hash in &load.hashes {
-            pipe.cmd("SET")
-                .arg(chunk_key(&base, hash))
-                .arg(load.data.as_slice())
-                .ignore();
+            let key = chunk_key(&base, hash);
+            if self.exact_puts {
+                // `OK` if stored now, nil if it was there: put_chunk's 0 or 1.
+                let _stored: Option<String> = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(load.data.as_slice())
+                    .arg("NX")
+                    .query(conn)
+                    .map_err(|e| format!("redis cluster SET NX: {e}"))?;
+                continue;
+            }
+            pipe.cmd("SET").arg(key).arg(load.data.as_slice()).ignore();
         }
         pipe.cmd("SET")
             .arg(manifest_key(&base))
