@@ -16,10 +16,11 @@ static constexpr uint32_t CHUNK_ROWS = 256;
 // task loop (one task at a time), left open for the process's lifetime.
 static const kv_store_vtable * g_vt    = nullptr;
 static kv_store_v1 *           g_store = nullptr;
-// The state of the save or restore under way, kept for the next one: as
-// large as the largest slot state saved or restored so far (kv_slot.h says
-// why a kept buffer).
-static kv_slot_buf             g_state = { nullptr, 0 };
+// The pieces of the state being saved (llama_state_seq_get_data_cb: tensor
+// rows by pointer, the rest copied), kept for the next save; the chunks of
+// the last restore, kept until the next one.
+static kv_slot_pieces          g_pieces = {};
+static kv_slot_chunks          g_loaded = {};
 
 bool server_kv_store_is_uri(const std::string & path) {
     return path.find("://") != std::string::npos;
@@ -68,35 +69,36 @@ static error_type error_type_of(const kv_slot_error & e) {
     }
 }
 
+static bool add_piece(const void * data, size_t size, bool in_memory, void * pieces) {
+    return kv_slot_pieces_add(static_cast<kv_slot_pieces *>(pieces), data, size, in_memory) == 0;
+}
+
 size_t server_kv_store_save(llama_context * ctx, llama_seq_id seq, const std::vector<char> & packed_tokens,
                             const std::string & name, std::vector<std::pair<std::string, size_t>> & counts) {
     const size_t n_tokens = packed_tokens.size() / sizeof(llama_token);
-    const size_t head     = KV_SLOT_GGSQ_HEAD + sizeof(llama_token) * n_tokens;
-    const size_t seq_size = llama_state_seq_get_size(ctx, seq);
-    if (seq_size == 0) {
-        throw server_kv_store_error("Unable to save slot: no sequence state", ERROR_TYPE_SERVER);
-    }
-    // every byte is written below
-    const size_t size  = head + seq_size;
-    uint8_t *    state = kv_slot_buf_reserve(&g_state, size);
-    if (!state) {
-        throw server_kv_store_error("Unable to save slot: no memory for its state", ERROR_TYPE_SERVER);
-    }
     std::vector<llama_token> tokens(n_tokens);
     if (n_tokens) {
         std::memcpy(tokens.data(), packed_tokens.data(), n_tokens * sizeof(llama_token));
     }
-    kv_slot_write_head(state, LLAMA_STATE_SEQ_MAGIC, LLAMA_STATE_SEQ_VERSION, tokens.data(), n_tokens);
-    const double t_get = kv_slot_now_ms();
-    if (llama_state_seq_get_data(ctx, state + head, seq_size, seq) != seq_size) {
-        throw server_kv_store_error("Unable to save slot: llama_state_seq_get_data failed", ERROR_TYPE_SERVER);
+    std::vector<uint8_t> head(KV_SLOT_GGSQ_HEAD + sizeof(llama_token) * n_tokens);
+    kv_slot_write_head(head.data(), LLAMA_STATE_SEQ_MAGIC, LLAMA_STATE_SEQ_VERSION, tokens.data(), n_tokens);
+    kv_slot_pieces_clear(&g_pieces);
+    if (kv_slot_pieces_add(&g_pieces, head.data(), head.size(), 0) != 0) {
+        throw server_kv_store_error("Unable to save slot: no memory for its state", ERROR_TYPE_SERVER);
+    }
+    // the KV rows stay in the slot's tensors, unchanged until the save returns
+    const double t_get    = kv_slot_now_ms();
+    const size_t seq_size = llama_state_seq_get_data_cb(ctx, seq, add_piece, &g_pieces, 0);
+    if (seq_size == 0) {
+        throw server_kv_store_error("Unable to save slot: llama_state_seq_get_data_cb failed", ERROR_TYPE_SERVER);
     }
     if (kv_slot_tracing()) {
-        fprintf(stderr, "kv_slot: llama_state_seq_get_data of %zu bytes: %.2f ms\n", seq_size, kv_slot_now_ms() - t_get);
+        fprintf(stderr, "kv_slot: llama_state_seq_get_data_cb of %zu bytes: %.2f ms\n", seq_size,
+                kv_slot_now_ms() - t_get);
     }
     kv_slot_save_stats stats;
     kv_slot_error      err;
-    if (kv_slot_save(g_vt, g_store, name.c_str(), state, size, CHUNK_ROWS, &stats, &err) != 0) {
+    if (kv_slot_save_pieces(g_vt, g_store, name.c_str(), &g_pieces, CHUNK_ROWS, &stats, &err) != 0) {
         throw server_kv_store_error(std::string("Unable to save slot: ") + err.msg, error_type_of(err));
     }
     counts = {
@@ -105,47 +107,48 @@ size_t server_kv_store_save(llama_context * ctx, llama_seq_id seq, const std::ve
         { "n_chunks_deduplicated", stats.deduplicated },
         { "n_bytes_stored",        stats.bytes_stored },
     };
-    return size;
+    return g_pieces.size;
 }
 
 server_kv_store_state server_kv_store_load(const std::string & name) {
-    size_t        size = 0;
+    kv_slot_chunks_free(&g_loaded);
     kv_slot_error err;
-    server_kv_store_state st;
-    if (kv_slot_load(g_vt, g_store, name.c_str(), &g_state, &size, &st.chunks, &err) != 0) {
+    if (kv_slot_load_chunks(g_vt, g_store, name.c_str(), &g_loaded, &err) != 0) {
         throw server_kv_store_error(std::string("Unable to restore slot: ") + err.msg, error_type_of(err));
     }
-    const uint8_t * bytes = g_state.data;
-    st.bytes = bytes;
-    st.size  = size;
-    auto u32 = [&](size_t at) {
-        uint32_t v;
-        std::memcpy(&v, bytes + at, sizeof v);
-        return v;
-    };
-    if (size < KV_SLOT_GGSQ_HEAD || u32(0) != LLAMA_STATE_SEQ_MAGIC || u32(4) != LLAMA_STATE_SEQ_VERSION) {
+    server_kv_store_state st;
+    st.size   = g_loaded.size;
+    st.chunks = g_loaded.n;
+    uint32_t ggsq[3];
+    if (kv_slot_chunks_read(&g_loaded, ggsq, sizeof ggsq) != 0 || ggsq[0] != LLAMA_STATE_SEQ_MAGIC ||
+        ggsq[1] != LLAMA_STATE_SEQ_VERSION) {
+        kv_slot_chunks_free(&g_loaded);
         throw server_kv_store_error("Unable to restore slot: the state has no ggsq v" +
                                     std::to_string(LLAMA_STATE_SEQ_VERSION) + " header", ERROR_TYPE_INVALID_REQUEST);
     }
-    const size_t n_tokens = u32(8);
-    st.head = KV_SLOT_GGSQ_HEAD + sizeof(llama_token) * n_tokens;
-    if (st.head > size) {
+    const size_t n_tokens = ggsq[2];
+    if (n_tokens > kv_slot_chunks_left(&g_loaded) / sizeof(llama_token)) {
+        kv_slot_chunks_free(&g_loaded);
         throw server_kv_store_error("Unable to restore slot: the state's token count exceeds its size",
                                     ERROR_TYPE_INVALID_REQUEST);
     }
     st.tokens.resize(n_tokens);
-    if (n_tokens) {
-        std::memcpy(st.tokens.data(), bytes + KV_SLOT_GGSQ_HEAD, n_tokens * sizeof(llama_token));
-    }
+    kv_slot_chunks_read(&g_loaded, st.tokens.data(), n_tokens * sizeof(llama_token));
     return st;
 }
 
-bool server_kv_store_apply(llama_context * ctx, llama_seq_id seq, const server_kv_store_state & state) {
-    const size_t n     = state.size - state.head;
+static bool read_piece(void * dst, size_t size, void * chunks) {
+    return kv_slot_chunks_read(static_cast<kv_slot_chunks *>(chunks), dst, size) == 0;
+}
+
+bool server_kv_store_apply(llama_context * ctx, llama_seq_id seq) {
+    const size_t n     = kv_slot_chunks_left(&g_loaded);
     const double t_set = kv_slot_now_ms();
-    const bool   ok    = llama_state_seq_set_data(ctx, state.bytes + state.head, n, seq) == n;
+    const bool   ok    = llama_state_seq_set_data_cb(ctx, seq, read_piece, &g_loaded, 0) == n &&
+                    kv_slot_chunks_left(&g_loaded) == 0;
     if (kv_slot_tracing()) {
-        fprintf(stderr, "kv_slot: llama_state_seq_set_data of %zu bytes: %.2f ms\n", n, kv_slot_now_ms() - t_set);
+        fprintf(stderr, "kv_slot: llama_state_seq_set_data_cb of %zu bytes: %.2f ms\n", n, kv_slot_now_ms() - t_set);
     }
+    kv_slot_chunks_free(&g_loaded); // the chunks' memory goes back now, not at the next restore
     return ok;
 }
