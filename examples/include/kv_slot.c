@@ -526,7 +526,7 @@ int kv_slot_save_pieces(const kv_store_vtable *vt, kv_store_v1 *store, const cha
 
 /* A restore's checking: the caller fetches the chunks in order; the
  * helper and the caller check fetched chunks (length, xxh3-64) and copy
- * them into place (or keep them: kv_slot_load_chunks), oldest first. The caller checks one itself rather than
+ * them into place, oldest first. The caller checks one itself rather than
  * fetch more than LOAD_AHEAD ahead, so a helper that gets no core (a busy
  * machine) costs little: the caller then does what it did alone, on
  * chunks still in its cache. */
@@ -536,8 +536,8 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     const uint8_t *manifest;
-    uint8_t *state;  /* NULL: chunks are kept, not copied */
-    uint8_t **data;  /* per chunk: the backend's block, until checked (kept: until freed) */
+    uint8_t *state;
+    uint8_t **data;  /* per chunk: the backend's block, until checked */
     size_t *len;     /* per chunk: its length */
     size_t *off;     /* per chunk: where it goes in the state */
     size_t fetched;  /* chunks [0, fetched) are fetched; under mu */
@@ -568,13 +568,11 @@ static void check_chunk(load_checking *c, size_t i) {
         key_of(c->data[i], c->len[i], key);
         if (memcmp(key, e, KV_SLOT_HASH_LEN) != 0)
             why = "xxh3-64";
-        else if (c->state)
+        else
             memcpy(c->state + c->off[i], c->data[i], c->len[i]); /* still in cache from the hash */
     }
-    if (c->state) {
-        free(c->data[i]); /* backend outputs come from malloc */
-        c->data[i] = NULL;
-    }
+    free(c->data[i]); /* backend outputs come from malloc */
+    c->data[i] = NULL;
     pthread_mutex_lock(&c->mu);
     if (why && i < c->bad) {
         c->bad = i;
@@ -601,10 +599,8 @@ static void *load_helper(void *arg) {
     return NULL;
 }
 
-/* kv_slot_load into `state`, or, with `state` NULL, keeping the checked
- * chunks in `kept`. */
-static int load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_buf *state, size_t *size,
-                size_t *chunks, kv_slot_chunks *kept, kv_slot_error *err) {
+int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_buf *state, size_t *size,
+                 size_t *chunks, kv_slot_error *err) {
     double t0 = kv_slot_now_ms();
     uint8_t *m = NULL;
     size_t mlen = 0;
@@ -636,7 +632,7 @@ static int load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name,
     if (sum != total) {
         result = fail(err, 0, "manifest", "the manifest's chunks hold %llu bytes, its header says %llu",
                       (unsigned long long)sum, (unsigned long long)total);
-    } else if (state && !(st = kv_slot_buf_reserve(state, total ? (size_t)total : 1))) {
+    } else if (!(st = kv_slot_buf_reserve(state, total ? (size_t)total : 1))) {
         result = fail(err, 0, "memory", "no memory for a state of %llu bytes", (unsigned long long)total);
     }
     double t_prefetch = kv_slot_now_ms(), prefetch_ms = 0, get_ms = 0;
@@ -686,65 +682,19 @@ static int load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name,
                       (unsigned long long)get_u64(m + MANIFEST_HEAD + failed_get * MANIFEST_ENTRY), rc,
                       kv_slot_rc_meaning(rc));
     }
-    if (result != 0 || state)
-        for (size_t i = 0; i < c.fetched; i++) free(data[i]); /* left unclaimed after a bad chunk */
+    for (size_t i = 0; i < c.fetched; i++) free(data[i]); /* left unclaimed after a bad chunk */
     if (kv_slot_tracing() && result == 0)
         fprintf(stderr,
                 "kv_slot: load %s: %zu chunks in %.2f ms: prefetch_chunks %.2f, get_chunk %.2f, "
                 "helper checking %.2f (%zu chunks), last wait %.2f%s\n",
                 name, n, kv_slot_now_ms() - t0, prefetch_ms, get_ms, c.helper_ms, c.helper_chunks, join_ms,
                 threaded ? "" : " (no helper)");
+    free(data);
+    free(len);
     free(off);
     free(m);
-    if (result == 0 && !state) {
-        *kept = (kv_slot_chunks){data, len, n, (size_t)total, 0, 0, 0};
-    } else {
-        free(data);
-        free(len);
-    }
     if (result != 0) return result;
     *size = (size_t)total;
     *chunks = n;
     return 0;
-}
-
-int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_buf *state, size_t *size,
-                 size_t *chunks, kv_slot_error *err) {
-    return load(vt, store, name, state, size, chunks, NULL, err);
-}
-
-int kv_slot_load_chunks(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_chunks *out,
-                        kv_slot_error *err) {
-    size_t size, chunks;
-    return load(vt, store, name, NULL, &size, &chunks, out, err);
-}
-
-int kv_slot_chunks_read(kv_slot_chunks *c, void *dst, size_t len) {
-    if (len > kv_slot_chunks_left(c)) return -1;
-    uint8_t *out = (uint8_t *)dst;
-    c->read += len;
-    while (len) {
-        if (c->at_off == c->len[c->at]) { /* past this chunk (or an empty one) */
-            c->at++;
-            c->at_off = 0;
-            continue;
-        }
-        size_t k = c->len[c->at] - c->at_off < len ? c->len[c->at] - c->at_off : len;
-        memcpy(out, c->data[c->at] + c->at_off, k);
-        out += k;
-        c->at_off += k;
-        len -= k;
-    }
-    return 0;
-}
-
-size_t kv_slot_chunks_left(const kv_slot_chunks *c) {
-    return c->size - c->read;
-}
-
-void kv_slot_chunks_free(kv_slot_chunks *c) {
-    for (size_t i = 0; i < c->n; i++) free(c->data[i]);
-    free(c->data);
-    free(c->len);
-    memset(c, 0, sizeof *c);
 }

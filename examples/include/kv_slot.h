@@ -91,31 +91,6 @@ void kv_slot_pieces_free(kv_slot_pieces *p);
 int kv_slot_save_pieces(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, const kv_slot_pieces *state,
                         uint32_t rows, kv_slot_save_stats *stats, kv_slot_error *err);
 
-/* A loaded state kept as the backend's chunks, checked, read in order. */
-typedef struct {
-    uint8_t **data; /* per chunk: the backend's block */
-    size_t *len;
-    size_t n;
-    size_t size;         /* bytes of all chunks */
-    size_t at, at_off;   /* the next byte: chunk `at`, offset `at_off` in it */
-    size_t read;         /* bytes read so far */
-} kv_slot_chunks;
-
-/* kv_slot_load without the copy into one buffer: on success (0) `out`
- * holds the checked chunks (release with kv_slot_chunks_free); -1 with
- * `err` filled otherwise. */
-int kv_slot_load_chunks(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_chunks *out,
-                        kv_slot_error *err);
-
-/* Copies the next `len` bytes of the state to `dst`; -1 (nothing copied)
- * past its end. */
-int kv_slot_chunks_read(kv_slot_chunks *c, void *dst, size_t len);
-
-/* The bytes not read yet. */
-size_t kv_slot_chunks_left(const kv_slot_chunks *c);
-
-void kv_slot_chunks_free(kv_slot_chunks *c);
-
 /* Loads manifest `name` and its chunks (prefetch_chunks first on a v2
  * vtable), checking each chunk's length and xxh3-64 against the manifest,
  * into `state` (grown as needed). A helper thread checks and copies

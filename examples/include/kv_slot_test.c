@@ -2,10 +2,10 @@
  * it out through llama_state_seq_get_data_cb) gives the same manifest and
  * the same chunks, byte for byte, as the contiguous state (as
  * examples/llama-slot saves it), so stores written by either restore
- * through the other; and a state loaded as chunks reads back the bytes
- * kv_slot_load gives. Synthetic states in llama.cpp's sequence layout
- * (one range of cells, plain and transposed V, empty streams after it),
- * and one whose layout is not recognised; an in-memory store.
+ * through the other, and as the code before wrote them. Synthetic states
+ * in llama.cpp's sequence layout (one range of cells, plain and transposed
+ * V, empty streams after it), and one whose layout is not recognised; an
+ * in-memory store.
  *
  * cc -O2 -I. -I<xxhash dir> kv_slot_test.c kv_slot.c -pthread
  * (scripts/llama-e2e.sh --server builds and runs it). Prints one line per
@@ -230,39 +230,26 @@ static void check_same(const char *what, built *b, uint32_t rows, int expect_row
         CHECK(e && e->len == whole.chunk[i].len && memcmp(e->data, whole.chunk[i].data, e->len) == 0,
               "%s: chunk %zu differs", what, i);
     }
-    /* each store read back the other way: kv_slot_load, and the chunks in
-     * reads of random lengths */
+    /* each store reads back the state */
     kv_slot_buf buf = {NULL, 0};
     size_t size = 0, n = 0;
     CHECK(kv_slot_load(&VT, &pieces, "m", &buf, &size, &n, &err) == 0, "%s: load: %s", what, err.msg);
-    CHECK(size == b->size && memcmp(buf.data, b->bytes, size) == 0, "%s: kv_slot_load's bytes differ", what);
-    kv_slot_buf_release(&buf);
-    kv_slot_chunks ch;
-    CHECK(kv_slot_load_chunks(&VT, &whole, "m", &ch, &err) == 0, "%s: load_chunks: %s", what, err.msg);
-    CHECK(ch.size == b->size && ch.n == sw.chunks, "%s: load_chunks: %zu bytes, %zu chunks", what, ch.size, ch.n);
-    uint8_t *back = (uint8_t *)malloc(b->size + 1);
-    size_t at = 0;
-    while (kv_slot_chunks_left(&ch)) {
-        size_t k = 1 + next_rand() % 70000;
-        if (k > kv_slot_chunks_left(&ch)) k = kv_slot_chunks_left(&ch);
-        CHECK(kv_slot_chunks_read(&ch, back + at, k) == 0, "%s: read", what);
-        at += k;
-    }
-    CHECK(at == b->size && memcmp(back, b->bytes, at) == 0, "%s: the chunks' bytes differ", what);
-    CHECK(kv_slot_chunks_read(&ch, back, 1) == -1, "%s: a read past the end", what);
-    kv_slot_chunks_free(&ch);
+    CHECK(size == b->size && memcmp(buf.data, b->bytes, size) == 0, "%s: the bytes loaded differ", what);
+    CHECK(kv_slot_load(&VT, &whole, "m", &buf, &size, &n, &err) == 0 && n == sw.chunks, "%s: load: %s", what,
+          err.msg);
+    CHECK(size == b->size && memcmp(buf.data, b->bytes, size) == 0, "%s: the bytes loaded differ", what);
     /* a chunk that no longer matches its manifest entry fails the load */
     if (whole.n_chunk) {
         whole.chunk[whole.n_chunk / 2].data[0] ^= 1;
-        CHECK(kv_slot_load_chunks(&VT, &whole, "m", &ch, &err) == -1 && strstr(err.msg, "does not match"),
+        CHECK(kv_slot_load(&VT, &whole, "m", &buf, &size, &n, &err) == -1 && strstr(err.msg, "does not match"),
               "%s: a flipped byte was not found", what);
         whole.chunk[whole.n_chunk / 2].data[0] ^= 1;
         free(whole.chunk[0].data);
         whole.chunk[0] = whole.chunk[--whole.n_chunk]; /* gone: get_chunk answers -2 */
-        CHECK(kv_slot_load_chunks(&VT, &whole, "m", &ch, &err) == -1 && err.store_rc == -2,
+        CHECK(kv_slot_load(&VT, &whole, "m", &buf, &size, &n, &err) == -1 && err.store_rc == -2,
               "%s: a missing chunk was not found", what);
     }
-    free(back);
+    kv_slot_buf_release(&buf);
     printf("ok  %s: %zu chunks, the same manifest and chunks from %zu pieces as from one buffer, as stored before\n",
            what, sw.chunks, b->pieces.n);
     store_free(&whole);

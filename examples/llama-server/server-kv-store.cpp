@@ -17,10 +17,12 @@ static constexpr uint32_t CHUNK_ROWS = 256;
 static const kv_store_vtable * g_vt    = nullptr;
 static kv_store_v1 *           g_store = nullptr;
 // The pieces of the state being saved (llama_state_seq_get_data_cb: tensor
-// rows by pointer, the rest copied), kept for the next save; the chunks of
-// the last restore, kept until the next one.
+// rows by pointer, the rest copied), kept for the next save.
 static kv_slot_pieces          g_pieces = {};
-static kv_slot_chunks          g_loaded = {};
+// The state of the restore under way, kept for the next one: as large as
+// the largest slot state restored so far (kv_slot.h says why a kept
+// buffer).
+static kv_slot_buf             g_state = { nullptr, 0 };
 
 bool server_kv_store_is_uri(const std::string & path) {
     return path.find("://") != std::string::npos;
@@ -111,44 +113,43 @@ size_t server_kv_store_save(llama_context * ctx, llama_seq_id seq, const std::ve
 }
 
 server_kv_store_state server_kv_store_load(const std::string & name) {
-    kv_slot_chunks_free(&g_loaded);
+    size_t        size = 0;
     kv_slot_error err;
-    if (kv_slot_load_chunks(g_vt, g_store, name.c_str(), &g_loaded, &err) != 0) {
+    server_kv_store_state st;
+    if (kv_slot_load(g_vt, g_store, name.c_str(), &g_state, &size, &st.chunks, &err) != 0) {
         throw server_kv_store_error(std::string("Unable to restore slot: ") + err.msg, error_type_of(err));
     }
-    server_kv_store_state st;
-    st.size   = g_loaded.size;
-    st.chunks = g_loaded.n;
-    uint32_t ggsq[3];
-    if (kv_slot_chunks_read(&g_loaded, ggsq, sizeof ggsq) != 0 || ggsq[0] != LLAMA_STATE_SEQ_MAGIC ||
-        ggsq[1] != LLAMA_STATE_SEQ_VERSION) {
-        kv_slot_chunks_free(&g_loaded);
+    const uint8_t * bytes = g_state.data;
+    st.bytes = bytes;
+    st.size  = size;
+    auto u32 = [&](size_t at) {
+        uint32_t v;
+        std::memcpy(&v, bytes + at, sizeof v);
+        return v;
+    };
+    if (size < KV_SLOT_GGSQ_HEAD || u32(0) != LLAMA_STATE_SEQ_MAGIC || u32(4) != LLAMA_STATE_SEQ_VERSION) {
         throw server_kv_store_error("Unable to restore slot: the state has no ggsq v" +
                                     std::to_string(LLAMA_STATE_SEQ_VERSION) + " header", ERROR_TYPE_INVALID_REQUEST);
     }
-    const size_t n_tokens = ggsq[2];
-    if (n_tokens > kv_slot_chunks_left(&g_loaded) / sizeof(llama_token)) {
-        kv_slot_chunks_free(&g_loaded);
+    const size_t n_tokens = u32(8);
+    st.head = KV_SLOT_GGSQ_HEAD + sizeof(llama_token) * n_tokens;
+    if (st.head > size) {
         throw server_kv_store_error("Unable to restore slot: the state's token count exceeds its size",
                                     ERROR_TYPE_INVALID_REQUEST);
     }
     st.tokens.resize(n_tokens);
-    kv_slot_chunks_read(&g_loaded, st.tokens.data(), n_tokens * sizeof(llama_token));
+    if (n_tokens) {
+        std::memcpy(st.tokens.data(), bytes + KV_SLOT_GGSQ_HEAD, n_tokens * sizeof(llama_token));
+    }
     return st;
 }
 
-static bool read_piece(void * dst, size_t size, void * chunks) {
-    return kv_slot_chunks_read(static_cast<kv_slot_chunks *>(chunks), dst, size) == 0;
-}
-
-bool server_kv_store_apply(llama_context * ctx, llama_seq_id seq) {
-    const size_t n     = kv_slot_chunks_left(&g_loaded);
+bool server_kv_store_apply(llama_context * ctx, llama_seq_id seq, const server_kv_store_state & state) {
+    const size_t n     = state.size - state.head;
     const double t_set = kv_slot_now_ms();
-    const bool   ok    = llama_state_seq_set_data_cb(ctx, seq, read_piece, &g_loaded, 0) == n &&
-                    kv_slot_chunks_left(&g_loaded) == 0;
+    const bool   ok    = llama_state_seq_set_data(ctx, state.bytes + state.head, n, seq) == n;
     if (kv_slot_tracing()) {
-        fprintf(stderr, "kv_slot: llama_state_seq_set_data_cb of %zu bytes: %.2f ms\n", n, kv_slot_now_ms() - t_set);
+        fprintf(stderr, "kv_slot: llama_state_seq_set_data of %zu bytes: %.2f ms\n", n, kv_slot_now_ms() - t_set);
     }
-    kv_slot_chunks_free(&g_loaded); // the chunks' memory goes back now, not at the next restore
     return ok;
 }

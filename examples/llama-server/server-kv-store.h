@@ -36,17 +36,18 @@ bool server_kv_store_enabled();
 size_t server_kv_store_save(llama_context * ctx, llama_seq_id seq, const std::vector<char> & packed_tokens,
                             const std::string & name, std::vector<std::pair<std::string, size_t>> & counts);
 
-// A state fetched and verified, not yet applied to any slot: its chunks
-// stay in memory until server_kv_store_apply or the next load.
+// A state fetched and verified, not yet applied to any slot. Its bytes live
+// in the store's one state buffer, valid until the next save or restore.
 struct server_kv_store_state {
-    size_t       size   = 0; // bytes, the ggsq header included
+    const uint8_t * bytes = nullptr;
+    size_t       size   = 0;
     llama_tokens tokens;     // the packed prompt tokens of the ggsq header
+    size_t       head   = 0; // where llama_state_seq_get_data's bytes begin
     size_t       chunks = 0;
 };
 
 // Fetches manifest `name` and its chunks, checking each; touches no slot.
 server_kv_store_state server_kv_store_load(const std::string & name);
 
-// Applies the state last loaded to sequence `seq` (llama_state_seq_set_data_cb,
-// straight from its chunks); false if llama.cpp refuses it.
-bool server_kv_store_apply(llama_context * ctx, llama_seq_id seq);
+// Applies a loaded state to sequence `seq`; false if llama.cpp refuses it.
+bool server_kv_store_apply(llama_context * ctx, llama_seq_id seq, const server_kv_store_state & state);
