@@ -5,7 +5,8 @@
 #
 # --server: instead, llama-server (`common` + `tools/server`, CPU only) from
 # the same sdist with examples/llama-server's patch applied (the patch, its
-# new files and the shared examples/include sources), into
+# new files, libllama's llama-state-cb.cpp and the shared examples/include
+# sources), into
 #   .../kvwasm-tools/llama-server-11434.0.0-<key>/bin/llama-server
 # where <key> hashes the sdist's sha256 and those files: a changed patch is a
 # new build, an unchanged one is built once.
@@ -29,9 +30,11 @@ CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/kvwasm-tools"
 SERVER_FILES=(examples/llama-server/server-kv-store.cpp examples/llama-server/server-kv-store.h
     examples/include/kv_slot.c examples/include/kv_slot.h
     examples/include/kv_store_abi.h examples/include/kv_store_loader.h)
+# What it copies into src (libllama: the streamed state API the patch declares).
+LLAMA_FILES=(examples/llama-server/llama-state-cb.cpp)
 SERVER_PATCH=examples/llama-server/llama-server.patch
 if [ $server = 1 ]; then
-    key=$( (echo "$SDIST_SHA256" && cat "$SERVER_PATCH" "${SERVER_FILES[@]}") | sha256sum | cut -c1-16)
+    key=$( (echo "$SDIST_SHA256" && cat "$SERVER_PATCH" "${SERVER_FILES[@]}" "${LLAMA_FILES[@]}") | sha256sum | cut -c1-16)
     PREFIX="$CACHE/llama-server-$VERSION-$key"
 else
     PREFIX="$CACHE/llama-$VERSION"
@@ -78,6 +81,7 @@ start=$(date +%s)
 if [ $server = 1 ]; then
     log "patch llama.cpp with examples/llama-server"
     cp "${SERVER_FILES[@]}" "$src/tools/server/"
+    cp "${LLAMA_FILES[@]}" "$src/src/"
     patch -d "$src" -p1 --forward --quiet <"$SERVER_PATCH" >&2
     log "cmake: llama-server (common + tools/server), CPU only (-j2)"
     # The libraries sit next to the binary: RPATH $ORIGIN, no install step.
@@ -90,6 +94,9 @@ if [ $server = 1 ]; then
     cmake --build "$work/build" --target llama-server -j2 >&2
     mkdir -p "$PREFIX/bin"
     cp -a "$work/build/bin/llama-server" "$work"/build/bin/*.so* "$PREFIX/bin/"
+    # for examples/include/kv_slot_test.c, as the libllama build's
+    mkdir -p "$PREFIX/include/xxhash"
+    cp "$src/vendor/hash/xxhash/xxhash.h" "$PREFIX/include/xxhash/"
     secs=$(($(date +%s) - start))
     echo "$secs" >"$PREFIX/build-seconds"
     touch "$STAMP"

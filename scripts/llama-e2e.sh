@@ -16,11 +16,15 @@
 # --server: the same tests for llama-server itself, patched with
 # examples/llama-server (scripts/llama-build.sh --server), through its HTTP
 # API (scripts/llama-server-e2e.py: restarts, backends, shared prefixes, bad
-# stores). KVWASM_HOSTILE_GUEST: the hostile test guest's component (its
-# trap case is skipped without it; tests/tests/llama_server.rs passes it).
+# stores), after examples/include/kv_slot_test.c (a state saved in pieces,
+# as the patched server does, stores the chunks one buffer does).
+# KVWASM_HOSTILE_GUEST: the hostile test guest's component (its trap case
+# is skipped without it; tests/tests/llama_server.rs passes it).
 # --bench: the patched llama-server saving through kvwasm side by side with
 # upstream's plain slot files, on a generated 16-layer model (docs/llama.md);
-# KVWASM_BENCH_DIR: where the stores go (default: the system temp dir).
+# KVWASM_BENCH_DIR: where the stores go (default: the system temp dir);
+# KVWASM_BENCH_BASELINE: another llama-server binary (e.g. the previous
+# patch's build in the tool cache) whose fs sides run beside this one's.
 #
 # KVWASM_SHIM_DIR: directory holding libkv_store_wasm.so (default: built
 # with cargo into target/release). Prints one JSON line per run, then a
@@ -83,6 +87,12 @@ fi
 
 if [ -n "$mode" ]; then
     server_prefix=$(bash scripts/llama-build.sh --server)
+    if [ "$mode" = --server ]; then
+        # the server saves a state in pieces, llama-slot in one buffer: the same chunks
+        cc -O2 -Wall -Wextra -Werror -std=c11 -Iexamples/include -I"$server_prefix/include/xxhash" \
+            -o "$work/kv_slot_test" examples/include/kv_slot_test.c examples/include/kv_slot.c -pthread
+        "$work/kv_slot_test" >&2 || fail "kv_slot_test"
+    fi
     LLAMA_SERVER="$server_prefix/bin/llama-server" LLAMA_MODEL="$model" KVWASM_SHIM_DIR="$KVWASM_SHIM_DIR" \
         KVWASM_NATIVE_DIR="$work/native" python3 scripts/llama-server-e2e.py ${mode/--server/}
     exit 0

@@ -14,6 +14,8 @@ and passes it in the environment:
   KVWASM_HOSTILE_GUEST  the hostile test guest component (tests only)
   KVWASM_BENCH_DIR      --bench: where the stores go (one disk for both sides)
   KV_SLOT_TRACE         --bench: print the servers' kv_slot lines (where the time went)
+  KVWASM_BENCH_BASELINE --bench: another llama-server build (e.g. the previous patch's): its fs
+                        sides run in the same bench, beside this build's
 Starts its own redis-server on a free loopback port. Prints one line per
 check; exits non-zero on the first failure.
 """
@@ -100,11 +102,11 @@ class Redis:
 class Server:
     """One llama-server process on a free loopback port."""
 
-    def __init__(self, slot_path, work, n_parallel=1, n_ctx=1024, threads=1, env=None, name="server"):
+    def __init__(self, slot_path, work, n_parallel=1, n_ctx=1024, threads=1, env=None, name="server", server=None):
         self.port = free_port()
         self.log_path = os.path.join(work, f"{name}-{self.port}.log")
         args = [
-            SERVER, "-m", MODEL, "--host", "127.0.0.1", "--port", str(self.port),
+            server or SERVER, "-m", MODEL, "--host", "127.0.0.1", "--port", str(self.port),
             "-np", str(n_parallel), "-c", str(n_ctx * n_parallel), "-t", str(threads), "-tb", str(threads),
             "--cache-ram", "0", "--no-warmup", "-fa", "on", "--slot-save-path", slot_path,
         ]
@@ -446,7 +448,11 @@ def bench(work):
     base = tempfile.mkdtemp(prefix="llama-server-bench.", dir=os.environ.get("KVWASM_BENCH_DIR") or None)
     redis = Redis(work)
     # The fs guest as a cache: nothing synced, as upstream's files are not.
-    cache = f'[backends.fscache]\ncomponent = "builtin:fs"\ndir = "{base}/cache"\nsettings = {{ durability = "none" }}\n'
+    def fs_cache(name):
+        return f'[backends.{name}]\ncomponent = "builtin:fs"\ndir = "{base}/{name}"\nsettings = {{ durability = "none" }}\n'
+
+    baseline = os.environ.get("KVWASM_BENCH_BASELINE")
+    cache = fs_cache("fscache") + (fs_cache("fscache-baseline") if baseline else "")
     env = write_config(work, redis, lib_dir(work), cache)
     files = os.path.join(base, "files")
     os.makedirs(files)
@@ -457,6 +463,13 @@ def bench(work):
                                              name="bench-fscache"),
         "kvwasm redis": Server("wasm://redis/bench", work, n_ctx=4096, threads=2, env=env, name="bench-redis"),
     }
+    if baseline:
+        # the fs sides again, through another build of llama-server, same run
+        sides["baseline: kvwasm fs"] = Server(f"wasm://{base}/kv-baseline", work, n_ctx=4096, threads=2, env=env,
+                                              name="bench-fs-baseline", server=baseline)
+        sides["baseline: kvwasm fs, durability none"] = Server(
+            "wasm://fscache-baseline/bench", work, n_ctx=4096, threads=2, env=env, name="bench-fscache-baseline",
+            server=baseline)
     times = {k: {"cold": [], "warm": [], "restore": []} for k in sides}
     state = {}
     try:

@@ -114,6 +114,122 @@ void kv_slot_buf_release(kv_slot_buf *buf) {
     buf->cap = 0;
 }
 
+/* ---- a state in pieces ----
+ *
+ * The chunking reads a state through a view: its segments in order, each
+ * a run of bytes in memory. A contiguous state is one segment. */
+
+struct kv_slot_piece {
+    size_t off, len; /* where it lies in the state */
+    const uint8_t *data; /* NULL: at `copied_at` in the copied bytes */
+    size_t copied_at;
+};
+
+typedef struct {
+    const struct kv_slot_piece *seg;
+    size_t n;
+    const uint8_t *copied;
+    size_t size;
+} view;
+
+static const uint8_t *seg_data(const view *v, const struct kv_slot_piece *g) {
+    return g->data ? g->data : v->copied + g->copied_at;
+}
+
+/* The segment holding byte `off` (< v->size). */
+static size_t seg_index(const view *v, size_t off) {
+    size_t lo = 0, hi = v->n; /* the answer is in [lo, hi) */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (v->seg[mid].off <= off)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Bytes [off, off + len) at one place in memory, or NULL if they span
+ * segments. */
+static const uint8_t *view_run(const view *v, size_t off, size_t len) {
+    if (len == 0 || v->n == 0) return v->n ? seg_data(v, &v->seg[0]) : (const uint8_t *)"";
+    const struct kv_slot_piece *g = &v->seg[seg_index(v, off)];
+    return off - g->off + len <= g->len ? seg_data(v, g) + (off - g->off) : NULL;
+}
+
+/* Copies bytes [off, off + len) (inside the state) to `dst`. */
+static void view_copy(const view *v, size_t off, size_t len, uint8_t *dst) {
+    for (size_t i = len ? seg_index(v, off) : v->n; len; i++) {
+        const struct kv_slot_piece *g = &v->seg[i];
+        size_t in = off - g->off, k = g->len - in < len ? g->len - in : len;
+        memcpy(dst, seg_data(v, g) + in, k);
+        dst += k;
+        off += k;
+        len -= k;
+    }
+}
+
+static uint32_t view_u32(const view *v, size_t off) {
+    uint8_t b[4];
+    view_copy(v, off, 4, b);
+    return get_u32(b);
+}
+
+static uint64_t view_u64(const view *v, size_t off) {
+    uint8_t b[8];
+    view_copy(v, off, 8, b);
+    return get_u64(b);
+}
+
+int kv_slot_pieces_add(kv_slot_pieces *p, const void *data, size_t len, int stable) {
+    if (len == 0) return 0;
+    struct kv_slot_piece *last = p->n ? &p->piece[p->n - 1] : NULL;
+    if (!stable) {
+        if (len > p->copied_cap - p->copied_len) {
+            size_t cap = p->copied_cap ? p->copied_cap : 65536;
+            while (cap - p->copied_len < len) {
+                if (cap > SIZE_MAX / 2) return -1;
+                cap *= 2;
+            }
+            uint8_t *grown = (uint8_t *)realloc(p->copied, cap);
+            if (!grown) return -1;
+            p->copied = grown;
+            p->copied_cap = cap;
+        }
+        memcpy(p->copied + p->copied_len, data, len);
+        if (last && !last->data && last->copied_at + last->len == p->copied_len) {
+            last->len += len; /* the run of copied bytes goes on */
+            p->copied_len += len;
+            p->size += len;
+            return 0;
+        }
+    }
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? 2 * p->cap : 256;
+        struct kv_slot_piece *grown = (struct kv_slot_piece *)realloc(p->piece, cap * sizeof *grown);
+        if (!grown) return -1;
+        p->piece = grown;
+        p->cap = cap;
+    }
+    p->piece[p->n++] = (struct kv_slot_piece){p->size, len, stable ? (const uint8_t *)data : NULL,
+                                              stable ? 0 : p->copied_len};
+    if (!stable) p->copied_len += len;
+    p->size += len;
+    return 0;
+}
+
+void kv_slot_pieces_clear(kv_slot_pieces *p) {
+    p->n = 0;
+    p->copied_len = 0;
+    p->size = 0;
+}
+
+void kv_slot_pieces_free(kv_slot_pieces *p) {
+    free(p->piece);
+    free(p->copied);
+    memset(p, 0, sizeof *p);
+}
+
 /* ---- chunking ---- */
 
 typedef struct {
@@ -144,7 +260,8 @@ static void push(spans *v, size_t off, size_t len) {
  * states sharing a prompt prefix share every span inside it, whichever
  * stream (slot) they come from. 0 unless the layout accounts for every
  * byte. */
-static int cut_rows(const uint8_t *st, size_t size, uint32_t rows, spans *out) {
+static int cut_rows(const view *st, uint32_t rows, spans *out) {
+    size_t size = st->size;
     size_t o, glue = 0;
 #define NEED(k)                                    \
     do {                                           \
@@ -153,34 +270,34 @@ static int cut_rows(const uint8_t *st, size_t size, uint32_t rows, spans *out) {
     o = 0;
     NEED(KV_SLOT_GGSQ_HEAD);
     o = KV_SLOT_GGSQ_HEAD;
-    NEED(4 * (size_t)get_u32(st + 8));
-    o += 4 * (size_t)get_u32(st + 8);
+    NEED(4 * (size_t)view_u32(st, 8));
+    o += 4 * (size_t)view_u32(st, 8);
     NEED(12); /* io magic, sequence id, stream count */
-    if (get_u32(st + o) != SEQ_IO_MAGIC) return 0;
-    uint32_t n_stream = get_u32(st + o + 8);
+    if (view_u32(st, o) != SEQ_IO_MAGIC) return 0;
+    uint32_t n_stream = view_u32(st, o + 8);
     o += 12;
     for (uint32_t s = 0; s < n_stream; s++) {
         NEED(4);
-        uint32_t n_cell = get_u32(st + o);
+        uint32_t n_cell = view_u32(st, o);
         o += 4;
         if (n_cell == 0) continue;
         for (uint32_t c = 0; c < n_cell; c++) { /* pos, n_seq_id, seq ids */
             NEED(8);
-            size_t n_seq = get_u32(st + o + 4);
+            size_t n_seq = view_u32(st, o + 4);
             o += 8;
             NEED(4 * n_seq);
             o += 4 * n_seq;
         }
         NEED(16); /* v_trans, n_layer, n_rot_k, n_rot_v */
-        uint32_t v_trans = get_u32(st + o), n_layer = get_u32(st + o + 4);
+        uint32_t v_trans = view_u32(st, o), n_layer = view_u32(st, o + 4);
         o += 16;
         for (uint32_t r = 0; r < 2 * n_layer; r++) {
             /* K rows of each layer, then V: one row per cell, or, with a
              * transposed V, one row per embedding element across the cells */
             int transposed = v_trans && r >= n_layer;
             NEED(12);
-            size_t row = transposed ? (size_t)get_u32(st + o + 4) * n_cell : (size_t)get_u64(st + o + 4);
-            size_t n_row = transposed ? get_u32(st + o + 8) : n_cell;
+            size_t row = transposed ? (size_t)view_u32(st, o + 4) * n_cell : (size_t)view_u64(st, o + 4);
+            size_t n_row = transposed ? view_u32(st, o + 8) : n_cell;
             if (o > glue) push(out, glue, o - glue);
             size_t start = o;
             o += 12;
@@ -202,8 +319,9 @@ static int cut_rows(const uint8_t *st, size_t size, uint32_t rows, spans *out) {
     return 1;
 }
 
-static void cut(const uint8_t *st, size_t size, uint32_t rows, spans *out, int *rows_layout) {
-    *rows_layout = rows > 0 && cut_rows(st, size, rows, out);
+static void cut(const view *st, uint32_t rows, spans *out, int *rows_layout) {
+    size_t size = st->size;
+    *rows_layout = rows > 0 && cut_rows(st, rows, out);
     if (*rows_layout) return;
     out->n = 0;
     for (size_t o = 0; o < size; o += FIXED_SPAN) push(out, o, size - o < FIXED_SPAN ? size - o : FIXED_SPAN);
@@ -260,8 +378,10 @@ int kv_slot_tracing(void) {
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    const uint8_t *state;
+    const view *state;
     const spans *sp;
+    const uint8_t **run;   /* per span: its bytes in one place (set when hashed) */
+    uint8_t **joined;      /* per span that spans pieces: a copy of it, else NULL */
     uint8_t *manifest;     /* each span's key and length go in its entry */
     unsigned char *hashed; /* per span; under mu */
     size_t lo, hi;         /* spans [lo, hi) are not claimed yet; under mu */
@@ -271,7 +391,16 @@ typedef struct {
 
 static void hash_span(save_hashing *h, size_t i) {
     uint8_t *e = h->manifest + MANIFEST_HEAD + i * MANIFEST_ENTRY;
-    key_of(h->state + h->sp->s[i].off, h->sp->s[i].len, e);
+    size_t off = h->sp->s[i].off, len = h->sp->s[i].len;
+    const uint8_t *run = view_run(h->state, off, len);
+    if (!run) {
+        h->joined[i] = (uint8_t *)malloc(len);
+        if (!h->joined[i]) abort();
+        view_copy(h->state, off, len, h->joined[i]);
+        run = h->joined[i];
+    }
+    h->run[i] = run;
+    key_of(run, len, e);
     put_u32(e + KV_SLOT_HASH_LEN, (uint32_t)h->sp->s[i].len);
 }
 
@@ -312,22 +441,26 @@ static void await_hash(save_hashing *h, size_t i) {
     pthread_mutex_unlock(&h->mu);
 }
 
-int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, const uint8_t *state, size_t size,
-                 uint32_t rows, kv_slot_save_stats *stats, kv_slot_error *err) {
+static int save_view(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, const view *state,
+                     uint32_t rows, kv_slot_save_stats *stats, kv_slot_error *err) {
     memset(stats, 0, sizeof *stats);
     double t0 = kv_slot_now_ms();
+    size_t size = state->size;
     spans sp = {NULL, 0, 0};
-    cut(state, size, rows, &sp, &stats->rows_layout);
+    cut(state, rows, &sp, &stats->rows_layout);
     size_t mlen = MANIFEST_HEAD + sp.n * MANIFEST_ENTRY;
     uint8_t *m = (uint8_t *)malloc(mlen);
     unsigned char *hashed = (unsigned char *)calloc(sp.n ? sp.n : 1, 1);
-    if (!m || !hashed) abort();
+    const uint8_t **run = (const uint8_t **)calloc(sp.n ? sp.n : 1, sizeof *run);
+    uint8_t **joined = (uint8_t **)calloc(sp.n ? sp.n : 1, sizeof *joined);
+    if (!m || !hashed || !run || !joined) abort();
     put_u32(m, MANIFEST_MAGIC);
     put_u32(m + 4, MANIFEST_VERSION);
     put_u32(m + 8, stats->rows_layout ? rows : 0);
     put_u32(m + 12, (uint32_t)sp.n);
     put_u64(m + 16, size);
-    save_hashing h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, state, &sp, m, hashed, 0, sp.n, 0, 0};
+    save_hashing h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, state, &sp, run, joined, m, hashed, 0, sp.n,
+                      0, 0};
     pthread_t helper;
     int threaded = sp.n > 1 && pthread_create(&helper, NULL, save_helper, &h) == 0;
     double put_ms = 0;
@@ -336,8 +469,10 @@ int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
         await_hash(&h, i);
         const uint8_t *e = m + MANIFEST_HEAD + i * MANIFEST_ENTRY;
         double t = kv_slot_now_ms();
-        int rc = vt->put_chunk(store, e, KV_SLOT_HASH_LEN, state + sp.s[i].off, sp.s[i].len);
+        int rc = vt->put_chunk(store, e, KV_SLOT_HASH_LEN, run[i], sp.s[i].len);
         put_ms += kv_slot_now_ms() - t;
+        free(joined[i]);
+        joined[i] = NULL;
         if (rc < 0) {
             result = fail(err, rc, "put_chunk", "put_chunk of chunk %zu of %zu returned %d: %s", i, sp.n, rc,
                           kv_slot_rc_meaning(rc));
@@ -367,10 +502,26 @@ int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
                 "helper hashing %.2f (%zu chunks)%s\n",
                 name, sp.n, stats->stored, kv_slot_now_ms() - t0, put_ms, kv_slot_now_ms() - t_manifest, h.helper_ms,
                 h.helper_spans, threaded ? "" : " (no helper)");
+    for (size_t i = 0; i < sp.n; i++) free(joined[i]); /* hashed but not put, after a failure */
+    free(joined);
+    free(run);
     free(hashed);
     free(m);
     free(sp.s);
     return result;
+}
+
+int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, const uint8_t *state, size_t size,
+                 uint32_t rows, kv_slot_save_stats *stats, kv_slot_error *err) {
+    struct kv_slot_piece whole = {0, size, state, 0};
+    view v = {&whole, size ? 1 : 0, NULL, size};
+    return save_view(vt, store, name, &v, rows, stats, err);
+}
+
+int kv_slot_save_pieces(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, const kv_slot_pieces *state,
+                        uint32_t rows, kv_slot_save_stats *stats, kv_slot_error *err) {
+    view v = {state->piece, state->n, state->copied, state->size};
+    return save_view(vt, store, name, &v, rows, stats, err);
 }
 
 /* A restore's checking: the caller fetches the chunks in order; the

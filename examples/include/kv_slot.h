@@ -67,6 +67,30 @@ void kv_slot_write_head(uint8_t *out, uint32_t magic, uint32_t version, const in
 int kv_slot_save(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, const uint8_t *state, size_t size,
                  uint32_t rows, kv_slot_save_stats *stats, kv_slot_error *err);
 
+/* A state in pieces, in order, as llama_state_seq_get_data_cb hands it
+ * out: pieces that stay valid until the save (tensor memory) are kept by
+ * pointer, the others copied (consecutive ones into one run). Saving it
+ * gives the same chunks, hashes and manifest as saving the contiguous
+ * state; only a chunk that spans pieces is copied. Kept from one save to
+ * the next (kv_slot_pieces_clear), freed by kv_slot_pieces_free. */
+typedef struct {
+    struct kv_slot_piece *piece;
+    size_t n, cap;
+    uint8_t *copied; /* the copied pieces' bytes */
+    size_t copied_len, copied_cap;
+    size_t size; /* bytes of all pieces */
+} kv_slot_pieces;
+
+/* Appends `len` bytes; `stable`: `data` stays valid until the save, else
+ * it is copied now. 0, or -1 if memory is short. */
+int kv_slot_pieces_add(kv_slot_pieces *p, const void *data, size_t len, int stable);
+void kv_slot_pieces_clear(kv_slot_pieces *p);
+void kv_slot_pieces_free(kv_slot_pieces *p);
+
+/* kv_slot_save of a state in pieces. */
+int kv_slot_save_pieces(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, const kv_slot_pieces *state,
+                        uint32_t rows, kv_slot_save_stats *stats, kv_slot_error *err);
+
 /* Loads manifest `name` and its chunks (prefetch_chunks first on a v2
  * vtable), checking each chunk's length and xxh3-64 against the manifest,
  * into `state` (grown as needed). A helper thread checks and copies

@@ -16,9 +16,12 @@ static constexpr uint32_t CHUNK_ROWS = 256;
 // task loop (one task at a time), left open for the process's lifetime.
 static const kv_store_vtable * g_vt    = nullptr;
 static kv_store_v1 *           g_store = nullptr;
-// The state of the save or restore under way, kept for the next one: as
-// large as the largest slot state saved or restored so far (kv_slot.h says
-// why a kept buffer).
+// The pieces of the state being saved (llama_state_seq_get_data_cb: tensor
+// rows by pointer, the rest copied), kept for the next save.
+static kv_slot_pieces          g_pieces = {};
+// The state of the restore under way, kept for the next one: as large as
+// the largest slot state restored so far (kv_slot.h says why a kept
+// buffer).
 static kv_slot_buf             g_state = { nullptr, 0 };
 
 bool server_kv_store_is_uri(const std::string & path) {
@@ -68,35 +71,36 @@ static error_type error_type_of(const kv_slot_error & e) {
     }
 }
 
+static bool add_piece(const void * data, size_t size, bool in_memory, void * pieces) {
+    return kv_slot_pieces_add(static_cast<kv_slot_pieces *>(pieces), data, size, in_memory) == 0;
+}
+
 size_t server_kv_store_save(llama_context * ctx, llama_seq_id seq, const std::vector<char> & packed_tokens,
                             const std::string & name, std::vector<std::pair<std::string, size_t>> & counts) {
     const size_t n_tokens = packed_tokens.size() / sizeof(llama_token);
-    const size_t head     = KV_SLOT_GGSQ_HEAD + sizeof(llama_token) * n_tokens;
-    const size_t seq_size = llama_state_seq_get_size(ctx, seq);
-    if (seq_size == 0) {
-        throw server_kv_store_error("Unable to save slot: no sequence state", ERROR_TYPE_SERVER);
-    }
-    // every byte is written below
-    const size_t size  = head + seq_size;
-    uint8_t *    state = kv_slot_buf_reserve(&g_state, size);
-    if (!state) {
-        throw server_kv_store_error("Unable to save slot: no memory for its state", ERROR_TYPE_SERVER);
-    }
     std::vector<llama_token> tokens(n_tokens);
     if (n_tokens) {
         std::memcpy(tokens.data(), packed_tokens.data(), n_tokens * sizeof(llama_token));
     }
-    kv_slot_write_head(state, LLAMA_STATE_SEQ_MAGIC, LLAMA_STATE_SEQ_VERSION, tokens.data(), n_tokens);
-    const double t_get = kv_slot_now_ms();
-    if (llama_state_seq_get_data(ctx, state + head, seq_size, seq) != seq_size) {
-        throw server_kv_store_error("Unable to save slot: llama_state_seq_get_data failed", ERROR_TYPE_SERVER);
+    std::vector<uint8_t> head(KV_SLOT_GGSQ_HEAD + sizeof(llama_token) * n_tokens);
+    kv_slot_write_head(head.data(), LLAMA_STATE_SEQ_MAGIC, LLAMA_STATE_SEQ_VERSION, tokens.data(), n_tokens);
+    kv_slot_pieces_clear(&g_pieces);
+    if (kv_slot_pieces_add(&g_pieces, head.data(), head.size(), 0) != 0) {
+        throw server_kv_store_error("Unable to save slot: no memory for its state", ERROR_TYPE_SERVER);
+    }
+    // the KV rows stay in the slot's tensors, unchanged until the save returns
+    const double t_get    = kv_slot_now_ms();
+    const size_t seq_size = llama_state_seq_get_data_cb(ctx, seq, add_piece, &g_pieces, 0);
+    if (seq_size == 0) {
+        throw server_kv_store_error("Unable to save slot: llama_state_seq_get_data_cb failed", ERROR_TYPE_SERVER);
     }
     if (kv_slot_tracing()) {
-        fprintf(stderr, "kv_slot: llama_state_seq_get_data of %zu bytes: %.2f ms\n", seq_size, kv_slot_now_ms() - t_get);
+        fprintf(stderr, "kv_slot: llama_state_seq_get_data_cb of %zu bytes: %.2f ms\n", seq_size,
+                kv_slot_now_ms() - t_get);
     }
     kv_slot_save_stats stats;
     kv_slot_error      err;
-    if (kv_slot_save(g_vt, g_store, name.c_str(), state, size, CHUNK_ROWS, &stats, &err) != 0) {
+    if (kv_slot_save_pieces(g_vt, g_store, name.c_str(), &g_pieces, CHUNK_ROWS, &stats, &err) != 0) {
         throw server_kv_store_error(std::string("Unable to save slot: ") + err.msg, error_type_of(err));
     }
     counts = {
@@ -105,7 +109,7 @@ size_t server_kv_store_save(llama_context * ctx, llama_seq_id seq, const std::ve
         { "n_chunks_deduplicated", stats.deduplicated },
         { "n_bytes_stored",        stats.bytes_stored },
     };
-    return size;
+    return g_pieces.size;
 }
 
 server_kv_store_state server_kv_store_load(const std::string & name) {

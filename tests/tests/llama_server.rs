@@ -7,7 +7,9 @@
 //! only the new tokens, through the fs guest, Redis and the native backend,
 //! across backends on one directory; ten slots sharing a system prompt
 //! store its chunks once; bad stores answer HTTP errors and leave the slot
-//! and the server as they were.
+//! and the server as they were; a state saved in pieces (the server) and
+//! in one buffer (examples/llama-slot) gives the same chunks and manifest
+//! (examples/include/kv_slot_test.c).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -57,6 +59,9 @@ fn llama_server_saves_and_restores_slots_through_the_shim() {
     );
     // Every check the script makes printed its line.
     for check in [
+        "ok  KV rows, 3001 cells (the bench's cut): 97 chunks, the same manifest and chunks",
+        "ok  transposed V, 300 cells: 30 chunks, the same manifest and chunks",
+        "kv_slot_test: OK",
         "ok  --slot-save-path nosuch://x: exits",
         "ok  --slot-save-path wasm://undefined-backend/ns: exits",
         "ok  restart fs guest:",
