@@ -284,3 +284,60 @@ fn a_warm_save_after_an_idle_release_starts_an_instance_only_for_its_manifest() 
         "the rewritten file synced before the manifest, on the put's instance"
     );
 }
+
+/// Descriptors of this process open on `dir` or beneath it.
+fn held_beneath(dir: &std::path::Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.starts_with(dir))
+        .count()
+}
+
+/// An idle handle keeps nothing open beneath its store: the directories
+/// the host keeps for the puts it answers close when the handle's
+/// instances are all released, as the guest's descriptors do.
+#[test]
+fn an_idle_release_closes_what_the_host_kept_open_beneath_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = backend(dir.path(), "idle_fs_closes", "builtin:fs");
+    let handle = StoreHandle::open(backend.clone(), "").unwrap();
+    let chunks: Vec<Vec<u8>> = (0..8)
+        .map(|i| kvwasm_tests::pattern(2048, 300 + i))
+        .collect();
+    let keys: Vec<_> = chunks.iter().map(|c| kvwasm_tests::xxh3_key(c)).collect();
+    for (key, chunk) in keys.iter().zip(&chunks) {
+        assert!(!handle.put_chunk(key, chunk).unwrap());
+    }
+    kvwasm_tests::wait_past_change_times(dir.path());
+    handle.put_manifest("slot", b"names them").unwrap();
+    let before = backend.metrics.snapshot();
+    for (key, chunk) in keys.iter().zip(&chunks) {
+        assert!(handle.put_chunk(key, chunk).unwrap());
+    }
+    let answered = backend.metrics.snapshot().puts_found_in_place - before.puts_found_in_place;
+    assert_eq!(
+        answered, 8,
+        "answered by the host, through kept directories"
+    );
+    let data = dir.path().join("data").canonicalize().unwrap();
+    assert!(held_beneath(&data.join("chunks")) > 0, "`chunks` kept open");
+
+    wait_for_release(&handle);
+    // Closed by the release thread right after the instances go.
+    let start = Instant::now();
+    while held_beneath(&data) > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{} descriptors still open beneath the store",
+            held_beneath(&data)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // And opened again by the next lookup.
+    assert!(handle.put_chunk(&keys[0], &chunks[0]).unwrap());
+    assert_eq!(
+        backend.metrics.snapshot().puts_found_in_place - before.puts_found_in_place,
+        9
+    );
+}

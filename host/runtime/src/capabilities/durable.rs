@@ -18,8 +18,14 @@
 //! therefore made only if the change time the host read is older than the
 //! coarse clock read after it: any later change then carries a later time.
 //! A file changed in the same tick as its sync is simply synced again next
-//! time. (A clock stepped back could in theory give a later change an old
-//! time; it would also need the same inode, size and nanoseconds.)
+//! time. Where timestamps are multigrain (Linux 6.13 and later, on ext4,
+//! XFS, Btrfs and tmpfs), that guard is not needed: the host's own `stat`
+//! before the sync marks the change time as queried, and the kernel then
+//! stamps the next change with a fine-grained time later than it (and never
+//! earlier than a time it handed out before), so no later version can carry
+//! the time the host read. (A clock stepped back could in theory give a
+//! later change an old time; it would also need the same inode, size and
+//! nanoseconds.)
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -83,13 +89,18 @@ impl Seen {
     }
 
     /// Remember that this version is durable, if no later change can
-    /// carry the same change time (see the module docs). Whole-second
-    /// times say the filesystem stamps coarser than the clock (ext3, FAT,
-    /// ext4 with small inodes): nothing is remembered there.
-    fn record(&self, coarse_now: (i64, i64)) {
-        if self.version.changed >= coarse_now
-            || (self.version.changed.1 == 0 && self.version.modified.1 == 0)
-        {
+    /// carry the same change time (see the module docs): on a coarse-clock
+    /// filesystem, only if it is older than `coarse_now`, the coarse clock
+    /// read after the `stat` that saw it. Whole-second times say the
+    /// filesystem stamps coarser than the clock (ext3, FAT, ext4 with small
+    /// inodes): nothing is remembered there.
+    fn record(&self, stamps: Stamps, coarse_now: (i64, i64)) {
+        let later_changes_differ = match stamps {
+            Stamps::Elsewhere => false,
+            Stamps::CoarseClock => self.version.changed < coarse_now,
+            Stamps::Multigrain => true,
+        };
+        if !later_changes_differ || (self.version.changed.1 == 0 && self.version.modified.1 == 0) {
             return;
         }
         let mut synced = SYNCED.lock().unwrap_or_else(|e| e.into_inner());
@@ -377,9 +388,7 @@ fn sync_one(
     if rc != 0 {
         return Err(io_error_code(std::io::Error::last_os_error()));
     }
-    if stamps_from_this_clock(fd) {
-        seen.record(coarse_now);
-    }
+    seen.record(stamps(fd), coarse_now);
     if seen.is_dir {
         synced.directories += 1;
     } else {
@@ -437,11 +446,28 @@ fn open_at(dir: RawFd, name: &CString, headroom: &Headroom) -> Result<OwnedFd, E
     Ok(fd)
 }
 
-/// Whether `fd` lives on a local filesystem that stamps files with this
-/// kernel's clock in nanoseconds, as the coarse-clock guard assumes. A
-/// network or FUSE filesystem takes times from elsewhere: what is synced
-/// there is never remembered (each save syncs it again).
-pub(crate) fn stamps_from_this_clock(fd: RawFd) -> bool {
+/// How the filesystem of a file stamps its changes, as far as the host
+/// relies on it to tell versions apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stamps {
+    /// Times from elsewhere (a network or FUSE filesystem): what is synced
+    /// there is never remembered (each save syncs it again).
+    Elsewhere,
+    /// This kernel's coarse clock, in nanoseconds: two changes within one
+    /// tick may carry the same time.
+    CoarseClock,
+    /// This kernel's multigrain times: a change after a `stat` carries a
+    /// later time than that `stat` read.
+    Multigrain,
+}
+
+/// How the filesystem `fd` lives on stamps changes: local filesystems the
+/// host knows take this kernel's clock; ext4, XFS, Btrfs and tmpfs have
+/// multigrain times from Linux 6.13 on (an earlier attempt was reverted
+/// before a release, hence the version rather than the filesystem alone).
+/// F2FS does not have them, nor do ext2 and ext3, which share ext4's magic
+/// number: there the mount's type must say `ext4` ([`mounted_as_ext4`]).
+pub(crate) fn stamps(fd: RawFd) -> Stamps {
     const EXT4: i64 = 0xEF53;
     const XFS: i64 = 0x5846_5342;
     const BTRFS: i64 = 0x9123_683E;
@@ -451,13 +477,75 @@ pub(crate) fn stamps_from_this_clock(fd: RawFd) -> bool {
     // SAFETY: `fd` is open; `fs` is written by a successful call before it
     // is read.
     if unsafe { libc::fstatfs(fd, fs.as_mut_ptr()) } != 0 {
-        return false;
+        return Stamps::Elsewhere;
     }
     // `f_type`'s width differs between targets (and libcs).
     #[allow(clippy::unnecessary_cast)]
     // SAFETY: the call succeeded.
     let kind = unsafe { fs.assume_init() }.f_type as i64;
-    matches!(kind, EXT4 | XFS | BTRFS | TMPFS | F2FS)
+    match kind {
+        XFS | BTRFS | TMPFS if *KERNEL_HAS_MULTIGRAIN_TIMES => Stamps::Multigrain,
+        EXT4 if *KERNEL_HAS_MULTIGRAIN_TIMES && mounted_as_ext4(fd) => Stamps::Multigrain,
+        EXT4 | XFS | BTRFS | TMPFS | F2FS => Stamps::CoarseClock,
+        _ => Stamps::Elsewhere,
+    }
+}
+
+/// Whether the filesystem `fd` lives on is mounted as `ext4` (not `ext2`
+/// or `ext3`, which the same driver serves without multigrain times), by
+/// its device in `/proc/self/mountinfo`; remembered per device.
+fn mounted_as_ext4(fd: RawFd) -> bool {
+    static BY_DEVICE: LazyLock<Mutex<HashMap<u64, bool>>> = LazyLock::new(Default::default);
+    let Ok(st) = stat_fd(fd) else {
+        return false;
+    };
+    let mut known = BY_DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(ext4) = known.get(&st.st_dev) {
+        return *ext4;
+    }
+    let (major, minor) = (libc::major(st.st_dev), libc::minor(st.st_dev));
+    let ext4 = std::fs::read_to_string("/proc/self/mountinfo")
+        .is_ok_and(|mounts| mount_type(&mounts, major, minor) == Some("ext4"));
+    if known.len() >= 64 {
+        known.clear();
+    }
+    known.insert(st.st_dev, ext4);
+    ext4
+}
+
+/// The filesystem type of the mount of device `major:minor` in a
+/// `mountinfo` text, if one mount of it is listed (several mounts of one
+/// device share its type).
+fn mount_type(mountinfo: &str, major: u32, minor: u32) -> Option<&str> {
+    let device = format!("{major}:{minor}");
+    mountinfo.lines().find_map(|line| {
+        let (mount, fs) = line.split_once(" - ")?;
+        (mount.split(' ').nth(2)? == device).then(|| fs.split(' ').next())?
+    })
+}
+
+/// Whether the running kernel is Linux 6.13 or later (`uname`).
+static KERNEL_HAS_MULTIGRAIN_TIMES: LazyLock<bool> = LazyLock::new(|| {
+    let mut name = std::mem::MaybeUninit::<libc::utsname>::uninit();
+    // SAFETY: `name` is written by a successful call before it is read.
+    if unsafe { libc::uname(name.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: the call succeeded; `release` is NUL-terminated.
+    let release = unsafe { CStr::from_ptr(name.assume_init_ref().release.as_ptr()) };
+    release
+        .to_str()
+        .ok()
+        .and_then(linux_version)
+        .is_some_and(|version| version >= (6, 13))
+});
+
+/// The major and minor number of a Linux release ("6.18.44-fc" → (6, 18)).
+fn linux_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 /// The kernel's coarse real-time clock: what it stamps files with.
@@ -556,7 +644,7 @@ mod tests {
             },
             is_dir: false,
         };
-        seen.record((10, 500_000_000));
+        seen.record(Stamps::CoarseClock, (10, 500_000_000));
         assert!(
             !seen.is_synced(),
             "a change later in that second reads the same time"
@@ -568,8 +656,119 @@ mod tests {
             },
             ..seen
         };
-        fine.record((10, 500_000_000));
+        fine.record(Stamps::CoarseClock, (10, 500_000_000));
         assert!(fine.is_synced());
+
+        let multigrain = Seen {
+            id: (u64::MAX, u64::MAX - 1),
+            ..seen
+        };
+        multigrain.record(Stamps::Multigrain, (10, 500_000_000));
+        assert!(!multigrain.is_synced(), "whole seconds, multigrain or not");
+    }
+
+    #[test]
+    fn the_coarse_clock_guard_holds_except_where_times_are_multigrain() {
+        let seen = |ino| Seen {
+            id: (u64::MAX - 1, ino),
+            version: Version {
+                size: 1,
+                modified: (10, 7),
+                changed: (10, 7),
+            },
+            is_dir: false,
+        };
+        let in_its_tick = (10, 7);
+        seen(1).record(Stamps::CoarseClock, in_its_tick);
+        assert!(!seen(1).is_synced(), "a later change may read (10, 7)");
+        seen(2).record(Stamps::Elsewhere, (11, 0));
+        assert!(!seen(2).is_synced(), "times from elsewhere");
+        seen(3).record(Stamps::Multigrain, in_its_tick);
+        assert!(seen(3).is_synced(), "a later change reads a later time");
+    }
+
+    #[test]
+    fn only_a_mount_of_type_ext4_counts_as_ext4() {
+        let mountinfo = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+23 22 8:1 / /old rw,relatime shared:2 - ext3 /dev/sda1 rw,errors=continue
+24 22 8:2 / /older rw - ext2 /dev/sda2 rw
+25 22 0:21 / /dev/shm rw,nosuid shared:3 - tmpfs tmpfs rw
+26 22 254:0 /srv /srv rw shared:1 - ext4 /dev/vda rw";
+        assert_eq!(mount_type(mountinfo, 254, 0), Some("ext4"));
+        assert_eq!(mount_type(mountinfo, 8, 1), Some("ext3"));
+        assert_eq!(mount_type(mountinfo, 8, 2), Some("ext2"));
+        assert_eq!(mount_type(mountinfo, 8, 3), None);
+        assert_eq!(mount_type(mountinfo, 0, 21), Some("tmpfs"));
+    }
+
+    #[test]
+    fn linux_versions_are_read_from_the_release() {
+        assert_eq!(linux_version("6.18.44-fc-v657"), Some((6, 18)));
+        assert_eq!(linux_version("6.13-rc1"), Some((6, 13)));
+        assert_eq!(linux_version("6.12.9+deb13-amd64"), Some((6, 12)));
+        assert_eq!(linux_version("5.15.0-91-generic"), Some((5, 15)));
+        assert_eq!(linux_version("6"), None);
+        assert_eq!(linux_version("x.y"), None);
+        assert!((6, 12) < (6, 13) && (7, 0) > (6, 13));
+    }
+
+    /// What the host relies on where it says times are multigrain: a
+    /// change made after a `stat` reads a change time later than that
+    /// `stat` did, even within one tick of the coarse clock (thousands of
+    /// changes here, most within one tick). A kernel or filesystem that
+    /// stamped with the coarse clock alone would fail this.
+    #[test]
+    fn where_times_are_multigrain_a_change_after_a_stat_reads_a_later_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chunk");
+        let mut file = std::fs::File::create(&path).unwrap();
+        if stamps(file.as_raw_fd()) != Stamps::Multigrain {
+            return;
+        }
+        let changed = |file: &std::fs::File| {
+            let st = stat_fd(file.as_raw_fd()).unwrap();
+            (st.st_ctime, st.st_ctime_nsec, st.st_mtime, st.st_mtime_nsec)
+        };
+        for round in 0..2_000u32 {
+            use std::io::{Seek, Write};
+            let before = changed(&file);
+            file.seek(std::io::SeekFrom::Start(0)).unwrap();
+            file.write_all(&round.to_le_bytes()).unwrap();
+            let after = changed(&file);
+            assert!(
+                (after.0, after.1) > (before.0, before.1)
+                    && (after.2, after.3) > (before.2, before.3),
+                "round {round}: {before:?} then {after:?}"
+            );
+        }
+    }
+
+    /// Where times are multigrain, a file synced within the tick of its
+    /// change (right after a cold save) is remembered, and a change right
+    /// after the sync is still seen.
+    #[test]
+    fn where_times_are_multigrain_a_sync_in_the_tick_of_the_change_is_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("chunk");
+        std::fs::write(&file, b"0000").unwrap();
+        let multigrain =
+            stamps(std::fs::File::open(&file).unwrap().as_raw_fd()) == Stamps::Multigrain;
+        for round in 0..200u32 {
+            std::fs::write(&file, format!("{:04}", round % 10_000)).unwrap();
+            assert_eq!(
+                sync(dir.path(), &["chunk"]),
+                (1, 0),
+                "round {round}: changed"
+            );
+            if multigrain {
+                assert_eq!(
+                    sync(dir.path(), &["chunk"]),
+                    (0, 0),
+                    "round {round}: remembered"
+                );
+            }
+        }
     }
 
     #[test]

@@ -24,11 +24,13 @@
 //! missing name, a size or version mismatch, no descriptor room) sends the
 //! put to the guest as before.
 //!
-//! Kept open per store (granted directory and namespace) while a handle on
-//! it is open, shared by its handles: the namespace directories, `chunks`
-//! and up to 16 fan-out directories, as `O_PATH` descriptors, and only
-//! while the process holds fewer than half the descriptors a store may
-//! reach ([`Headroom::may_share`]).
+//! Kept open per store (granted directory and namespace), shared by its
+//! handles: the namespace directories, `chunks` and up to 16 fan-out
+//! directories, as `O_PATH` descriptors, and only while the process holds
+//! fewer than half the descriptors a store may reach
+//! ([`Headroom::may_share`]). They are closed when a handle's instances
+//! are all released at idle, and with the store's last handle; the next
+//! lookup opens them again (about 40 system calls).
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -36,14 +38,14 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
 
 use kvwasm_fs_layout::{
     CHUNKS_DIR, FANOUT_DIRS, MAX_HASH_LEN, fanout_slot, namespace_dir, push_chunk_name,
 };
 
 use super::descriptors::Headroom;
-use super::durable::{self, all_synced, stamps_from_this_clock};
+use super::durable::{self, Stamps, all_synced};
 
 /// The chunks of one `builtin:fs` store the host may find in place.
 pub(crate) struct FoundInPlace {
@@ -54,7 +56,7 @@ pub(crate) struct FoundInPlace {
     first: CString,
     /// The names of the directories after the first, down to `chunks`.
     rest: Vec<CString>,
-    kept: Mutex<Option<Kept>>,
+    kept: RwLock<Option<Kept>>,
     /// `chunks` is on a filesystem where the host remembers no sync
     /// (network, FUSE, whole-second times): no put is ever answered here,
     /// so none is looked up.
@@ -73,6 +75,53 @@ struct Kept {
 struct KeptDir {
     fd: OwnedFd,
     id: (u64, u64),
+}
+
+/// A fan-out directory and `chunks`, as a lookup just saw them.
+struct FanOut {
+    fanout: libc::stat,
+    chunks: libc::stat,
+}
+
+impl Kept {
+    /// Open the fan-out directory `slot` where it was just seen, keep it
+    /// (while there is room) and look the chunk up in it; used only if it
+    /// is that directory, not one renamed into its place since.
+    fn open_fanout(&mut self, slot: usize, seen: &FanOut, name: &CStr, len: usize) -> bool {
+        let Some(chunks_dir) = self.path.last() else {
+            return false;
+        };
+        let Some(dir) = open_dir_at(chunks_dir.fd.as_raw_fd(), &FANOUT_NAMES[slot]) else {
+            return false;
+        };
+        if dir.id != id(&seen.fanout) {
+            return false;
+        }
+        let durable = file_durable(dir.fd.as_raw_fd(), name, len, &seen.fanout, &seen.chunks);
+        // The one kept before, if any, names a directory no longer there.
+        self.fanout[slot] = Headroom::may_share(dir.fd.as_raw_fd()).then_some(dir);
+        durable
+    }
+}
+
+/// Whether the regular file `name` in `fanout_fd` has `len` bytes, and it,
+/// `fanout` and `chunks` are versions the host synced.
+fn file_durable(
+    fanout_fd: RawFd,
+    name: &CStr,
+    len: usize,
+    fanout: &libc::stat,
+    chunks: &libc::stat,
+) -> bool {
+    match stat_at(fanout_fd, name) {
+        Some(file)
+            if file.st_mode & libc::S_IFMT == libc::S_IFREG
+                && u64::try_from(file.st_size) == Ok(len as u64) =>
+        {
+            all_synced(&[&file, fanout, chunks])
+        }
+        _ => false,
+    }
 }
 
 /// Stores with an open handle, by granted directory and namespace.
@@ -102,7 +151,7 @@ impl FoundInPlace {
             grant: key.0.clone(),
             first: CString::new(first).ok()?,
             rest: beneath,
-            kept: Mutex::default(),
+            kept: RwLock::default(),
             never: AtomicBool::new(false),
         });
         stores.retain(|_, store| store.strong_count() > 0);
@@ -110,9 +159,21 @@ impl FoundInPlace {
         Some(store)
     }
 
+    /// Close the directories kept (a handle's instances were all released
+    /// at idle): an idle process holds nothing open beneath the grant. The
+    /// next lookup opens them again.
+    pub(crate) fn close_kept(&self) {
+        let closed = self.kept.write().unwrap_or_else(|e| e.into_inner()).take();
+        drop(closed);
+    }
+
     /// Whether the chunk `hash` is in place with `len` bytes, and it, its
     /// fan-out directory and `chunks` are versions the host synced: the
     /// guest would answer "already present" and sync nothing for it.
+    ///
+    /// Looked up under a read lock, so the puts of concurrent saves on the
+    /// store do not wait for each other; the write lock is taken only to
+    /// open what is not kept yet (or no longer names the kept directory).
     pub(crate) fn durable(&self, hash: &[u8], len: usize) -> bool {
         if hash.is_empty() || hash.len() > MAX_HASH_LEN || self.never.load(Ordering::Relaxed) {
             return false;
@@ -123,33 +184,42 @@ impl FoundInPlace {
         let Ok(name) = CStr::from_bytes_with_nul(name.as_bytes()) else {
             return false;
         };
-        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = fanout_slot(hash);
+        if let Some(kept) = self.kept.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            match self.look(kept, slot, name, len) {
+                Look::Answer(durable) => return durable,
+                Look::Stale | Look::OpenFanOut(_) => {}
+            }
+        }
+        let mut kept = self.kept.write().unwrap_or_else(|e| e.into_inner());
         // Kept directories found renamed or replaced are opened afresh,
         // once.
         for _ in 0..2 {
-            match self.look(&mut kept, fanout_slot(hash), name, len) {
+            if kept.is_none() {
+                let Some(path) = self.open_path() else {
+                    return false;
+                };
+                *kept = Some(Kept {
+                    path,
+                    fanout: Default::default(),
+                });
+            }
+            let Some(open) = kept.as_mut() else {
+                return false;
+            };
+            match self.look(open, slot, name, len) {
                 Look::Answer(durable) => return durable,
                 Look::Stale => *kept = None,
+                Look::OpenFanOut(fanout) => return open.open_fanout(slot, &fanout, name, len),
             }
         }
         false
     }
 
-    fn look(&self, kept: &mut Option<Kept>, slot: usize, name: &CStr, len: usize) -> Look {
-        if kept.is_none() {
-            match self.open_path() {
-                Some(path) => {
-                    *kept = Some(Kept {
-                        path,
-                        fanout: Default::default(),
-                    })
-                }
-                None => return Look::Answer(false),
-            }
-        }
-        let Some(kept) = kept.as_mut() else {
-            return Look::Answer(false);
-        };
+    /// The lookup through the directories kept, up to the fan-out
+    /// directory: `OpenFanOut` with its `stat` if the one kept for `slot`
+    /// (if any) is not the one its name names now.
+    fn look(&self, kept: &Kept, slot: usize, name: &CStr, len: usize) -> Look {
         let mut seen = match stat_at(libc::AT_FDCWD, &self.first) {
             Some(st) if is_dir(&st) && id(&st) == kept.path[0].id => st,
             _ => return Look::Stale,
@@ -163,42 +233,20 @@ impl FoundInPlace {
         let (chunks, Some(chunks_dir)) = (seen, kept.path.last()) else {
             return Look::Answer(false);
         };
-        let fanout_name = &FANOUT_NAMES[slot];
-        let fanout = match stat_at(chunks_dir.fd.as_raw_fd(), fanout_name) {
+        let fanout = match stat_at(chunks_dir.fd.as_raw_fd(), &FANOUT_NAMES[slot]) {
             Some(st) if is_dir(&st) && all_synced(&[&chunks, &st]) => st,
             _ => return Look::Answer(false),
         };
-        let fresh;
-        let fanout_fd = match &kept.fanout[slot] {
-            Some(dir) if dir.id == id(&fanout) => dir.fd.as_raw_fd(),
-            _ => {
-                // Opened where it was just seen, and used only if it is
-                // that directory (not one renamed into its place since).
-                let Some(dir) = open_dir_at(chunks_dir.fd.as_raw_fd(), fanout_name) else {
-                    return Look::Answer(false);
-                };
-                if dir.id != id(&fanout) {
-                    return Look::Answer(false);
-                }
-                if Headroom::may_share(dir.fd.as_raw_fd()) {
-                    kept.fanout[slot].insert(dir).fd.as_raw_fd()
-                } else {
-                    // The kept one names a directory no longer there.
-                    kept.fanout[slot] = None;
-                    fresh = dir;
-                    fresh.fd.as_raw_fd()
-                }
-            }
-        };
-        Look::Answer(match stat_at(fanout_fd, name) {
-            Some(file)
-                if file.st_mode & libc::S_IFMT == libc::S_IFREG
-                    && u64::try_from(file.st_size) == Ok(len as u64) =>
-            {
-                all_synced(&[&file, &fanout, &chunks])
-            }
-            _ => false,
-        })
+        match &kept.fanout[slot] {
+            Some(dir) if dir.id == id(&fanout) => Look::Answer(file_durable(
+                dir.fd.as_raw_fd(),
+                name,
+                len,
+                &fanout,
+                &chunks,
+            )),
+            _ => Look::OpenFanOut(Box::new(FanOut { fanout, chunks })),
+        }
     }
 
     /// The directories beneath the grant down to `chunks`, each opened in
@@ -218,7 +266,7 @@ impl FoundInPlace {
             path.push(open_dir_at(parent, name).filter(shareable)?);
         }
         let chunks = path.last()?.fd.as_raw_fd();
-        if !stamps_from_this_clock(chunks) || whole_second_times(chunks) {
+        if durable::stamps(chunks) == Stamps::Elsewhere || whole_second_times(chunks) {
             self.never.store(true, Ordering::Relaxed);
             return None;
         }
@@ -253,6 +301,8 @@ enum Look {
     Answer(bool),
     /// A kept directory is no longer the one its name names.
     Stale,
+    /// The fan-out directory is to be opened (see [`FoundInPlace::look`]).
+    OpenFanOut(Box<FanOut>),
 }
 
 /// Open the directory `name` (a plain name) in `parent` as an `O_PATH`

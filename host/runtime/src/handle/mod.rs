@@ -104,18 +104,31 @@ impl StoreHandle {
             1
         };
         let label = format!("backend {:?}, namespace {namespace:?}", backend.name);
+        let in_place = Self::in_place(&backend, namespace);
         // A private-state backend's data lives in its instance: never released.
         let release = (shared_state && backend.idle_release_ms > 0).then(|| Release {
             after: std::time::Duration::from_millis(backend.idle_release_ms),
             metrics: backend.metrics.clone(),
+            in_place: in_place.clone(),
         });
         let pool = Arc::new(Pool::new(first, max_instances, label, release));
         if pool.release_after().is_some() {
             reaper::watch(&pool);
         }
         backend.start_publishing();
-        // With `durability = "none"` the guest syncs nothing, so the host
-        // has no sync record to answer from: no lookup.
+        Ok(StoreHandle {
+            pool,
+            backend,
+            namespace: namespace.to_owned(),
+            tiered: None,
+            in_place,
+        })
+    }
+
+    /// The chunks the host finds in place itself, on a `builtin:fs` store
+    /// that syncs: with `durability = "none"` the guest syncs nothing, so
+    /// the host has no sync record to answer from.
+    fn in_place(backend: &Backend, namespace: &str) -> Option<Arc<FoundInPlace>> {
         let durable_fs = matches!(backend.source, ComponentSource::Builtin(Builtin::Fs))
             && backend
                 .grants
@@ -124,22 +137,15 @@ impl StoreHandle {
                 .get("durability")
                 .map(String::as_str)
                 != Some("none");
-        let in_place = match durable_fs {
-            true => backend
-                .grants
-                .dirs
-                .iter()
-                .find(|d| d.guest == crate::capabilities::DATA_DIR)
-                .and_then(|grant| FoundInPlace::for_store(&grant.host, namespace)),
-            false => None,
-        };
-        Ok(StoreHandle {
-            pool,
-            backend,
-            namespace: namespace.to_owned(),
-            tiered: None,
-            in_place,
-        })
+        if !durable_fs {
+            return None;
+        }
+        let grant = backend
+            .grants
+            .dirs
+            .iter()
+            .find(|d| d.guest == crate::capabilities::DATA_DIR)?;
+        FoundInPlace::for_store(&grant.host, namespace)
     }
 
     /// This handle (on the last tier) as the front of `tiers`: chunk calls

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use super::durability::Durability;
 use crate::backoff::Backoff;
+use crate::capabilities::in_place::FoundInPlace;
 use crate::deadline::Deadline;
 use crate::engine::{ticks, ticks_in};
 use crate::error::KvError;
@@ -54,6 +55,9 @@ pub(super) struct Release {
     pub(super) after: Duration,
     /// The backend's counters of releases and restarts.
     pub(super) metrics: Arc<BackendMetrics>,
+    /// Directories the host keeps open for this store's lookups, closed
+    /// when every instance has been released.
+    pub(super) in_place: Option<Arc<FoundInPlace>>,
 }
 
 /// An instance waiting in the pool, and since when (in epoch ticks, see
@@ -173,6 +177,11 @@ impl Pool {
         drop(expired);
         if count > 0 {
             release.metrics.released(count);
+            if let Some(in_place) = &release.in_place
+                && self.live() == 0
+            {
+                in_place.close_kept();
+            }
         }
         count
     }
