@@ -723,7 +723,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("chunk");
         let mut file = std::fs::File::create(&path).unwrap();
-        if stamps(file.as_raw_fd()) != Stamps::Multigrain {
+        let kind = stamps(file.as_raw_fd());
+        if kind != Stamps::Multigrain {
+            // Nothing to check: the host keeps the coarse-clock guard here
+            // (`the_coarse_clock_guard_holds_except_where_times_are_multigrain`).
+            eprintln!("not checked: {} is {kind:?}, not multigrain", dir.path().display());
             return;
         }
         let changed = |file: &std::fs::File| {
