@@ -134,11 +134,14 @@ impl Redis {
                 .filter(|address| !self.nodes.contains_key(*address))
                 .cloned()
                 .collect();
-            let mut opened: HashMap<String, Result<(), ConnError>> = new
-                .iter()
-                .cloned()
-                .zip(self.connect_all(&new, deadline))
-                .collect();
+            let mut opened: HashMap<String, Result<(), ConnError>> = if new.is_empty() {
+                HashMap::new()
+            } else {
+                new.iter()
+                    .cloned()
+                    .zip(self.connect_all(&new, deadline))
+                    .collect()
+            };
             for (address, group) in groups {
                 let reused = !opened.contains_key(&address);
                 let opened = opened.remove(&address).unwrap_or(Ok(()));
