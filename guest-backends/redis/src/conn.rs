@@ -462,82 +462,85 @@ fn check_header(pending: &[u8]) -> Result<(), String> {
 }
 
 impl Connection {
-    /// Connect, then `AUTH` and `SELECT` as configured.
-    pub(crate) fn open(
+    /// Connect to every one of `addresses`, then `AUTH` and `SELECT` as
+    /// configured: the connects and TLS handshakes all under way at once,
+    /// then the setup sent on every connection before any reply is read,
+    /// so N nodes cost about one round of each, not N. One result per
+    /// address, in order.
+    pub(crate) fn open_all(
         endpoint: &Endpoint,
-        address: &str,
+        addresses: &[&str],
         deadline: Instant,
-    ) -> Result<Connection, ConnError> {
-        let fail = |what: String| ConnError {
+    ) -> Vec<Result<Connection, ConnError>> {
+        let fail = |address: &str, what: String| ConnError {
             message: format!("redis at {address}: {what}"),
             dropped: false,
             denied: false,
             not_granted: false,
         };
-        let stream = kvwasm_guest_support::net::connect_stream(address, endpoint.tls, deadline)
-            .map_err(|e| ConnError {
-                not_granted: e.contains(kvwasm_guest_support::net::NOT_GRANTED),
-                ..fail(e)
-            })?;
-        let mut conn = Connection {
-            stream,
-            peer: Peer {
-                address: address.to_owned(),
-                timeout: endpoint.timeout,
-                read_request: Cell::new(SMALL_READ),
-            },
-            replies: Replies::default(),
-        };
-        let mut hello: Vec<Vec<&[u8]>> = Vec::new();
+        let streams = kvwasm_guest_support::net::connect_streams(addresses, endpoint.tls, deadline);
+        let mut opened: Vec<Result<Connection, ConnError>> = streams
+            .into_iter()
+            .zip(addresses)
+            .map(|(stream, address)| {
+                let stream = stream.map_err(|e| ConnError {
+                    not_granted: e.contains(kvwasm_guest_support::net::NOT_GRANTED),
+                    ..fail(address, e)
+                })?;
+                Ok(Connection {
+                    stream,
+                    peer: Peer {
+                        address: (*address).to_owned(),
+                        timeout: endpoint.timeout,
+                        read_request: Cell::new(SMALL_READ),
+                    },
+                    replies: Replies::default(),
+                })
+            })
+            .collect();
+        let mut setup: Vec<Vec<Arg<'_>>> = Vec::new();
         if let Some(password) = &endpoint.password {
-            let mut auth: Vec<&[u8]> = vec![b"AUTH"];
+            let mut auth = vec![Arg::Bytes(b"AUTH")];
             if let Some(user) = &endpoint.user {
-                auth.push(user.as_bytes());
+                auth.push(Arg::Bytes(user.as_bytes()));
             }
-            auth.push(password.as_bytes());
-            hello.push(auth);
+            auth.push(Arg::Bytes(password.as_bytes()));
+            setup.push(auth);
         }
         let db = endpoint.db.to_string();
         if endpoint.db != 0 {
-            hello.push(vec![b"SELECT", db.as_bytes()]);
+            setup.push(vec![Arg::Bytes(b"SELECT"), Arg::Bytes(db.as_bytes())]);
         }
-        if !hello.is_empty() {
-            for reply in conn.pipeline(&hello, deadline)? {
-                if let Reply::Frame(OwnedFrame::Error(message)) = reply {
-                    return Err(ConnError {
-                        denied: is_auth_error(&message),
-                        ..fail(format!(
-                            "the server refused the connection setup: {message}"
-                        ))
-                    });
-                }
+        if setup.is_empty() {
+            return opened;
+        }
+        for conn in &mut opened {
+            if let Ok(open) = conn
+                && let Err(e) = open.send_commands(setup.iter().map(Vec::as_slice), deadline)
+            {
+                *conn = Err(e);
             }
         }
-        Ok(conn)
-    }
-
-    /// Send every command, then read exactly one reply per command, by
-    /// `deadline`. Error replies are returned as frames, for the caller.
-    pub(crate) fn pipeline(
-        &mut self,
-        commands: &[Vec<&[u8]>],
-        deadline: Instant,
-    ) -> Result<Vec<Reply<Payload>>, ConnError> {
-        let commands: Vec<Vec<Arg<'_>>> = commands
-            .iter()
-            .map(|c| c.iter().map(|a| Arg::Bytes(a)).collect())
-            .collect();
-        self.pipeline_args(&commands, deadline)
-    }
-
-    /// [`Connection::pipeline`] with arguments that may be host payloads.
-    pub(crate) fn pipeline_args(
-        &mut self,
-        commands: &[Vec<Arg<'_>>],
-        deadline: Instant,
-    ) -> Result<Vec<Reply<Payload>>, ConnError> {
-        self.send_commands(commands.iter().map(Vec::as_slice), deadline)?;
-        self.read_replies(commands.len(), deadline)
+        for conn in &mut opened {
+            let Ok(open) = conn else { continue };
+            let refusal = match open.read_replies(setup.len(), deadline) {
+                Err(e) => Some(e),
+                Ok(replies) => replies.into_iter().find_map(|reply| match reply {
+                    Reply::Frame(OwnedFrame::Error(message)) => Some(ConnError {
+                        denied: is_auth_error(&message),
+                        ..fail(
+                            &open.peer.address,
+                            format!("the server refused the connection setup: {message}"),
+                        )
+                    }),
+                    _ => None,
+                }),
+            };
+            if let Some(e) = refusal {
+                *conn = Err(e);
+            }
+        }
+        opened
     }
 
     /// Send every command without reading: the replies are read later by

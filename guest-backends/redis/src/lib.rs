@@ -129,13 +129,22 @@ impl Redis {
             }
             let mut refresh = false;
             let mut connected = Vec::new();
+            let new: Vec<String> = groups
+                .keys()
+                .filter(|address| !self.nodes.contains_key(*address))
+                .cloned()
+                .collect();
+            let mut opened: HashMap<String, Result<(), ConnError>> = if new.is_empty() {
+                HashMap::new()
+            } else {
+                new.iter()
+                    .cloned()
+                    .zip(self.connect_all(&new, deadline))
+                    .collect()
+            };
             for (address, group) in groups {
-                let reused = self.nodes.contains_key(&address);
-                let opened = if reused {
-                    Ok(())
-                } else {
-                    self.connect(&address, deadline)
-                };
+                let reused = !opened.contains_key(&address);
+                let opened = opened.remove(&address).unwrap_or(Ok(()));
                 match opened {
                     Ok(()) => connected.push((address, group, reused)),
                     Err(e) => {
@@ -284,31 +293,54 @@ impl Redis {
     }
 
     fn connect(&mut self, address: &str, deadline: Instant) -> Result<(), ConnError> {
-        if self.refused.contains(address) {
-            return Err(refused(address));
-        }
-        match Connection::open(&self.endpoint, address, deadline) {
-            Ok(conn) => {
-                self.nodes.insert(
-                    address.to_owned(),
-                    Node {
-                        conn,
-                        unconfirmed: false,
-                    },
-                );
-                Ok(())
+        let mut opened = self.connect_all(&[address.to_owned()], deadline);
+        opened.pop().expect("one result per address")
+    }
+
+    /// Connect to every one of `addresses` at once ([`Connection::open_all`]),
+    /// except nodes the sandbox refused before; one result per address.
+    fn connect_all(
+        &mut self,
+        addresses: &[String],
+        deadline: Instant,
+    ) -> Vec<Result<(), ConnError>> {
+        let to_open: Vec<&str> = addresses
+            .iter()
+            .filter(|a| !self.refused.contains(*a))
+            .map(String::as_str)
+            .collect();
+        let mut opened = Connection::open_all(&self.endpoint, &to_open, deadline).into_iter();
+        let mut results = Vec::with_capacity(addresses.len());
+        for address in addresses {
+            if self.refused.contains(address) {
+                results.push(Err(refused(address)));
+                continue;
             }
-            Err(e) if e.not_granted && self.endpoint.cluster && !self.is_seed(address) => {
-                eprintln!(
-                    "redis cluster: node {address}, announced by the cluster, is not granted in \
-                     `net`: nothing is sent to it, and calls for the keys it serves fail \
-                     (grant it, or its address range, to reach it)"
-                );
-                self.refused.insert(address.to_owned());
-                Err(refused(address))
-            }
-            Err(e) => Err(e),
+            let result = match opened.next().expect("one connection per address") {
+                Ok(conn) => {
+                    self.nodes.insert(
+                        address.clone(),
+                        Node {
+                            conn,
+                            unconfirmed: false,
+                        },
+                    );
+                    Ok(())
+                }
+                Err(e) if e.not_granted && self.endpoint.cluster && !self.is_seed(address) => {
+                    eprintln!(
+                        "redis cluster: node {address}, announced by the cluster, is not granted \
+                         in `net`: nothing is sent to it, and calls for the keys it serves fail \
+                         (grant it, or its address range, to reach it)"
+                    );
+                    self.refused.insert(address.clone());
+                    Err(refused(address))
+                }
+                Err(e) => Err(e),
+            };
+            results.push(result);
         }
+        results
     }
 
     fn is_seed(&self, address: &str) -> bool {

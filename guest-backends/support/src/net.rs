@@ -54,23 +54,93 @@ pub const NOT_GRANTED: &str = "the peer is not granted in `net`";
 /// ([`crate::bindings::kvwasm::kv_store::payload_streams`]).
 pub use raw::{Stream, wait_writable};
 
-/// Connect to `address` (`host:port`) by `deadline`, then, if `tls`, ask
-/// the host for a TLS session on the socket with `host` as the server
-/// name. A peer that does not complete the handshake by `deadline` fails:
-/// there is no fallback to plain text.
+/// Connect to every one of `addresses` (`host:port`) by `deadline`, then,
+/// if `tls`, ask the host for a TLS session on each socket with its host as
+/// the server name: all peers at once ([`drive_all`]), so a client opening
+/// N servers waits about one connect and one handshake, not N of each. One
+/// result per address, in order. A peer that does not complete the
+/// handshake by `deadline` fails: there is no fallback to plain text.
+pub fn connect_streams(
+    addresses: &[&str],
+    tls: bool,
+    deadline: Instant,
+) -> Vec<Result<Stream, String>> {
+    let dials = addresses
+        .iter()
+        .map(|address| {
+            let peer = address
+                .to_socket_addrs()
+                .map_err(|e| format!("cannot resolve the address: {e} (is `dns = true` granted?)"))
+                .and_then(|mut a| {
+                    a.next()
+                        .ok_or_else(|| "the address resolves to nothing".to_owned())
+                });
+            let server_name = tls.then(|| {
+                address
+                    .rsplit_once(':')
+                    .map_or(*address, |(h, _)| h)
+                    .trim_matches(['[', ']'])
+            });
+            match peer {
+                Ok(peer) => raw::Dial::start(peer, server_name),
+                Err(e) => raw::Dial::Failed(e),
+            }
+        })
+        .collect();
+    drive_all(
+        dials,
+        raw::Dial::advance,
+        |pending| raw::Dial::wait_any(pending, deadline),
+        raw::Dial::timed_out,
+    )
+}
+
+/// [`connect_streams`] for one peer.
 pub fn connect_stream(address: &str, tls: bool, deadline: Instant) -> Result<Stream, String> {
-    let peer: SocketAddr = address
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve the address: {e} (is `dns = true` granted?)"))?
-        .next()
-        .ok_or("the address resolves to nothing")?;
-    let server_name = tls.then(|| {
-        address
-            .rsplit_once(':')
-            .map_or(address, |(h, _)| h)
-            .trim_matches(['[', ']'])
-    });
-    Stream::connect(peer, server_name, deadline)
+    let mut streams = connect_streams(&[address], tls, deadline);
+    streams.pop().expect("one result per address")
+}
+
+/// Drive every one of `dials` to an outcome together: each is advanced as
+/// far as it goes without waiting, then one wait covers all still pending
+/// (`wait` says false when the deadline came first: those left get
+/// `timed_out`), and again, until each has an outcome. Every peer's connect
+/// is thus under way before the first wait. One outcome per dial, in order.
+pub(crate) fn drive_all<D, R>(
+    mut dials: Vec<D>,
+    mut advance: impl FnMut(&mut D) -> Option<R>,
+    mut wait: impl FnMut(&[&D]) -> bool,
+    timed_out: impl Fn(&D) -> R,
+) -> Vec<R> {
+    let mut outcomes: Vec<Option<R>> = dials.iter().map(|_| None).collect();
+    loop {
+        for (dial, outcome) in dials.iter_mut().zip(&mut outcomes) {
+            if outcome.is_none() {
+                *outcome = advance(dial);
+            }
+        }
+        let pending: Vec<&D> = dials
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, outcome)| outcome.is_none())
+            .map(|(dial, _)| dial)
+            .collect();
+        if pending.is_empty() {
+            break;
+        }
+        if !wait(&pending) {
+            for (dial, outcome) in dials.iter().zip(&mut outcomes) {
+                if outcome.is_none() {
+                    *outcome = Some(timed_out(dial));
+                }
+            }
+            break;
+        }
+    }
+    outcomes
+        .into_iter()
+        .map(|outcome| outcome.expect("every dial has an outcome"))
+        .collect()
 }
 
 mod raw {
@@ -92,7 +162,9 @@ mod raw {
     };
     use crate::tls_bindings::wasi::sockets::tcp::TcpSocket;
     use crate::tls_bindings::wasi::sockets::tcp_create_socket::create_tcp_socket;
-    use crate::tls_bindings::wasi::tls::types::{ClientConnection, ClientHandshake};
+    use crate::tls_bindings::wasi::tls::types::{
+        ClientConnection, ClientHandshake, FutureClientStreams,
+    };
 
     /// Fields drop in order: the streams, the TLS session if any, then
     /// the socket (a resource cannot go before its children).
@@ -129,10 +201,6 @@ mod raw {
         }
     }
 
-    fn left(deadline: Instant) -> Option<Duration> {
-        Some(deadline.saturating_duration_since(Instant::now()))
-    }
-
     fn stream_error(e: StreamError) -> Error {
         match e {
             StreamError::Closed => Error::from(ErrorKind::ConnectionReset),
@@ -167,52 +235,121 @@ mod raw {
         }
     }
 
-    impl Stream {
-        /// Connect to `peer`; with a `server_name`, hand the socket's
-        /// streams to the host for a TLS handshake with it. All by
-        /// `deadline`.
-        pub fn connect(
-            peer: SocketAddr,
-            server_name: Option<&str>,
-            deadline: Instant,
-        ) -> Result<Stream, String> {
+    /// One peer's connection under way ([`crate::net::connect_streams`]).
+    /// Fields drop in order: a handshake holds the socket's streams.
+    pub enum Dial {
+        Failed(String),
+        Connecting {
+            socket: TcpSocket,
+            server_name: Option<String>,
+        },
+        Handshaking {
+            pending: FutureClientStreams,
+            socket: TcpSocket,
+        },
+        Spent,
+    }
+
+    impl Dial {
+        /// Start connecting to `peer` (TLS with `server_name`, if any).
+        pub fn start(peer: SocketAddr, server_name: Option<&str>) -> Dial {
             let (family, addr) = wasi_addr(peer);
-            let socket = create_tcp_socket(family).map_err(connect_error)?;
-            socket
-                .start_connect(&instance_network(), addr)
-                .map_err(connect_error)?;
-            let (input, output) = {
-                let ready = socket.subscribe();
-                loop {
-                    match socket.finish_connect() {
-                        Ok(streams) => break streams,
-                        Err(ErrorCode::WouldBlock) => wait(&ready, left(deadline))
-                            .map_err(|_| "cannot connect: timed out".to_owned())?,
-                        Err(e) => return Err(connect_error(e)),
-                    }
-                }
-            };
-            let Some(server_name) = server_name else {
-                return Ok(Stream::new(input, output, None, socket));
-            };
-            let handshake = ClientHandshake::new(server_name, input, output);
-            let pending = ClientHandshake::finish(handshake);
-            {
-                let ready = pending.subscribe();
-                wait(&ready, left(deadline)).map_err(|_| {
-                    "the TLS handshake did not complete in time (is it a TLS port?)".to_owned()
-                })?;
+            let started = create_tcp_socket(family).and_then(|socket| {
+                socket.start_connect(&instance_network(), addr)?;
+                Ok(socket)
+            });
+            match started {
+                Ok(socket) => Dial::Connecting {
+                    socket,
+                    server_name: server_name.map(str::to_owned),
+                },
+                Err(e) => Dial::Failed(connect_error(e)),
             }
-            let (session, input, output) = match pending.get() {
-                Some(Ok(Ok(streams))) => streams,
-                Some(Ok(Err(e))) => {
-                    return Err(format!("TLS handshake failed: {}", e.to_debug_string()));
-                }
-                _ => return Err("TLS handshake failed: no result".into()),
-            };
-            Ok(Stream::new(input, output, Some(session), socket))
         }
 
+        /// Go as far as possible without waiting: the outcome, or `None`
+        /// while the connect or the TLS handshake is still under way.
+        pub fn advance(&mut self) -> Option<Result<Stream, String>> {
+            match std::mem::replace(self, Dial::Spent) {
+                Dial::Failed(e) => Some(Err(e)),
+                Dial::Spent => Some(Err("cannot connect: no connection under way".into())),
+                Dial::Connecting {
+                    socket,
+                    server_name,
+                } => match socket.finish_connect() {
+                    Err(ErrorCode::WouldBlock) => {
+                        *self = Dial::Connecting {
+                            socket,
+                            server_name,
+                        };
+                        None
+                    }
+                    Err(e) => Some(Err(connect_error(e))),
+                    Ok((input, output)) => match server_name {
+                        None => Some(Ok(Stream::new(input, output, None, socket))),
+                        Some(name) => {
+                            let handshake = ClientHandshake::new(&name, input, output);
+                            *self = Dial::Handshaking {
+                                pending: ClientHandshake::finish(handshake),
+                                socket,
+                            };
+                            self.advance()
+                        }
+                    },
+                },
+                Dial::Handshaking { pending, socket } => {
+                    let Some(outcome) = pending.get() else {
+                        *self = Dial::Handshaking { pending, socket };
+                        return None;
+                    };
+                    drop(pending);
+                    Some(match outcome {
+                        Ok(Ok((session, input, output))) => {
+                            Ok(Stream::new(input, output, Some(session), socket))
+                        }
+                        Ok(Err(e)) => Err(format!("TLS handshake failed: {}", e.to_debug_string())),
+                        Err(()) => Err("TLS handshake failed: no result".into()),
+                    })
+                }
+            }
+        }
+
+        /// Wait until one of `pending` can go further, or `deadline`
+        /// passes (false).
+        pub fn wait_any(pending: &[&Dial], deadline: Instant) -> bool {
+            let ready: Vec<Pollable> = pending
+                .iter()
+                .filter_map(|dial| match dial {
+                    Dial::Connecting { socket, .. } => Some(socket.subscribe()),
+                    Dial::Handshaking { pending, .. } => Some(pending.subscribe()),
+                    Dial::Failed(_) | Dial::Spent => None,
+                })
+                .collect();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let timer = monotonic_clock::subscribe_duration(
+                u64::try_from(left.as_nanos()).unwrap_or(u64::MAX),
+            );
+            let mut waiting: Vec<&Pollable> = ready.iter().collect();
+            waiting.push(&timer);
+            let peers = u32::try_from(ready.len()).unwrap_or(u32::MAX);
+            poll(&waiting).iter().any(|&i| i < peers)
+        }
+
+        /// Why a dial still pending at the deadline failed.
+        pub fn timed_out(&self) -> Result<Stream, String> {
+            Err(match self {
+                Dial::Handshaking { .. } => {
+                    "the TLS handshake did not complete in time (is it a TLS port?)".into()
+                }
+                _ => "cannot connect: timed out".into(),
+            })
+        }
+    }
+
+    impl Stream {
         fn new(
             input: InputStream,
             output: OutputStream,
@@ -309,5 +446,67 @@ mod raw {
         } else {
             Err(Error::from(ErrorKind::TimedOut))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::drive_all;
+
+    /// Peers that each need `steps` waits before they connect; the log
+    /// records each advance and each wait.
+    fn run(steps: Vec<usize>, waits_allowed: usize) -> (Vec<Result<usize, String>>, Vec<String>) {
+        let log = RefCell::new(Vec::new());
+        let mut waits = 0;
+        let dials: Vec<(usize, usize)> = steps.into_iter().enumerate().collect();
+        let outcomes = drive_all(
+            dials,
+            |(peer, left)| {
+                log.borrow_mut().push(format!("advance {peer}"));
+                if *left == 0 {
+                    Some(Ok(*peer))
+                } else {
+                    *left -= 1;
+                    None
+                }
+            },
+            |pending| {
+                let peers: Vec<String> = pending.iter().map(|(p, _)| p.to_string()).collect();
+                log.borrow_mut().push(format!("wait {}", peers.join(",")));
+                waits += 1;
+                waits <= waits_allowed
+            },
+            |(peer, _)| Err(format!("{peer} timed out")),
+        );
+        (outcomes, log.into_inner())
+    }
+
+    #[test]
+    fn every_connect_starts_before_the_first_wait_and_one_wait_covers_all() {
+        let (outcomes, log) = run(vec![1, 2, 1], 10);
+        assert_eq!(outcomes, vec![Ok(0), Ok(1), Ok(2)]);
+        assert_eq!(
+            log,
+            [
+                "advance 0",
+                "advance 1",
+                "advance 2",
+                "wait 0,1,2",
+                "advance 0",
+                "advance 1",
+                "advance 2",
+                "wait 1",
+                "advance 1",
+            ]
+        );
+    }
+
+    #[test]
+    fn peers_left_at_the_deadline_time_out_alone() {
+        let (outcomes, log) = run(vec![0, 3, 1], 1);
+        assert_eq!(outcomes, vec![Ok(0), Err("1 timed out".into()), Ok(2)]);
+        assert_eq!(log.iter().filter(|l| l.starts_with("wait")).count(), 2);
     }
 }
