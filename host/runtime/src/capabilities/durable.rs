@@ -727,7 +727,10 @@ mod tests {
         if kind != Stamps::Multigrain {
             // Nothing to check: the host keeps the coarse-clock guard here
             // (`the_coarse_clock_guard_holds_except_where_times_are_multigrain`).
-            eprintln!("not checked: {} is {kind:?}, not multigrain", dir.path().display());
+            eprintln!(
+                "not checked: {} is {kind:?}, not multigrain",
+                dir.path().display()
+            );
             return;
         }
         let changed = |file: &std::fs::File| {
