@@ -354,7 +354,10 @@ impl TlsProvider for HostTls {
         Box::pin(async move {
             let shown = name.to_str().into_owned();
             match tokio_rustls::TlsConnector::from(config)
-                .connect(name, transport)
+                .connect(
+                    name,
+                    Box::new(WholeWrites(transport)) as Box<dyn TlsTransport>,
+                )
                 .await
             {
                 Ok(stream) => Ok(Box::new(stream) as Box<dyn TlsStream>),
@@ -367,6 +370,83 @@ impl TlsProvider for HostTls {
                 }
             }
         })
+    }
+}
+
+/// The guest's socket under the host's TLS session, sending every TLS
+/// record rustls has queued in one write.
+///
+/// `wasi:sockets` 0.2 has no `TCP_NODELAY`, so a guest's socket keeps
+/// Nagle's algorithm. Written one record per write (what the socket stream
+/// does with a vectored write), a request larger than one 16 KiB record
+/// ends in a short segment that waits for the peer's delayed ACK: about
+/// 40 ms per request. One write per flight of records sends it whole.
+struct WholeWrites(Box<dyn TlsTransport>);
+
+/// The most bytes of queued records joined into one write: the socket
+/// stream's own write permit (wasmtime-wasi's 64 KiB).
+const WHOLE_WRITE_MAX: usize = 64 * 1024;
+
+impl tokio::io::AsyncRead for WholeWrites {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for WholeWrites {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut *self.0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let mut nonempty = bufs.iter().filter(|b| !b.is_empty());
+        let (Some(first), true) = (nonempty.next(), bufs.len() > 1) else {
+            let first = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| b);
+            return std::pin::Pin::new(&mut *self.0).poll_write(cx, first);
+        };
+        // The inner write copies what it accepts, so a short write simply
+        // leaves the rest to the next call, as for any partial write.
+        let mut joined =
+            Vec::with_capacity(WHOLE_WRITE_MAX.min(bufs.iter().map(|b| b.len()).sum::<usize>()));
+        joined.extend_from_slice(&first[..first.len().min(WHOLE_WRITE_MAX)]);
+        for buf in nonempty {
+            let room = WHOLE_WRITE_MAX - joined.len();
+            if room == 0 {
+                break;
+            }
+            joined.extend_from_slice(&buf[..buf.len().min(room)]);
+        }
+        std::pin::Pin::new(&mut *self.0).poll_write(cx, &joined)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.0).poll_shutdown(cx)
     }
 }
 
@@ -608,5 +688,150 @@ mod tests {
             ..TlsTable::default()
         };
         assert!(table(name).unwrap_err().contains("not a DNS name"));
+    }
+
+    /// A transport that records the length of every write it is given, as
+    /// the socket stream under the host's TLS session sees them.
+    struct Recorded {
+        io: tokio::io::DuplexStream,
+        writes: Arc<std::sync::Mutex<Vec<usize>>>,
+    }
+
+    impl tokio::io::AsyncRead for Recorded {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+        }
+    }
+
+    impl tokio::io::AsyncWrite for Recorded {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let written = std::pin::Pin::new(&mut self.io).poll_write(cx, buf);
+            if let std::task::Poll::Ready(Ok(n)) = written {
+                self.writes.lock().unwrap().push(n);
+            }
+            written
+        }
+
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.io).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+        }
+    }
+
+    /// The writes that carry one 48 KiB request (three TLS records) from a
+    /// client session over `transport` to a server, which must read it
+    /// back intact.
+    fn writes_of_one_request(whole: bool) -> Vec<usize> {
+        use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+        use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["redis.internal".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let provider = || Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+
+        let request: Vec<u8> = (0..48 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+        let (near, far) = tokio::io::duplex(1 << 20);
+        let writes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorded = Recorded {
+            io: near,
+            writes: writes.clone(),
+        };
+        let transport: Box<dyn TlsTransport> = if whole {
+            Box::new(WholeWrites(Box::new(recorded)))
+        } else {
+            Box::new(recorded)
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let expected = request.clone();
+        let served = runtime.spawn(async move {
+            let mut tls = tokio_rustls::TlsAcceptor::from(Arc::new(server))
+                .accept(far)
+                .await
+                .unwrap();
+            let mut got = vec![0; expected.len()];
+            let mut filled = 0;
+            while filled < got.len() {
+                let mut buf = ReadBuf::new(&mut got[filled..]);
+                std::future::poll_fn(|cx| std::pin::Pin::new(&mut tls).poll_read(cx, &mut buf))
+                    .await
+                    .unwrap();
+                assert!(!buf.filled().is_empty(), "the request was cut short");
+                filled += buf.filled().len();
+            }
+            assert!(got == expected, "the request arrived changed");
+        });
+        runtime.block_on(async {
+            let name = ServerName::try_from("redis.internal").unwrap();
+            let mut tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+                .connect(name, transport)
+                .await
+                .unwrap();
+            writes.lock().unwrap().clear();
+            let mut sent = 0;
+            while sent < request.len() {
+                sent += std::future::poll_fn(|cx| {
+                    std::pin::Pin::new(&mut tls).poll_write(cx, &request[sent..])
+                })
+                .await
+                .unwrap();
+            }
+            std::future::poll_fn(|cx| std::pin::Pin::new(&mut tls).poll_flush(cx))
+                .await
+                .unwrap();
+            served.await.unwrap();
+        });
+        let writes = writes.lock().unwrap().clone();
+        writes
+    }
+
+    /// Nagle's algorithm holds a short segment until the peer acknowledges
+    /// the last one; a request sent record by record thus waits for the
+    /// peer's delayed ACK. The host sends the records of one request in one
+    /// write (the same request without it takes one write per record).
+    #[test]
+    fn a_request_of_several_tls_records_leaves_in_one_write() {
+        let whole = writes_of_one_request(true);
+        assert_eq!(whole.len(), 1, "{whole:?}");
+        assert!(whole[0] > 48 * 1024, "{whole:?}");
+        let one_by_one = writes_of_one_request(false);
+        assert!(one_by_one.len() >= 3, "{one_by_one:?}");
+        assert_eq!(one_by_one.iter().sum::<usize>(), whole[0]);
     }
 }
