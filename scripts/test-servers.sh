@@ -2,9 +2,10 @@
 # Installs the real servers the remote backends are tested against; the
 # tests start and stop them themselves, on loopback ports:
 #   - redis-server and redis-cli, from Debian's `redis-server` package;
-#   - s3s-fs, an S3 server that checks SigV4 signatures, built from
-#     crates.io once into ${XDG_CACHE_HOME:-~/.cache}/kvwasm-tools and
-#     linked into target/tools/bin (0.14.1: the last release for Rust 1.95);
+#   - s3s-fs, an S3 server that checks SigV4 signatures: s3s-fs 0.14.1's
+#     store (the last release for Rust 1.95) served with TCP_NODELAY by
+#     tests/servers/s3, built once into ${XDG_CACHE_HOME:-~/.cache}/kvwasm-tools
+#     and linked into target/tools/bin;
 #   - stunnel4, from Debian, the TLS-terminating proxy in front of s3s-fs
 #     (the S3-over-https tests; redis-server's own tls-port serves Redis);
 #   - nats-server, from Debian's `nats-server` package (the NATS event
@@ -37,22 +38,27 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
 fi
 
 # Built once per machine into a cache outside the clone (it takes ~4 min),
-# then linked where the tests and scripts/bench-remote.sh look for it.
-S3S_FS_VERSION=0.14.1
-S3S_FS_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/kvwasm-tools/s3s-fs-$S3S_FS_VERSION"
+# then linked where the tests and scripts/bench-remote.sh look for it. The
+# cache is keyed by the crate's lock file and source: a change rebuilds it.
+S3_SERVER=tests/servers/s3
+S3_SERVER_KEY=$(cat "$S3_SERVER/Cargo.lock" "$S3_SERVER/src/main.rs" | sha256sum | cut -c1-16)
+S3S_FS_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/kvwasm-tools/s3-test-server-$S3_SERVER_KEY"
 if [ ! -x "$S3S_FS_CACHE/bin/s3s-fs" ]; then
     mkdir -p "$(dirname "$S3S_FS_CACHE")"
-    # Clones share the cache: one installs while the others wait, then
-    # find it in place.
+    # Clones share the cache: one builds while the others wait, then find
+    # it in place.
     (
         flock 9
         if [ ! -x "$S3S_FS_CACHE/bin/s3s-fs" ]; then
-            step "cargo install s3s-fs $S3S_FS_VERSION into $S3S_FS_CACHE (the S3 backend's tests run a real S3 server; ~4 min, once)"
-            # Installed beside the cache and moved into place, so an
+            step "cargo build $S3_SERVER (s3s-fs 0.14.1) into $S3S_FS_CACHE (the S3 backend's tests run a real S3 server; ~4 min, once)"
+            # Built beside the cache and moved into place, so an
             # interrupted build never leaves a cache that looks complete.
             rm -rf "$S3S_FS_CACHE.partial"
-            cargo install --quiet --locked --root "$S3S_FS_CACHE.partial" s3s-fs --version "=$S3S_FS_VERSION" --features binary
-            rm -rf "$S3S_FS_CACHE"
+            cargo build --quiet --release --locked --manifest-path "$S3_SERVER/Cargo.toml" \
+                --target-dir "$S3S_FS_CACHE.target"
+            mkdir -p "$S3S_FS_CACHE.partial/bin"
+            cp "$S3S_FS_CACHE.target/release/s3s-fs" "$S3S_FS_CACHE.partial/bin/"
+            rm -rf "$S3S_FS_CACHE" "$S3S_FS_CACHE.target"
             mv -T "$S3S_FS_CACHE.partial" "$S3S_FS_CACHE"
         fi
     ) 9>"$S3S_FS_CACHE.lock"

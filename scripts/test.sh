@@ -24,6 +24,13 @@ step() {
     step_start=$SECONDS
     printf '\n== %s\n' "$*"
 }
+# A full disk fails a test far from its cause (ENOSPC in whichever test
+# writes next): say up front how much room there is, and again on failure.
+# A run needs about 12 GiB: the build (~4 GiB here and under guest-backends/),
+# the tool cache on a fresh machine, and tests that write up to 2 GiB at once.
+disk_room() {
+    df -h --output=avail,target . "${TMPDIR:-/tmp}" | sed 's/^/   /'
+}
 scratch=$(mktemp -d)
 on_exit() {
     local status=$?
@@ -33,6 +40,10 @@ on_exit() {
     printf '\n== time per step (min:s)%s\n' "$([ "$status" -eq 0 ] || echo ", until the failure")"
     printf '%s\n' "${timings[@]}"
     printf '%4d:%02d  total\n' $((SECONDS / 60)) $((SECONDS % 60))
+    if [ "$status" -ne 0 ]; then
+        printf '\n== free disk space at the failure\n'
+        disk_room
+    fi
     rm -rf "$scratch"
     exit "$status"
 }
@@ -40,6 +51,12 @@ trap on_exit EXIT
 # Interrupted or stopped: the table says so, and the status says which.
 trap 'exit 130' INT
 trap 'exit 143' TERM
+
+printf '== free disk space (a run needs about 12 GiB)\n'
+disk_room
+if [ "$(df -Pk . | awk 'NR == 2 { print $4 }')" -lt $((12 * 1024 * 1024)) ]; then
+    echo "warning: less than 12 GiB free here: tests may fail with ENOSPC" >&2
+fi
 
 step "setup: toolchain target, packages, cargo build --release --workspace"
 bash scripts/setup.sh

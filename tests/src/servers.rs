@@ -830,9 +830,10 @@ impl Drop for TlsProxy {
     }
 }
 
-/// `s3s-fs`: `$KVWASM_S3S_FS`, else `target/tools/bin/s3s-fs` (where
-/// `scripts/test-servers.sh` links the build it caches outside the clone),
-/// else `PATH`.
+/// `s3s-fs` (tests/servers/s3): `$KVWASM_S3S_FS`, else
+/// `target/tools/bin/s3s-fs`, where `scripts/test-servers.sh` links the build
+/// it caches outside the clone. Not the crates.io binary from `PATH`: its
+/// responses wait ~40 ms each for the client's delayed ACK.
 pub fn s3s_fs_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("KVWASM_S3S_FS") {
         return path.into();
@@ -841,13 +842,10 @@ pub fn s3s_fs_binary() -> PathBuf {
     if local.is_file() {
         return local;
     }
-    which("s3s-fs").unwrap_or_else(|| {
-        panic!(
-            "s3s-fs not found at {} or on PATH: run `bash scripts/test-servers.sh` \
-             (cargo install s3s-fs --features binary)",
-            local.display()
-        )
-    })
+    panic!(
+        "s3s-fs not found at {}: run `bash scripts/test-servers.sh` (it builds tests/servers/s3)",
+        local.display()
+    )
 }
 
 /// A `nats-server` on 127.0.0.1 (a free port), killed when dropped.

@@ -817,8 +817,7 @@ mod tests {
                 .unwrap();
             served.await.unwrap();
         });
-        let writes = writes.lock().unwrap().clone();
-        writes
+        writes.lock().unwrap().clone()
     }
 
     /// Nagle's algorithm holds a short segment until the peer acknowledges
