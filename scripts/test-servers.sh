@@ -39,9 +39,10 @@ fi
 
 # Built once per machine into a cache outside the clone (it takes ~4 min),
 # then linked where the tests and scripts/bench-remote.sh look for it. The
-# cache is keyed by the crate's lock file and source: a change rebuilds it.
+# cache is keyed by the crate's manifest, lock file and source and by the
+# compiler: a change builds it anew (the build kept is one binary, ~8 MB).
 S3_SERVER=tests/servers/s3
-S3_SERVER_KEY=$(cat "$S3_SERVER/Cargo.lock" "$S3_SERVER/src/main.rs" | sha256sum | cut -c1-16)
+S3_SERVER_KEY=$( (cat "$S3_SERVER"/Cargo.toml "$S3_SERVER"/Cargo.lock "$S3_SERVER"/src/main.rs; rustc -V) | sha256sum | cut -c1-16)
 S3S_FS_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/kvwasm-tools/s3-test-server-$S3_SERVER_KEY"
 if [ ! -x "$S3S_FS_CACHE/bin/s3s-fs" ]; then
     mkdir -p "$(dirname "$S3S_FS_CACHE")"

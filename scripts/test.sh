@@ -29,7 +29,8 @@ step() {
 # A run needs about 12 GiB: the build (~4 GiB here and under guest-backends/),
 # the tool cache on a fresh machine, and tests that write up to 2 GiB at once.
 disk_room() {
-    df -h --output=avail,target . "${TMPDIR:-/tmp}" | sed 's/^/   /'
+    df -h --output=avail,target . "${TMPDIR:-/tmp}" "${XDG_CACHE_HOME:-$HOME/.cache}" 2>/dev/null |
+        sed 's/^/   /' || true
 }
 scratch=$(mktemp -d)
 on_exit() {
@@ -54,8 +55,8 @@ trap 'exit 143' TERM
 
 printf '== free disk space (a run needs about 12 GiB)\n'
 disk_room
-if [ "$(df -Pk . | awk 'NR == 2 { print $4 }')" -lt $((12 * 1024 * 1024)) ]; then
-    echo "warning: less than 12 GiB free here: tests may fail with ENOSPC" >&2
+if [ "$(df -Pk . | awk 'NR == 2 { print $4 }')" -lt $((12 * 1024 * 1024)) ] 2>/dev/null; then
+    echo "warning: less than 12 GiB free on the clone's filesystem: tests may fail with ENOSPC" >&2
 fi
 
 step "setup: toolchain target, packages, cargo build --release --workspace"

@@ -437,14 +437,16 @@ impl RedisCluster {
                 format!("port 0\ntls-port {}\n{tls_conf}", addr.port())
             };
             // The bus port is chosen too: the default (port + 10000) is
-            // past 65535 for a port above 55535.
+            // past 65535 for a port above 55535. A replica's first sync
+            // starts at once: Redis 7 otherwise waits 5 s for more replicas
+            // to share a diskless transfer (readiness is still polled).
             std::fs::write(
                 node_dir.join("redis.conf"),
                 format!(
                     "bind 127.0.0.1\n{ports}cluster-port {}\nprotected-mode yes\ndir {}\n\
                      cluster-enabled yes\ncluster-config-file nodes.conf\n\
                      cluster-node-timeout 3000\nappendonly no\nsave \"\"\n\
-                     {auth}logfile {}\n",
+                     repl-diskless-sync-delay 0\n{auth}logfile {}\n",
                     free_port(),
                     node_dir.display(),
                     node_dir.join("redis.log").display()

@@ -380,7 +380,9 @@ impl TlsProvider for HostTls {
 /// Nagle's algorithm. Written one record per write (what the socket stream
 /// does with a vectored write), a request larger than one 16 KiB record
 /// ends in a short segment that waits for the peer's delayed ACK: about
-/// 40 ms per request. One write per flight of records sends it whole.
+/// 40 ms per request. One write per flight of records sends a request of
+/// up to 64 KiB of records whole; a longer one still leaves in 64 KiB
+/// writes, the most the socket stream takes at once.
 struct WholeWrites(Box<dyn TlsTransport>);
 
 /// The most bytes of queued records joined into one write: the socket

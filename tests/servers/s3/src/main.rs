@@ -55,7 +55,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 continue;
             }
         };
-        socket.set_nodelay(true)?;
+        // A connection reset before this is that connection's problem only.
+        if let Err(e) = socket.set_nodelay(true) {
+            eprintln!("TCP_NODELAY: {e}");
+            continue;
+        }
         let connection = server
             .serve_connection(TokioIo::new(socket), service.clone())
             .into_owned();
