@@ -59,8 +59,33 @@ if [ "$(df -Pk . | awk 'NR == 2 { print $4 }')" -lt $((12 * 1024 * 1024)) ] 2>/d
     echo "warning: less than 12 GiB free on the clone's filesystem: tests may fail with ENOSPC" >&2
 fi
 
-step "setup: toolchain target, packages, cargo build --release --workspace"
-bash scripts/setup.sh
+# Clippy lints the workspace's crates as they build: clippy-driver, the
+# compiler `cargo clippy` itself runs, compiles them (dependencies stay with
+# rustc), and CLIPPY_ARGS, how `cargo clippy` passes `-- -D warnings` on,
+# makes any warning fail the build. A separate `cargo clippy` would
+# type-check every dependency a second time (~6 min of a busy 2-core run).
+# clippy-driver compiles without MIR optimisations (LLVM still optimises at
+# opt-level 3). Every cargo command on this workspace below runs with the
+# same settings; any other would rebuild it.
+clippy_driver=$(rustup which clippy-driver 2>/dev/null) || {
+    rustup component add clippy
+    clippy_driver=$(rustup which clippy-driver)
+}
+linted=(env "RUSTC_WORKSPACE_WRAPPER=$clippy_driver" "CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__")
+# Should clippy-driver ever stop reading CLIPPY_ARGS, lints would pass
+# unnoticed: the same line must pass written cleanly and fail written with a
+# `clippy::len_zero` warning.
+lint_probe() {
+    printf 'fn main() {\n    let v: &[u8] = &[1];\n    assert!(%s);\n}\n' "$1" >"$scratch/lint.rs"
+    "${linted[@]}" "$clippy_driver" --edition 2024 --emit=metadata -o "$scratch/lint.rmeta" "$scratch/lint.rs" 2>/dev/null
+}
+if ! lint_probe 'v.is_empty()' || lint_probe 'v.len() == 0'; then
+    echo "error: $clippy_driver with CLIPPY_ARGS=-D warnings does not fail on exactly a clippy warning: lints would not be checked" >&2
+    exit 1
+fi
+
+step "setup: toolchain target, packages, cargo build --release --workspace (linted)"
+"${linted[@]}" bash scripts/setup.sh
 step "test servers: redis-server, s3s-fs, stunnel, nats-server, pyzmq"
 bash scripts/test-servers.sh
 step "llama.cpp and Dynamo's indexer, built once into the tool cache"
@@ -78,8 +103,8 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 (cd guest-backends && cargo fmt --all -- --check)
 
-step "cargo clippy (host workspace, then guests for wasm32-wasip2)"
-cargo clippy --release --workspace --all-targets --locked -- -D warnings
+step "clippy: every host target built linted (the test binaries too), then cargo clippy on the guests for wasm32-wasip2"
+"${linted[@]}" cargo build --release --workspace --all-targets --locked
 (cd guest-backends && cargo clippy --release --target wasm32-wasip2 --workspace --locked -- -D warnings)
 
 step "guest unit and property tests (native): guest-support, fs chunk paths, Redis replies, S3 errors, fabrics, KV indexer"
@@ -92,13 +117,13 @@ step "libFuzzer on the MRDN decoders (60 s)"
 bash scripts/fuzz-mrdn.sh 60
 
 step "cargo test --release --workspace"
-cargo test --release --workspace --locked
+"${linted[@]}" cargo test --release --workspace --locked
 
 step "the user guide: mdbook build (links and the config reference are checked by host/cli/tests/docs.rs above)"
 bash scripts/docs.sh target/book
 
 step "scripts/install.sh into a temporary prefix: the installed kvwasm, shim and headers work alone"
-bash scripts/test-install.sh
+"${linted[@]}" bash scripts/test-install.sh
 
 step "kvwasm check --quick: the fs guest behind the shim, and the native C backend"
 make -s -C examples/native-backend OUT="$scratch"

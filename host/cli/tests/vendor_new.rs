@@ -233,6 +233,7 @@ fn build(project: &Path, name: &str, env: &[(&str, &Path)]) {
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env_remove("CARGO_BUILD_TARGET")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
         .output()
         .unwrap();
