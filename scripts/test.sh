@@ -61,26 +61,40 @@ fi
 
 # Clippy lints the workspace's crates as they build: clippy-driver, the
 # compiler `cargo clippy` itself runs, compiles them (dependencies stay with
-# rustc), and CLIPPY_ARGS, how `cargo clippy` passes `-- -D warnings` on,
+# rustc), and CLIPPY_ARGS, how `cargo clippy` hands `-- -D warnings` on,
 # makes any warning fail the build. A separate `cargo clippy` would
 # type-check every dependency a second time (~6 min of a busy 2-core run).
-# clippy-driver compiles without MIR optimisations (LLVM still optimises at
-# opt-level 3). Every cargo command on this workspace below runs with the
-# same settings; any other would rebuild it.
-clippy_driver=$(rustup which clippy-driver 2>/dev/null) || {
+# So this run's binaries are clippy-driver builds: no MIR optimisations
+# (LLVM still optimises at opt-level 3) and other symbol hashes. They are
+# tested, not shipped or benchmarked. Every cargo command on this workspace
+# below runs with the same settings (any other rebuilds the workspace's
+# crates); locally, `cargo clippy --release --workspace --all-targets
+# --locked -- -D warnings` lints the same targets.
+sysroot=$("${RUSTC:-rustc}" --print sysroot)
+clippy_driver=$sysroot/bin/clippy-driver
+if [ ! -x "$clippy_driver" ]; then
     rustup component add clippy
-    clippy_driver=$(rustup which clippy-driver)
-}
+fi
 linted=(env "RUSTC_WORKSPACE_WRAPPER=$clippy_driver" "CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__")
-# Should clippy-driver ever stop reading CLIPPY_ARGS, lints would pass
-# unnoticed: the same line must pass written cleanly and fail written with a
-# `clippy::len_zero` warning.
+# Should cargo or clippy-driver ever stop honouring these, lints would pass
+# unnoticed: a one-file package must build as written and fail, with a
+# clippy::len_zero error, with one line changed.
 lint_probe() {
-    printf 'fn main() {\n    let v: &[u8] = &[1];\n    assert!(%s);\n}\n' "$1" >"$scratch/lint.rs"
-    "${linted[@]}" "$clippy_driver" --edition 2024 --emit=metadata -o "$scratch/lint.rmeta" "$scratch/lint.rs" 2>/dev/null
+    mkdir -p "$scratch/lint-probe/src"
+    printf '[package]\nname = "lint-probe"\nversion = "0.0.0"\nedition = "2024"\n[workspace]\n' \
+        >"$scratch/lint-probe/Cargo.toml"
+    printf 'fn main() {\n    let v: &[u8] = &[1];\n    assert!(%s);\n}\n' "$1" >"$scratch/lint-probe/src/main.rs"
+    "${linted[@]}" cargo build --quiet --offline --manifest-path "$scratch/lint-probe/Cargo.toml" \
+        --target-dir "$scratch/lint-probe/target" >"$scratch/lint-probe.log" 2>&1
 }
-if ! lint_probe 'v.is_empty()' || lint_probe 'v.len() == 0'; then
-    echo "error: $clippy_driver with CLIPPY_ARGS=-D warnings does not fail on exactly a clippy warning: lints would not be checked" >&2
+if ! lint_probe 'v.is_empty()'; then
+    cat "$scratch/lint-probe.log" >&2
+    echo "error: a clean one-file package does not build with $clippy_driver as the workspace compiler" >&2
+    exit 1
+fi
+if lint_probe 'v.len() == 0' || ! grep -q 'clippy::len.zero' "$scratch/lint-probe.log"; then
+    cat "$scratch/lint-probe.log" >&2
+    echo "error: with RUSTC_WORKSPACE_WRAPPER=$clippy_driver and CLIPPY_ARGS=-D warnings, a clippy warning does not fail a build: lints would not be checked" >&2
     exit 1
 fi
 

@@ -142,6 +142,7 @@ fn guest_cargo(dir: &Path, target_dir: &Path) -> Command {
         "RUSTFLAGS",
         "CARGO_BUILD_TARGET",
         "RUSTC_WORKSPACE_WRAPPER",
+        "CLIPPY_ARGS",
     ] {
         cmd.env_remove(var);
     }

@@ -234,6 +234,7 @@ fn build(project: &Path, name: &str, env: &[(&str, &Path)]) {
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env_remove("CARGO_BUILD_TARGET")
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("CLIPPY_ARGS")
         .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
         .output()
         .unwrap();
