@@ -646,7 +646,9 @@ pub mod idle {
     use kvwasm_host::{Backend, StoreHandle};
 
     /// Backend `name` of `component` with `dir = "data"` under `dir`,
-    /// releasing instances idle for `release_ms`.
+    /// releasing instances idle for `release_ms`, warm handles included
+    /// (`warm_handles = 0`: whether a handle ranks as warm would depend on
+    /// the other tests of the binary).
     pub fn releasing_after(
         dir: &Path,
         name: &str,
@@ -655,7 +657,7 @@ pub mod idle {
     ) -> Arc<Backend> {
         let text = format!(
             "[backends.{name}]\ncomponent = {component:?}\ndir = \"data\"\n\
-             idle_release_ms = {release_ms}\ncall_timeout_ms = 2000\n"
+             idle_release_ms = {release_ms}\nwarm_handles = 0\ncall_timeout_ms = 2000\n"
         );
         Arc::new(Config::parse(&text, dir).unwrap().backend(name).unwrap())
     }

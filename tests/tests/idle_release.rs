@@ -341,3 +341,94 @@ fn an_idle_release_closes_what_the_host_kept_open_beneath_the_store() {
         9
     );
 }
+
+/// A `builtin:fs` backend (`name`) releasing idle instances after
+/// `RELEASE_MS`, with the default `warm_handles` (1 for builtin:fs).
+fn fs_with_default_warm_handles(dir: &std::path::Path, name: &str) -> Arc<Backend> {
+    let text = format!(
+        "[backends.{name}]\ncomponent = \"builtin:fs\"\ndir = \"data\"\n\
+         idle_release_ms = {RELEASE_MS}\ncall_timeout_ms = 2000\n"
+    );
+    let config = kvwasm_host::config::Config::parse(&text, dir).unwrap();
+    Arc::new(config.backend(name).unwrap())
+}
+
+/// Issue 37: a long-lived store's handle (the only one on its backend, so
+/// the most recently used) keeps its instance through idle release, so a
+/// warm save after any pause starts nothing and syncs nothing.
+#[test]
+fn a_warm_save_after_a_long_idle_starts_no_instance() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = fs_with_default_warm_handles(dir.path(), "idle_fs_warm");
+    assert_eq!(backend.warm_handles, 1, "builtin:fs keeps one warm handle");
+    let handle = StoreHandle::open(backend.clone(), "").unwrap();
+    // 1 MiB chunks too: the instance that stays is one that has moved them.
+    let chunks: Vec<Vec<u8>> = (0..20)
+        .map(|i| kvwasm_tests::pattern(if i < 4 { 1 << 20 } else { 2048 }, 500 + i))
+        .collect();
+    let keys: Vec<_> = chunks.iter().map(|c| kvwasm_tests::xxh3_key(c)).collect();
+    for (key, chunk) in keys.iter().zip(&chunks) {
+        assert!(!handle.put_chunk(key, chunk).unwrap(), "stored");
+    }
+    kvwasm_tests::wait_past_change_times(dir.path());
+    handle.put_manifest("slot", b"names them").unwrap();
+
+    std::thread::sleep(WELL_PAST_RELEASE);
+    let before = backend.metrics.snapshot();
+    assert_eq!(handle.live_instances(), 1, "kept warm");
+    assert_eq!(before.instances_released, 0);
+    for (key, chunk) in keys.iter().zip(&chunks) {
+        assert!(handle.put_chunk(key, chunk).unwrap(), "already present");
+    }
+    handle.put_manifest("slot", b"names them").unwrap();
+    let saved = backend.metrics.snapshot();
+    assert_eq!(
+        (
+            saved.puts_found_in_place - before.puts_found_in_place,
+            saved.instances_restarted - before.instances_restarted,
+            saved.syncs - before.syncs,
+        ),
+        (20, 0, 0),
+        "every put answered by the host, the manifest by the warm instance: {saved:?}"
+    );
+}
+
+/// The warm handle's instance and the directories the host keeps for it
+/// stay open while it idles (an operator who needs the filesystem
+/// unmountable when idle sets `warm_handles = 0`), and close with it.
+#[test]
+fn a_warm_handle_keeps_its_store_directories_open_until_it_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = fs_with_default_warm_handles(dir.path(), "idle_fs_warm_dirs");
+    let handle = StoreHandle::open(backend.clone(), "").unwrap();
+    let chunks: Vec<Vec<u8>> = (0..8)
+        .map(|i| kvwasm_tests::pattern(2048, 600 + i))
+        .collect();
+    let keys: Vec<_> = chunks.iter().map(|c| kvwasm_tests::xxh3_key(c)).collect();
+    for (key, chunk) in keys.iter().zip(&chunks) {
+        assert!(!handle.put_chunk(key, chunk).unwrap());
+    }
+    kvwasm_tests::wait_past_change_times(dir.path());
+    handle.put_manifest("slot", b"names them").unwrap();
+    for (key, chunk) in keys.iter().zip(&chunks) {
+        assert!(handle.put_chunk(key, chunk).unwrap());
+    }
+    let data = dir.path().join("data").canonicalize().unwrap();
+    std::thread::sleep(WELL_PAST_RELEASE);
+    assert_eq!(handle.live_instances(), 1, "kept warm");
+    assert!(
+        held_beneath(&data.join("chunks")) > 0,
+        "`chunks` still kept open"
+    );
+
+    drop(handle);
+    let start = Instant::now();
+    while held_beneath(&data) > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{} descriptors still open beneath the store after close",
+            held_beneath(&data)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

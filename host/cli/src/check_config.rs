@@ -126,9 +126,13 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
         } else if table != "backends" {
             println!("             one instance, max concurrent calls {calls}");
         } else {
-            let release = match backend.idle_release_ms {
-                0 => "never".to_string(),
-                ms => format!("after {ms} ms"),
+            let release = match (backend.idle_release_ms, backend.warm_handles) {
+                (0, _) => "never".to_string(),
+                (ms, 0) => format!("after {ms} ms"),
+                (ms, warm) => format!(
+                    "after {ms} ms, except on the {warm} most recently used handle(s) \
+                     (warm_handles)"
+                ),
             };
             println!(
                 "             max instances per handle {}, max concurrent calls {calls}, \

@@ -32,6 +32,10 @@ pub struct Backend {
     /// An instance idle this long is released, and started again on the
     /// handle's next call (0: never; see `handle::reaper`).
     pub idle_release_ms: u64,
+    /// Of the handles on this backend name, the most recently used this
+    /// many keep one instance through idle release, however long they idle
+    /// (0: none; see `handle::reaper`).
+    pub warm_handles: usize,
     /// Most calls in flight on this backend at once, over all handles.
     pub max_concurrent_calls: Option<usize>,
     pub(crate) calls_in_flight: CallGate,
@@ -59,6 +63,7 @@ impl std::fmt::Debug for Backend {
             .field("tenant_limits", &self.tenant_limits)
             .field("max_instances", &self.max_instances)
             .field("idle_release_ms", &self.idle_release_ms)
+            .field("warm_handles", &self.warm_handles)
             .field("max_concurrent_calls", &self.max_concurrent_calls)
             .field("prehash_tokens", &self.prehash_tokens)
             .finish()
@@ -74,6 +79,7 @@ impl Backend {
         grants: Grants,
     ) -> Backend {
         Backend {
+            warm_handles: default_warm_handles(&source),
             config_vars: Arc::new(grants.settings.variables()),
             name: name.to_owned(),
             source,
@@ -153,6 +159,18 @@ impl Drop for CallSlot<'_> {
 /// Default `idle_release_ms`: an idle handle holds no guest instance after
 /// a second, and a handle in use pays no re-instantiation (~0.1 ms) per call.
 pub const DEFAULT_IDLE_RELEASE_MS: u64 = 1000;
+
+/// Default `warm_handles`: 1 for `builtin:fs` (and so `wasm:///dir`), 0
+/// for every other component. A disk store's warm save is a few hundred
+/// microseconds natively, so an instance start, the host's reopened
+/// directories and the refaults after a release would cost a long-lived
+/// store (llama.cpp's, saving every few seconds) up to twice that
+/// (docs/benchmarks.md, warm saves after idle gaps). The Redis and S3
+/// guests keep what a release loses on the host (`known-chunks`), and a
+/// connection kept for hours could meet a server's idle timeout.
+pub fn default_warm_handles(source: &ComponentSource) -> usize {
+    usize::from(*source == ComponentSource::Builtin(crate::component::Builtin::Fs))
+}
 
 /// Default instances per handle: 4. A call holds its instance for its whole
 /// I/O (done on the caller's thread), so more instances than cores still

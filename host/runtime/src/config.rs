@@ -14,6 +14,7 @@
 //! settings = { bucket = "kv" }      # read by the guest through wasi:config
 //! max_instances = 4                 # instances serving one handle
 //! idle_release_ms = 1000            # release an instance idle this long (0: never)
+//! warm_handles = 1                  # except on the most recently used handle (builtin:fs default)
 //! max_concurrent_calls = 64         # calls in flight on this backend
 //! memory_limit_mib = 256
 //! call_timeout_ms = 30000
@@ -216,6 +217,9 @@ impl Config {
         backend.limits = limits;
         backend.max_instances = spec.max_instances.unwrap_or_else(default_max_instances);
         backend.idle_release_ms = spec.idle_release_ms.unwrap_or(DEFAULT_IDLE_RELEASE_MS);
+        if let Some(warm) = spec.warm_handles {
+            backend.warm_handles = warm;
+        }
         backend.max_concurrent_calls = spec.max_concurrent_calls;
         backend.events_out = spec
             .publish_events
@@ -369,6 +373,9 @@ impl BackendConfig {
         }
         if self.idle_release_ms.is_some() {
             return Err("this guest keeps its one instance; idle_release_ms does not apply".into());
+        }
+        if self.warm_handles.is_some() {
+            return Err("this guest keeps its one instance; warm_handles does not apply".into());
         }
         if self.publish_events.is_some() {
             return Err("this guest has no kv_store traffic; publish_events does not apply".into());
@@ -575,6 +582,22 @@ mod tests {
     }
 
     #[test]
+    fn warm_handles_is_one_for_builtin_fs_and_zero_for_other_backends() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "[backends.fs]\ncomponent = \"builtin:fs\"\ndir = \"d\"\n\
+                    [backends.mem]\ncomponent = \"builtin:memory\"\n\
+                    [backends.cold]\ncomponent = \"builtin:fs\"\ndir = \"d\"\nwarm_handles = 0\n";
+        let config = Config::parse(text, dir.path()).unwrap();
+        let warm = |name: &str| config.backend(name).unwrap().warm_handles;
+        assert_eq!((warm("fs"), warm("mem"), warm("cold")), (1, 0, 0));
+        assert_eq!(
+            Config::embedded_fs(dir.path()).unwrap().warm_handles,
+            1,
+            "wasm:///dir"
+        );
+    }
+
+    #[test]
     fn rejects_bad_configs() {
         let base = Path::new("/");
         let fs = "[backends.a]\ncomponent = \"builtin:fs\"\n";
@@ -615,6 +638,10 @@ mod tests {
             (
                 "[fabrics.f]\ncomponent = \"builtin:fs\"\nidle_release_ms = 5".to_owned(),
                 "idle_release_ms does not apply",
+            ),
+            (
+                "[fabrics.f]\ncomponent = \"builtin:fs\"\nwarm_handles = 1".to_owned(),
+                "warm_handles does not apply",
             ),
             (
                 format!("{fs}prehash_tokens = true"),

@@ -85,6 +85,9 @@ pub struct BackendConfig {
     pub max_instances: Option<usize>,
     /// Release an instance idle this long, ms (default 1000; 0: never).
     pub idle_release_ms: Option<u64>,
+    /// Of this backend's handles, the most recently used this many keep
+    /// one instance through idle release (default 1 for builtin:fs, else 0).
+    pub warm_handles: Option<usize>,
     /// Calls in flight on this backend at once, over all handles.
     pub max_concurrent_calls: Option<usize>,
     /// Linear memory cap per instance, MiB.

@@ -86,6 +86,11 @@ impl Instance {
         })
     }
 
+    /// Bytes of linear memory and tables this instance holds.
+    pub(crate) fn memory_held(&self) -> usize {
+        self.store.data().limits.memory_held()
+    }
+
     pub(crate) fn put_chunk(
         &mut self,
         deadline: Deadline,

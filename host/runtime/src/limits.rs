@@ -175,6 +175,11 @@ pub(crate) struct InstanceLimits {
 }
 
 impl InstanceLimits {
+    /// Bytes of linear memory and tables the instance holds now.
+    pub(crate) fn memory_held(&self) -> usize {
+        self.memory_held
+    }
+
     /// Account for a new payload of `len` bytes; `false` if it would exceed
     /// the cap on payload bytes held at once.
     pub(crate) fn reserve_payload(&mut self, len: u64) -> bool {

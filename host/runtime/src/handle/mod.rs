@@ -18,8 +18,9 @@
 //! instances hold earlier puts flushes them and asks again.
 //!
 //! Idle instances are released after the backend's `idle_release_ms` by
-//! the [`reaper`], except those holding unflushed puts and those of
-//! backends whose data lives in their instance; the next call starts one.
+//! the [`reaper`], except those holding unflushed puts, those of backends
+//! whose data lives in their instance, and the last one of a warm handle
+//! (`warm_handles`); the next call starts one.
 
 mod durability;
 mod pool;
@@ -110,6 +111,8 @@ impl StoreHandle {
             after: std::time::Duration::from_millis(backend.idle_release_ms),
             metrics: backend.metrics.clone(),
             in_place: in_place.clone(),
+            warm_handles: backend.warm_handles,
+            group: backend.name.as_str().into(),
         });
         let pool = Arc::new(Pool::new(first, max_instances, label, release));
         if pool.release_after().is_some() {

@@ -9,8 +9,8 @@
 //!
 //! An instance left idle past its backend's `idle_release_ms` holding no
 //! unflushed puts may be released ([`Pool::release_idle`], called by the
-//! [`super::reaper`]); the next call that finds no idle instance starts one
-//! as any growing pool does.
+//! [`super::reaper`]), except the last one of a warm handle; the next call
+//! that finds no idle instance starts one as any growing pool does.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -58,6 +58,23 @@ pub(super) struct Release {
     /// Directories the host keeps open for this store's lookups, closed
     /// when every instance has been released.
     pub(super) in_place: Option<Arc<FoundInPlace>>,
+    /// The backend's `warm_handles`: of its pools (by backend name,
+    /// `group`), the most recently used this many keep one instance.
+    pub(super) warm_handles: usize,
+    pub(super) group: Arc<str>,
+}
+
+/// Largest instance a warm handle keeps through idle release: an idle
+/// store's guest holds well under a MiB; one that grew past this gives its
+/// memory back as any other idle instance does.
+const WARM_MEMORY_MAX: usize = 16 << 20;
+
+/// A pool that may keep a warm instance, as the reaper ranks it.
+pub(super) struct WarmRank<'a> {
+    pub(super) group: &'a str,
+    /// When the pool was last used, in epoch ticks (`u64::MAX`: in use).
+    pub(super) last_used: u64,
+    pub(super) warm_handles: usize,
 }
 
 /// An instance waiting in the pool, and since when (in epoch ticks, see
@@ -135,16 +152,36 @@ impl Pool {
         self.release.as_ref().map(|r| r.after)
     }
 
+    /// Where this pool ranks for a warm instance (`None`: its backend keeps
+    /// none).
+    pub(super) fn warm_rank(&self) -> Option<WarmRank<'_>> {
+        let release = self.release.as_ref().filter(|r| r.warm_handles > 0)?;
+        let state = self.lock();
+        let last_used = if state.live > state.idle.len() {
+            u64::MAX
+        } else {
+            state.idle.iter().map(|i| i.since).max().unwrap_or(0)
+        };
+        Some(WarmRank {
+            group: &release.group,
+            last_used,
+            warm_handles: release.warm_handles,
+        })
+    }
+
     /// Release the instances idle since before `now - after` (`now` in
     /// epoch ticks, [`crate::engine::ticks`]) that hold no
     /// unflushed puts (an idle instance runs no call). Returns how many.
+    /// `keep_warm`: the pool is one of its backend's most recently used
+    /// ([`super::reaper`]) and keeps its newest instance, if that would be
+    /// its last and it holds at most [`WARM_MEMORY_MAX`].
     ///
     /// A released instance is dropped without running its guest's `store`
     /// destructor: it holds nothing to flush, the host closes its sockets
     /// and descriptors, and no guest code runs on the release thread. So a
     /// slow or hostile destructor can neither hold up the releases of every
     /// other pool nor still be running after `kv_close` returned.
-    pub(super) fn release_idle(&self, now: u64) -> usize {
+    pub(super) fn release_idle(&self, now: u64, keep_warm: bool) -> usize {
         let Some(release) = &self.release else {
             return 0;
         };
@@ -152,14 +189,27 @@ impl Pool {
         let expired: Vec<Box<Instance>> = {
             let mut state = self.lock();
             let PoolState {
-                idle, durability, ..
+                idle,
+                durability,
+                live,
+                ..
             } = &mut *state;
-            let expired: Vec<Box<Instance>> = idle
+            let mut expired: Vec<Idle> = idle
                 .extract_if(.., |i| {
                     now.saturating_sub(i.since) > after && !durability.holds_puts(i.instance.id)
                 })
-                .map(|i| i.instance)
                 .collect();
+            if keep_warm && expired.len() == *live {
+                // Its `since` stays: it still ranks by its real last use.
+                expired.sort_unstable_by_key(|i| i.since);
+                if expired
+                    .last()
+                    .is_some_and(|i| i.instance.memory_held() <= WARM_MEMORY_MAX)
+                {
+                    idle.extend(expired.pop());
+                }
+            }
+            let expired: Vec<Box<Instance>> = expired.into_iter().map(|i| i.instance).collect();
             state.live -= expired.len();
             state.released += expired.len();
             if !expired.is_empty() && state.live == 0 {

@@ -6,12 +6,19 @@
 //! such pool a few times per release period and releases what has been
 //! idle long enough ([`Pool::release_idle`]); the handle's next call starts
 //! an instance again through the pool, as `open` did.
+//!
+//! Except on warm handles: of the pools of one backend name, the
+//! `warm_handles` most recently used keep their last instance however long
+//! they idle ([`keepers`]), so a long-lived store's next save starts
+//! nothing. Ranked per backend name, not process-wide: one backend's
+//! traffic never costs another's handles their warm instance.
 
+use std::cmp::Reverse;
 use std::sync::{Arc, Condvar, LazyLock, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::lock;
-use super::pool::Pool;
+use super::pool::{Pool, WarmRank};
 
 /// The pools that may release instances, while their handles live.
 struct Reaper {
@@ -102,7 +109,14 @@ impl Reaper {
                 .collect();
             let now = Instant::now();
             let ticks = crate::engine::ticks();
-            let released: usize = pools.iter().map(|p| p.release_idle(ticks)).sum();
+            let ranks: Vec<Option<WarmRank<'_>>> = pools.iter().map(|p| p.warm_rank()).collect();
+            let keep = keepers(&ranks);
+            drop(ranks);
+            let released: usize = pools
+                .iter()
+                .zip(keep)
+                .map(|(p, keep)| p.release_idle(ticks, keep))
+                .sum();
             drop(pools);
             // Trimming walks every malloc arena under its lock: at most
             // once per `TRIM_EVERY`, however short the release times.
@@ -112,6 +126,31 @@ impl Reaper {
             }
         }
     }
+}
+
+/// For each pool, whether it keeps a warm instance: per backend name, the
+/// `warm_handles` most recently used (a pool in use ranks first; ties go
+/// to the pool watched first).
+fn keepers(ranks: &[Option<WarmRank<'_>>]) -> Vec<bool> {
+    let mut order: Vec<(usize, &WarmRank<'_>)> = ranks
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| Some((i, r.as_ref()?)))
+        .collect();
+    // Stable: equal times keep the order the pools were watched in.
+    order.sort_by_key(|(_, r)| (r.group, Reverse(r.last_used)));
+    let mut keep = vec![false; ranks.len()];
+    let mut group = None;
+    let mut rank = 0;
+    for (i, r) in order {
+        if group != Some(r.group) {
+            group = Some(r.group);
+            rank = 0;
+        }
+        keep[i] = rank < r.warm_handles;
+        rank += 1;
+    }
+    keep
 }
 
 /// Least time between two heap trims.
@@ -131,6 +170,38 @@ fn trim_heap() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rank(group: &str, last_used: u64, warm_handles: usize) -> Option<WarmRank<'_>> {
+        Some(WarmRank {
+            group,
+            last_used,
+            warm_handles,
+        })
+    }
+
+    #[test]
+    fn each_backend_keeps_its_most_recently_used_pools_warm_and_ties_go_to_the_first_watched() {
+        let ranks = [
+            rank("fs", 10, 1),
+            None,
+            rank("fs", 30, 1),
+            rank("disk", 5, 2),
+            rank("disk", 9, 2),
+            rank("disk", 7, 2),
+            rank("fs", 20, 1),
+            rank("busy", 99, 1),
+            rank("busy", u64::MAX, 1),
+            rank("tie", 7, 1),
+            rank("tie", 7, 1),
+            rank("off", 50, 0),
+        ];
+        assert_eq!(
+            keepers(&ranks),
+            [
+                false, false, true, false, true, true, false, false, true, true, false, false
+            ]
+        );
+    }
 
     #[test]
     fn the_period_is_a_quarter_of_the_shortest_release_within_bounds() {
