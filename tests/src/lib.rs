@@ -647,8 +647,8 @@ pub mod idle {
 
     /// Backend `name` of `component` with `dir = "data"` under `dir`,
     /// releasing instances idle for `release_ms`, warm handles included
-    /// (`warm_handles = 0`: whether a handle ranks as warm would depend on
-    /// the other tests of the binary).
+    /// (`warm_handles = 0`: a lone handle on a `builtin:fs` backend would
+    /// otherwise always be its most recently used, and keep its instance).
     pub fn releasing_after(
         dir: &Path,
         name: &str,
