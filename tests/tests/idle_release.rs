@@ -285,6 +285,27 @@ fn a_warm_save_after_an_idle_release_starts_an_instance_only_for_its_manifest() 
     );
 }
 
+/// Put `count` new 2 KiB chunks (patterns from `seed`) through `handle`,
+/// wait until their syncs can be remembered, and publish a manifest over
+/// them: a cold save. Returns the keys and chunks, for the warm saves.
+fn cold_save(
+    handle: &StoreHandle,
+    dir: &std::path::Path,
+    count: u64,
+    seed: u64,
+) -> (Vec<[u8; 8]>, Vec<Vec<u8>>) {
+    let chunks: Vec<Vec<u8>> = (0..count)
+        .map(|i| kvwasm_tests::pattern(2048, seed + i))
+        .collect();
+    let keys: Vec<_> = chunks.iter().map(|c| kvwasm_tests::xxh3_key(c)).collect();
+    for (key, chunk) in keys.iter().zip(&chunks) {
+        assert!(!handle.put_chunk(key, chunk).unwrap(), "stored");
+    }
+    kvwasm_tests::wait_past_change_times(dir);
+    handle.put_manifest("slot", b"names them").unwrap();
+    (keys, chunks)
+}
+
 /// Descriptors of this process open on `dir` or beneath it.
 fn held_beneath(dir: &std::path::Path) -> usize {
     std::fs::read_dir("/proc/self/fd")
@@ -302,15 +323,7 @@ fn an_idle_release_closes_what_the_host_kept_open_beneath_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let backend = backend(dir.path(), "idle_fs_closes", "builtin:fs");
     let handle = StoreHandle::open(backend.clone(), "").unwrap();
-    let chunks: Vec<Vec<u8>> = (0..8)
-        .map(|i| kvwasm_tests::pattern(2048, 300 + i))
-        .collect();
-    let keys: Vec<_> = chunks.iter().map(|c| kvwasm_tests::xxh3_key(c)).collect();
-    for (key, chunk) in keys.iter().zip(&chunks) {
-        assert!(!handle.put_chunk(key, chunk).unwrap());
-    }
-    kvwasm_tests::wait_past_change_times(dir.path());
-    handle.put_manifest("slot", b"names them").unwrap();
+    let (keys, chunks) = cold_save(&handle, dir.path(), 8, 300);
     let before = backend.metrics.snapshot();
     for (key, chunk) in keys.iter().zip(&chunks) {
         assert!(handle.put_chunk(key, chunk).unwrap());
@@ -401,15 +414,7 @@ fn a_warm_handle_keeps_its_store_directories_open_until_it_closes() {
     let dir = tempfile::tempdir().unwrap();
     let backend = fs_with_default_warm_handles(dir.path(), "idle_fs_warm_dirs");
     let handle = StoreHandle::open(backend.clone(), "").unwrap();
-    let chunks: Vec<Vec<u8>> = (0..8)
-        .map(|i| kvwasm_tests::pattern(2048, 600 + i))
-        .collect();
-    let keys: Vec<_> = chunks.iter().map(|c| kvwasm_tests::xxh3_key(c)).collect();
-    for (key, chunk) in keys.iter().zip(&chunks) {
-        assert!(!handle.put_chunk(key, chunk).unwrap());
-    }
-    kvwasm_tests::wait_past_change_times(dir.path());
-    handle.put_manifest("slot", b"names them").unwrap();
+    let (keys, chunks) = cold_save(&handle, dir.path(), 8, 600);
     for (key, chunk) in keys.iter().zip(&chunks) {
         assert!(handle.put_chunk(key, chunk).unwrap());
     }
