@@ -338,15 +338,7 @@ fn an_idle_release_closes_what_the_host_kept_open_beneath_the_store() {
 
     wait_for_release(&handle);
     // Closed by the release thread right after the instances go.
-    let start = Instant::now();
-    while held_beneath(&data) > 0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "{} descriptors still open beneath the store",
-            held_beneath(&data)
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until_none_held_beneath(&data);
     // And opened again by the next lookup.
     assert!(handle.put_chunk(&keys[0], &chunks[0]).unwrap());
     assert_eq!(
@@ -356,11 +348,12 @@ fn an_idle_release_closes_what_the_host_kept_open_beneath_the_store() {
 }
 
 /// A `builtin:fs` backend (`name`) releasing idle instances after
-/// `RELEASE_MS`, with the default `warm_handles` (1 for builtin:fs).
+/// `RELEASE_MS`, with the default `warm_handles` (1 for builtin:fs), and
+/// a deadline no busy machine reaches.
 fn fs_with_default_warm_handles(dir: &std::path::Path, name: &str) -> Arc<Backend> {
     let text = format!(
         "[backends.{name}]\ncomponent = \"builtin:fs\"\ndir = \"data\"\n\
-         idle_release_ms = {RELEASE_MS}\ncall_timeout_ms = 2000\n"
+         idle_release_ms = {RELEASE_MS}\ncall_timeout_ms = 60000\n"
     );
     let config = kvwasm_host::config::Config::parse(&text, dir).unwrap();
     Arc::new(config.backend(name).unwrap())
@@ -427,13 +420,150 @@ fn a_warm_handle_keeps_its_store_directories_open_until_it_closes() {
     );
 
     drop(handle);
+    wait_until_none_held_beneath(&data);
+}
+
+/// Wait until this process holds nothing open beneath `dir` (up to a
+/// minute).
+fn wait_until_none_held_beneath(dir: &std::path::Path) {
     let start = Instant::now();
-    while held_beneath(&data) > 0 {
+    while held_beneath(dir) > 0 {
         assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "{} descriptors still open beneath the store after close",
-            held_beneath(&data)
+            start.elapsed() < Duration::from_secs(60),
+            "{} descriptors still open beneath {}",
+            held_beneath(dir),
+            dir.display()
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// A warm instance's descriptors name the directories it opened. A store
+/// replaced while the handle idles (an operator clearing the cache by
+/// moving it away) is not written through them: the next call finds the
+/// directories changed and starts a new instance on the new store, as
+/// after a release, and a new handle reads what was saved.
+#[test]
+fn a_warm_instance_is_not_used_once_its_store_was_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = fs_with_default_warm_handles(dir.path(), "idle_fs_warm_moved");
+    let handle = StoreHandle::open(backend.clone(), "team").unwrap();
+    let (keys, chunks) = cold_save(&handle, dir.path(), 4, 700);
+    std::thread::sleep(WELL_PAST_RELEASE);
+    assert_eq!(handle.live_instances(), 1, "kept warm");
+
+    let data = dir.path().join("data");
+    std::fs::rename(&data, dir.path().join("moved-away")).unwrap();
+    std::fs::create_dir(&data).unwrap();
+    let before = backend.metrics.snapshot();
+    for (key, chunk) in keys.iter().zip(&chunks) {
+        assert!(!handle.put_chunk(key, chunk).unwrap(), "stored afresh");
+    }
+    handle.put_manifest("slot", b"names them").unwrap();
+    let saved = backend.metrics.snapshot();
+    assert_eq!(
+        (
+            saved.instances_released - before.instances_released,
+            saved.instances_restarted - before.instances_restarted,
+        ),
+        (1, 1),
+        "the kept instance went, a new one took its place: {saved:?}"
+    );
+
+    let reader = StoreHandle::open(backend, "team").unwrap();
+    assert_eq!(
+        reader.get_manifest("slot").unwrap().as_slice(),
+        b"names them"
+    );
+    for (key, chunk) in keys.iter().zip(&chunks) {
+        assert_eq!(reader.get_chunk(key).unwrap().as_slice(), &chunk[..]);
+    }
+}
+
+/// Handles on one store share the directories the host keeps open for
+/// it: a sibling's release at idle leaves them open for the warm handle,
+/// whose puts go on being answered through them.
+#[test]
+fn a_sibling_released_at_idle_leaves_the_warm_handles_directories_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = fs_with_default_warm_handles(dir.path(), "idle_fs_warm_sibling");
+    // Written by a third handle, closed since: no guest instance below
+    // holds a fan-out directory, only the host does.
+    let writer = StoreHandle::open(backend.clone(), "").unwrap();
+    let (keys, chunks) = cold_save(&writer, dir.path(), 8, 800);
+    drop(writer);
+    let before = backend.metrics.snapshot();
+    // Opened first: should both be last used in one tick, it still ranks
+    // first, so the sibling is the one released in any case.
+    let warm = StoreHandle::open(backend.clone(), "").unwrap();
+    let sibling = StoreHandle::open(backend.clone(), "").unwrap();
+    for handle in [&sibling, &warm] {
+        for (key, chunk) in keys.iter().zip(&chunks) {
+            assert!(handle.put_chunk(key, chunk).unwrap());
+        }
+        handle.put_manifest("slot", b"names them").unwrap();
+    }
+    assert_eq!(
+        backend.metrics.snapshot().puts_found_in_place - before.puts_found_in_place,
+        16,
+        "answered through the kept directories"
+    );
+    let chunks_dir = dir.path().join("data/chunks").canonicalize().unwrap();
+    assert!(
+        held_strictly_beneath(&chunks_dir) > 0,
+        "fan-out directories kept"
+    );
+
+    wait_for_release(&sibling);
+    assert_eq!(warm.live_instances(), 1, "kept warm");
+    assert!(
+        held_strictly_beneath(&chunks_dir) > 0,
+        "the fan-out directories the host kept were closed by the sibling's release"
+    );
+    drop(warm);
+    drop(sibling);
+    wait_until_none_held_beneath(&chunks_dir);
+}
+
+/// Descriptors of this process open on directories beneath `dir` (the
+/// host's kept fan-out directories; the guest keeps none of them).
+fn held_strictly_beneath(dir: &std::path::Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.starts_with(dir) && target != dir)
+        .count()
+}
+
+/// Every `wasm:///dir` store is backend `builtin:fs`, and backends of one
+/// name in two configs share it too: warm handles are ranked per backend
+/// and directory, so two stores in two directories each keep theirs.
+#[test]
+fn stores_in_two_directories_each_keep_a_warm_handle() {
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let handles: Vec<StoreHandle> = [&one, &two]
+        .iter()
+        .map(|dir| {
+            let backend = fs_with_default_warm_handles(dir.path(), "idle_fs_warm_two_dirs");
+            let handle = StoreHandle::open(backend, "").unwrap();
+            handle.put_manifest("slot", b"saved").unwrap();
+            handle
+        })
+        .collect();
+    std::thread::sleep(WELL_PAST_RELEASE);
+    let live: Vec<usize> = handles.iter().map(StoreHandle::live_instances).collect();
+    assert_eq!(live, [1, 1], "each directory's handle kept warm");
+}
+
+/// A warm handle keeps an instance only while it is small: one that grew
+/// past 16 MiB (a prefetch of 300,000 names, lowered into its memory)
+/// gives its memory back at idle like any other.
+#[test]
+fn a_warm_handles_instance_that_grew_past_16_mib_is_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = fs_with_default_warm_handles(dir.path(), "idle_fs_warm_big");
+    let handle = StoreHandle::open(backend, "").unwrap();
+    let hashes: Vec<Vec<u8>> = (0..300_000u64).map(|i| i.to_le_bytes().repeat(8)).collect();
+    handle.prefetch_chunks(&hashes).unwrap();
+    wait_for_release(&handle);
 }

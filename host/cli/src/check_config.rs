@@ -131,7 +131,7 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<std::process::ExitCode> {
                 (ms, 0) => format!("after {ms} ms"),
                 (ms, warm) => format!(
                     "after {ms} ms, except on the {warm} most recently used handle(s) \
-                     (warm_handles)"
+                     per directory (warm_handles)"
                 ),
             };
             println!(

@@ -54,7 +54,8 @@ fn check_config_prints_effective_grants_without_secret_values() {
              idle_release_ms = 250\n\
              settings = {{ bucket = \"kv-cache\", db = 2, secret_key_env = \"KVWASM_TEST_SECRET\" }}\n\
              [backends.acme.tenants.alice]\ncall_timeout_ms = 100\n\
-             [backends.pinned]\ncomponent = \"builtin:memory\"\nsha256 = \"{}\"\n",
+             [backends.pinned]\ncomponent = \"builtin:memory\"\nsha256 = \"{}\"\n\
+             [backends.disk]\ncomponent = \"builtin:fs\"\ndir = \"disk\"\nwarm_handles = 2\n",
             kvwasm_guest_artifacts::HOSTILE_PATH,
             "0".repeat(64)
         ),
@@ -83,7 +84,9 @@ fn check_config_prints_effective_grants_without_secret_values() {
         "http://127.0.0.1:9000",
         "KVWASM_TEST_SECRET (set)",
         "KVWASM_TEST_UNSET (not set)",
-        "max concurrent calls 8, idle instances released after 250 ms",
+        "max concurrent calls 8, idle instances released after 250 ms\n",
+        "idle instances released after 1000 ms, except on the 2 most recently used \
+         handle(s) per directory (warm_handles)",
         "bucket = \"kv-cache\"",
         "db = \"2\"",
         "secret_key_env = \"KVWASM_TEST_SECRET\"",

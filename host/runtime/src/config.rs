@@ -219,6 +219,11 @@ impl Config {
         backend.idle_release_ms = spec.idle_release_ms.unwrap_or(DEFAULT_IDLE_RELEASE_MS);
         if let Some(warm) = spec.warm_handles {
             backend.warm_handles = warm;
+        } else if !backend.tenant_limits.is_empty() {
+            // Tenants share their backend's warm ranking, so one could time
+            // its first call after an idle gap to learn whether another
+            // was active (docs/security.md): none unless the operator asks.
+            backend.warm_handles = 0;
         }
         backend.max_concurrent_calls = spec.max_concurrent_calls;
         backend.events_out = spec
@@ -392,7 +397,22 @@ impl BackendConfig {
             return Err("missing field `component` (or `tiers`, for a tiered store)".into());
         }
         crate::tiering::config::validate_plain(self)?;
-        self.source()?;
+        let source = self.source()?;
+        if self.warm_handles.is_some_and(|w| w > 0) {
+            if source != ComponentSource::Builtin(crate::component::Builtin::Fs) {
+                return Err(
+                    "warm_handles applies to builtin:fs only: the host checks that a \
+                     kept instance's store directories are still in place before using it \
+                     again, which it can do only for its own fs guest"
+                        .into(),
+                );
+            }
+            if self.idle_release_ms == Some(0) {
+                return Err("warm_handles keeps instances through idle release, and \
+                     idle_release_ms = 0 releases none: set one of the two"
+                    .into());
+            }
+        }
         let limits = self.limits();
         limits.validate()?;
         for (tenant, l) in &self.tenants {
@@ -582,14 +602,28 @@ mod tests {
     }
 
     #[test]
-    fn warm_handles_is_one_for_builtin_fs_and_zero_for_other_backends() {
+    fn warm_handles_is_one_for_builtin_fs_without_tenants_and_zero_for_other_backends() {
         let dir = tempfile::tempdir().unwrap();
         let text = "[backends.fs]\ncomponent = \"builtin:fs\"\ndir = \"d\"\n\
-                    [backends.mem]\ncomponent = \"builtin:memory\"\n\
-                    [backends.cold]\ncomponent = \"builtin:fs\"\ndir = \"d\"\nwarm_handles = 0\n";
+                    [backends.mem]\ncomponent = \"builtin:memory\"\nwarm_handles = 0\n\
+                    [backends.cold]\ncomponent = \"builtin:fs\"\ndir = \"d\"\nwarm_handles = 0\n\
+                    [backends.shared]\ncomponent = \"builtin:fs\"\ndir = \"d\"\n\
+                    [backends.shared.tenants.t]\ncall_timeout_ms = 100\n\
+                    [backends.asked]\ncomponent = \"builtin:fs\"\ndir = \"d\"\nwarm_handles = 2\n\
+                    [backends.asked.tenants.t]\ncall_timeout_ms = 100\n";
         let config = Config::parse(text, dir.path()).unwrap();
         let warm = |name: &str| config.backend(name).unwrap().warm_handles;
-        assert_eq!((warm("fs"), warm("mem"), warm("cold")), (1, 0, 0));
+        assert_eq!(
+            [
+                warm("fs"),
+                warm("mem"),
+                warm("cold"),
+                warm("shared"),
+                warm("asked")
+            ],
+            [1, 0, 0, 0, 2],
+            "tenants: none unless asked"
+        );
         assert_eq!(
             Config::embedded_fs(dir.path()).unwrap().warm_handles,
             1,
@@ -642,6 +676,18 @@ mod tests {
             (
                 "[fabrics.f]\ncomponent = \"builtin:fs\"\nwarm_handles = 1".to_owned(),
                 "warm_handles does not apply",
+            ),
+            (
+                "[backends.a]\ncomponent = \"builtin:memory\"\nwarm_handles = 1".to_owned(),
+                "warm_handles applies to builtin:fs only",
+            ),
+            (
+                format!("{fs}idle_release_ms = 0\nwarm_handles = 2"),
+                "idle_release_ms = 0 releases none",
+            ),
+            (
+                format!("{fs}[backends.t]\ntiers = [\"a\", \"a\"]\nwarm_handles = 1"),
+                "warm_handles belongs on the tier entries",
             ),
             (
                 format!("{fs}prehash_tokens = true"),

@@ -28,9 +28,10 @@
 //! handles: the namespace directories, `chunks` and up to 16 fan-out
 //! directories, as `O_PATH` descriptors, and only while the process holds
 //! fewer than half the descriptors a store may reach
-//! ([`Headroom::may_share`]). They are closed when a handle's instances
-//! are all released at idle, and with the store's last handle; the next
-//! lookup opens them again (about 40 system calls).
+//! ([`Headroom::may_share`]). They are closed once no handle on the store
+//! has an instance ([`FoundInPlace::in_use`]: all were released at idle),
+//! and with the store's last handle; the next lookup opens them again
+//! (about 40 system calls).
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -40,23 +41,18 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
 
-use kvwasm_fs_layout::{
-    CHUNKS_DIR, FANOUT_DIRS, MAX_HASH_LEN, fanout_slot, namespace_dir, push_chunk_name,
-};
+use kvwasm_fs_layout::{FANOUT_DIRS, MAX_HASH_LEN, fanout_slot, push_chunk_name};
 
 use super::descriptors::Headroom;
 use super::durable::{self, Stamps, all_synced};
+use super::store_dirs::StoreDirs;
 
 /// The chunks of one `builtin:fs` store the host may find in place.
 pub(crate) struct FoundInPlace {
-    /// The granted directory's host path.
-    grant: CString,
-    /// The first directory beneath the grant (a namespace directory, or
-    /// `chunks`), by its whole path.
-    first: CString,
-    /// The names of the directories after the first, down to `chunks`.
-    rest: Vec<CString>,
+    dirs: StoreDirs,
     kept: RwLock<Option<Kept>>,
+    /// Pools on this store with live instances ([`InUse`]).
+    users: Mutex<usize>,
     /// `chunks` is on a filesystem where the host remembers no sync
     /// (network, FUSE, whole-second times): no put is ever answered here,
     /// so none is looked up.
@@ -67,7 +63,7 @@ pub(crate) struct FoundInPlace {
 /// opened.
 struct Kept {
     /// The first directory beneath the grant, then one for each name of
-    /// [`FoundInPlace::rest`]: the last is `chunks`.
+    /// [`StoreDirs::rest`]: the last is `chunks`.
     path: Vec<KeptDir>,
     fanout: [Option<KeptDir>; FANOUT_DIRS.len()],
 }
@@ -133,25 +129,18 @@ impl FoundInPlace {
     /// directory granted at `grant`, shared with the other open handles on
     /// it.
     pub(crate) fn for_store(grant: &Path, namespace: &str) -> Option<Arc<FoundInPlace>> {
-        let grant = CString::new(grant.as_os_str().as_bytes()).ok()?;
-        let key = (grant, namespace.to_owned());
+        let key = (
+            CString::new(grant.as_os_str().as_bytes()).ok()?,
+            namespace.to_owned(),
+        );
         let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(store) = stores.get(&key).and_then(Weak::upgrade) {
             return Some(store);
         }
-        let mut beneath = Vec::new();
-        for part in namespace.split('/').filter(|p| !p.is_empty()) {
-            beneath.push(CString::new(namespace_dir(part).as_bytes()).ok()?);
-        }
-        beneath.push(CString::new(CHUNKS_DIR).ok()?);
-        let mut first = key.0.as_bytes().to_vec();
-        first.push(b'/');
-        first.extend_from_slice(beneath.remove(0).as_bytes());
         let store = Arc::new(FoundInPlace {
-            grant: key.0.clone(),
-            first: CString::new(first).ok()?,
-            rest: beneath,
+            dirs: StoreDirs::new(grant, namespace)?,
             kept: RwLock::default(),
+            users: Mutex::new(0),
             never: AtomicBool::new(false),
         });
         stores.retain(|_, store| store.strong_count() > 0);
@@ -159,12 +148,13 @@ impl FoundInPlace {
         Some(store)
     }
 
-    /// Close the directories kept (a handle's instances were all released
-    /// at idle): an idle process holds nothing open beneath the grant. The
-    /// next lookup opens them again.
-    pub(crate) fn close_kept(&self) {
-        let closed = self.kept.write().unwrap_or_else(|e| e.into_inner()).take();
-        drop(closed);
+    /// A pool on this store has live instances: the directories kept stay
+    /// open until no pool has (each [`InUse`] dropped), so that an idle
+    /// process holds nothing open beneath the grant, while one handle's
+    /// release leaves a sibling's kept directories open.
+    pub(crate) fn in_use(self: &Arc<Self>) -> InUse {
+        *self.users.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        InUse(self.clone())
     }
 
     /// Whether the chunk `hash` is in place with `len` bytes, and it, its
@@ -220,11 +210,11 @@ impl FoundInPlace {
     /// directory: `OpenFanOut` with its `stat` if the one kept for `slot`
     /// (if any) is not the one its name names now.
     fn look(&self, kept: &Kept, slot: usize, name: &CStr, len: usize) -> Look {
-        let mut seen = match stat_at(libc::AT_FDCWD, &self.first) {
+        let mut seen = match stat_at(libc::AT_FDCWD, &self.dirs.first) {
             Some(st) if is_dir(&st) && id(&st) == kept.path[0].id => st,
             _ => return Look::Stale,
         };
-        for (pair, name) in kept.path.windows(2).zip(&self.rest) {
+        for (pair, name) in kept.path.windows(2).zip(&self.dirs.rest) {
             match stat_at(pair[0].fd.as_raw_fd(), name) {
                 Some(st) if is_dir(&st) && id(&st) == pair[1].id => seen = st,
                 _ => return Look::Stale,
@@ -255,13 +245,14 @@ impl FoundInPlace {
     /// remembered.
     fn open_path(&self) -> Option<Vec<KeptDir>> {
         let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+        let StoreDirs { grant, first, rest } = &self.dirs;
         // SAFETY: `grant` is NUL-terminated.
-        let grant = keep(unsafe { libc::open(self.grant.as_ptr(), flags) })?;
-        let first_name = CString::new(&self.first.as_bytes()[self.grant.as_bytes().len() + 1..])
-            .expect("no NUL");
+        let grant_dir = keep(unsafe { libc::open(grant.as_ptr(), flags) })?;
+        let first_name =
+            CString::new(&first.as_bytes()[grant.as_bytes().len() + 1..]).expect("no NUL");
         let shareable = |dir: &KeptDir| Headroom::may_share(dir.fd.as_raw_fd());
-        let mut path = vec![open_dir_at(grant.fd.as_raw_fd(), &first_name).filter(shareable)?];
-        for name in &self.rest {
+        let mut path = vec![open_dir_at(grant_dir.fd.as_raw_fd(), &first_name).filter(shareable)?];
+        for name in rest {
             let parent = path.last()?.fd.as_raw_fd();
             path.push(open_dir_at(parent, name).filter(shareable)?);
         }
@@ -271,6 +262,27 @@ impl FoundInPlace {
             return None;
         }
         Some(path)
+    }
+}
+
+/// A pool on a store with live instances ([`FoundInPlace::in_use`]). When
+/// the last is dropped the store's kept directories close; the next lookup
+/// opens them again.
+pub(crate) struct InUse(Arc<FoundInPlace>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        let mut users = self.0.users.lock().unwrap_or_else(|e| e.into_inner());
+        *users -= 1;
+        if *users == 0 {
+            let closed = self
+                .0
+                .kept
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            drop(closed);
+        }
     }
 }
 
@@ -380,8 +392,8 @@ mod tests {
         }
 
         fn chunks(&self) -> std::path::PathBuf {
-            let mut chunks = std::path::PathBuf::from(self.found.first.to_str().unwrap());
-            for part in self.found.rest.iter() {
+            let mut chunks = std::path::PathBuf::from(self.found.dirs.first.to_str().unwrap());
+            for part in self.found.dirs.rest.iter() {
                 chunks.push(part.to_str().unwrap());
             }
             chunks
@@ -538,7 +550,8 @@ mod tests {
     }
 
     #[test]
-    fn handles_on_one_store_share_its_directories_and_they_close_with_the_last() {
+    fn handles_on_one_store_share_its_directories_closed_when_no_pool_uses_them_and_with_the_last()
+    {
         let store = Store::new("ns");
         let other = FoundInPlace::for_store(&store.grant, "ns").unwrap();
         assert!(Arc::ptr_eq(&store.found, &other));
@@ -555,6 +568,16 @@ mod tests {
                 .count()
         };
         assert_eq!(held(), 3, "`ns`, `chunks`, `a`");
+
+        // Two pools with live instances; one is released at idle.
+        let (first, second) = (store.found.in_use(), other.in_use());
+        drop(first);
+        assert_eq!(held(), 3, "the other pool still has an instance");
+        drop(second);
+        assert_eq!(held(), 0, "no pool on the store has an instance");
+        assert!(store.durable(), "opened again by the next lookup");
+        assert_eq!(held(), 3);
+
         drop(other);
         assert_eq!(held(), 3, "a handle on the store is still open");
         let Store { _dir, found, .. } = store;

@@ -23,6 +23,7 @@ pub mod http;
 pub(crate) mod in_place;
 pub mod net;
 pub mod settings;
+pub(crate) mod store_dirs;
 pub mod tls;
 
 use std::sync::Arc;

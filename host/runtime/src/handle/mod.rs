@@ -20,7 +20,7 @@
 //! Idle instances are released after the backend's `idle_release_ms` by
 //! the [`reaper`], except those holding unflushed puts, those of backends
 //! whose data lives in their instance, and the last one of a warm handle
-//! (`warm_handles`); the next call starts one.
+//! (`warm_handles`, on `builtin:fs`); the next call starts one.
 
 mod durability;
 mod pool;
@@ -29,11 +29,13 @@ mod reaper;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
-use pool::{CallKind, CheckedOut, Pool, Release};
+use pool::{CallKind, CheckedOut, Pool, Release, Warm};
 
 use crate::backend::Backend;
 use crate::bindings::PutOutcome;
+use crate::capabilities::dirs::DirGrant;
 use crate::capabilities::in_place::FoundInPlace;
+use crate::capabilities::store_dirs::StoreDirs;
 use crate::component::{Builtin, ComponentSource};
 use crate::deadline::Deadline;
 use crate::error::KvError;
@@ -110,11 +112,15 @@ impl StoreHandle {
         let release = (shared_state && backend.idle_release_ms > 0).then(|| Release {
             after: std::time::Duration::from_millis(backend.idle_release_ms),
             metrics: backend.metrics.clone(),
-            in_place: in_place.clone(),
-            warm_handles: backend.warm_handles,
-            group: backend.name.as_str().into(),
+            warm: Self::warm(&backend, namespace),
         });
-        let pool = Arc::new(Pool::new(first, max_instances, label, release));
+        let pool = Arc::new(Pool::new(
+            first,
+            max_instances,
+            label,
+            release,
+            in_place.clone(),
+        ));
         if pool.release_after().is_some() {
             reaper::watch(&pool);
         }
@@ -132,23 +138,39 @@ impl StoreHandle {
     /// that syncs: with `durability = "none"` the guest syncs nothing, so
     /// the host has no sync record to answer from.
     fn in_place(backend: &Backend, namespace: &str) -> Option<Arc<FoundInPlace>> {
-        let durable_fs = matches!(backend.source, ComponentSource::Builtin(Builtin::Fs))
-            && backend
-                .grants
-                .settings
-                .values
-                .get("durability")
-                .map(String::as_str)
-                != Some("none");
-        if !durable_fs {
+        let syncs = backend
+            .grants
+            .settings
+            .values
+            .get("durability")
+            .map(String::as_str)
+            != Some("none");
+        let grant = Self::fs_data_grant(backend).filter(|_| syncs)?;
+        FoundInPlace::for_store(&grant.host, namespace)
+    }
+
+    /// How the handle may keep a warm instance (`builtin:fs` only: the host
+    /// knows its store's directories, to check before a kept instance is
+    /// used again).
+    fn warm(backend: &Backend, namespace: &str) -> Option<Warm> {
+        let grant = Self::fs_data_grant(backend).filter(|_| backend.warm_handles > 0)?;
+        Some(Warm {
+            handles: backend.warm_handles,
+            group: format!("{}\0{}", backend.name, grant.host.display()).into(),
+            dirs: StoreDirs::new(&grant.host, namespace)?,
+        })
+    }
+
+    /// The directory a `builtin:fs` backend stores in.
+    fn fs_data_grant(backend: &Backend) -> Option<&DirGrant> {
+        if !matches!(backend.source, ComponentSource::Builtin(Builtin::Fs)) {
             return None;
         }
-        let grant = backend
+        backend
             .grants
             .dirs
             .iter()
-            .find(|d| d.guest == crate::capabilities::DATA_DIR)?;
-        FoundInPlace::for_store(&grant.host, namespace)
+            .find(|d| d.guest == crate::capabilities::DATA_DIR)
     }
 
     /// This handle (on the last tier) as the front of `tiers`: chunk calls

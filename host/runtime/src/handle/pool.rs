@@ -10,7 +10,9 @@
 //! An instance left idle past its backend's `idle_release_ms` holding no
 //! unflushed puts may be released ([`Pool::release_idle`], called by the
 //! [`super::reaper`]), except the last one of a warm handle; the next call
-//! that finds no idle instance starts one as any growing pool does.
+//! that finds no idle instance starts one as any growing pool does. A warm
+//! instance is used again only while its store's directories are the ones
+//! it was kept with ([`Warm::dirs`]); otherwise it goes as if released.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -18,7 +20,8 @@ use std::time::Duration;
 
 use super::durability::Durability;
 use crate::backoff::Backoff;
-use crate::capabilities::in_place::FoundInPlace;
+use crate::capabilities::in_place::{FoundInPlace, InUse};
+use crate::capabilities::store_dirs::{Identity, StoreDirs};
 use crate::deadline::Deadline;
 use crate::engine::{ticks, ticks_in};
 use crate::error::KvError;
@@ -47,6 +50,9 @@ pub(super) struct Pool {
     label: String,
     /// When idle instances may be released (`None`: never).
     release: Option<Release>,
+    /// Directories the host keeps open for this store's lookups, closed
+    /// when no pool on the store has an instance.
+    in_place: Option<Arc<FoundInPlace>>,
 }
 
 /// How a pool releases idle instances.
@@ -55,13 +61,21 @@ pub(super) struct Release {
     pub(super) after: Duration,
     /// The backend's counters of releases and restarts.
     pub(super) metrics: Arc<BackendMetrics>,
-    /// Directories the host keeps open for this store's lookups, closed
-    /// when every instance has been released.
-    pub(super) in_place: Option<Arc<FoundInPlace>>,
-    /// The backend's `warm_handles`: of its pools (by backend name,
-    /// `group`), the most recently used this many keep one instance.
-    pub(super) warm_handles: usize,
+    /// On a `builtin:fs` store whose backend keeps warm handles.
+    pub(super) warm: Option<Warm>,
+}
+
+/// How a pool may keep a warm instance.
+pub(super) struct Warm {
+    /// The backend's `warm_handles`: of the pools of one `group`, the most
+    /// recently used this many keep one instance.
+    pub(super) handles: usize,
+    /// The backend's name and the store's granted directory: every
+    /// `wasm:///dir` store is backend `builtin:fs`, and one directory's
+    /// saves must not cost another's its warm instance.
     pub(super) group: Arc<str>,
+    /// The store's directories, checked before a kept instance is used.
+    pub(super) dirs: StoreDirs,
 }
 
 /// Largest instance a warm handle keeps through idle release: an idle
@@ -69,10 +83,11 @@ pub(super) struct Release {
 /// memory back as any other idle instance does.
 const WARM_MEMORY_MAX: usize = 16 << 20;
 
-/// A pool that may keep a warm instance, as the reaper ranks it.
+/// A pool that would keep a warm instance if it ranks high enough in its
+/// group, as the reaper sees it.
 pub(super) struct WarmRank<'a> {
     pub(super) group: &'a str,
-    /// When the pool was last used, in epoch ticks (`u64::MAX`: in use).
+    /// When the pool was last used, in epoch ticks.
     pub(super) last_used: u64,
     pub(super) warm_handles: usize,
 }
@@ -84,6 +99,16 @@ pub(super) struct WarmRank<'a> {
 struct Idle {
     instance: Box<Instance>,
     since: u64,
+    /// Kept through idle release: the store's directories then.
+    kept_with: Option<Identity>,
+}
+
+impl Idle {
+    /// Whether the release that is due (idle since before `now - after`,
+    /// holding no unflushed puts) may take this instance.
+    fn releasable(&self, now: u64, after: u64, durability: &Durability) -> bool {
+        now.saturating_sub(self.since) > after && !durability.holds_puts(self.instance.id)
+    }
 }
 
 pub(super) struct PoolState {
@@ -101,6 +126,9 @@ pub(super) struct PoolState {
     backoff: Backoff,
     /// Instances released and not yet replaced by a start.
     released: usize,
+    /// While there are live instances, on a store whose directories the
+    /// host keeps open.
+    dirs_in_use: Option<InUse>,
 }
 
 impl PoolState {
@@ -120,12 +148,14 @@ impl Pool {
         max_instances: usize,
         label: String,
         release: Option<Release>,
+        in_place: Option<Arc<FoundInPlace>>,
     ) -> Pool {
         Pool {
             state: Mutex::new(PoolState {
                 idle: vec![Idle {
                     instance: Box::new(first),
                     since: ticks(),
+                    kept_with: None,
                 }],
                 live: 1,
                 waiters: 0,
@@ -134,11 +164,13 @@ impl Pool {
                 durability: Durability::default(),
                 backoff: Backoff::default(),
                 released: 0,
+                dirs_in_use: in_place.as_ref().map(FoundInPlace::in_use),
             }),
             changed: Condvar::new(),
             max_instances,
             label,
             release,
+            in_place,
         }
     }
 
@@ -152,29 +184,38 @@ impl Pool {
         self.release.as_ref().map(|r| r.after)
     }
 
-    /// Where this pool ranks for a warm instance (`None`: its backend keeps
-    /// none).
-    pub(super) fn warm_rank(&self) -> Option<WarmRank<'_>> {
-        let release = self.release.as_ref().filter(|r| r.warm_handles > 0)?;
+    /// Where this pool ranks for a warm instance, if a release at `now`
+    /// would take its last one and it could keep one (an instance of at
+    /// most [`WARM_MEMORY_MAX`]). A pool in use, or not idle long enough,
+    /// does not compete: it keeps an instance anyway.
+    pub(super) fn warm_rank(&self, now: u64) -> Option<WarmRank<'_>> {
+        let release = self.release.as_ref()?;
+        let warm = release.warm.as_ref()?;
+        let after = ticks_in(release.after);
         let state = self.lock();
-        let last_used = if state.live > state.idle.len() {
-            u64::MAX
-        } else {
-            state.idle.iter().map(|i| i.since).max().unwrap_or(0)
-        };
-        Some(WarmRank {
-            group: &release.group,
-            last_used,
-            warm_handles: release.warm_handles,
+        let all_releasable = state.live == state.idle.len()
+            && state
+                .idle
+                .iter()
+                .all(|i| i.releasable(now, after, &state.durability));
+        let could_keep = state
+            .idle
+            .iter()
+            .any(|i| i.instance.memory_held() <= WARM_MEMORY_MAX);
+        (all_releasable && could_keep).then(|| WarmRank {
+            group: &warm.group,
+            last_used: state.idle.iter().map(|i| i.since).max().unwrap_or(0),
+            warm_handles: warm.handles,
         })
     }
 
     /// Release the instances idle since before `now - after` (`now` in
     /// epoch ticks, [`crate::engine::ticks`]) that hold no
     /// unflushed puts (an idle instance runs no call). Returns how many.
-    /// `keep_warm`: the pool is one of its backend's most recently used
-    /// ([`super::reaper`]) and keeps its newest instance, if that would be
-    /// its last and it holds at most [`WARM_MEMORY_MAX`].
+    /// `keep_warm`: the pool is one of its group's most recently used
+    /// ([`super::reaper`]) and keeps, if all its instances would go, the
+    /// newest of at most [`WARM_MEMORY_MAX`], noting the store's
+    /// directories as they are now.
     ///
     /// A released instance is dropped without running its guest's `store`
     /// destructor: it holds nothing to flush, the host closes its sockets
@@ -195,18 +236,19 @@ impl Pool {
                 ..
             } = &mut *state;
             let mut expired: Vec<Idle> = idle
-                .extract_if(.., |i| {
-                    now.saturating_sub(i.since) > after && !durability.holds_puts(i.instance.id)
-                })
+                .extract_if(.., |i| i.releasable(now, after, durability))
                 .collect();
-            if keep_warm && expired.len() == *live {
-                // Its `since` stays: it still ranks by its real last use.
+            if let (true, Some(warm)) = (keep_warm && expired.len() == *live, &release.warm) {
                 expired.sort_unstable_by_key(|i| i.since);
-                if expired
-                    .last()
-                    .is_some_and(|i| i.instance.memory_held() <= WARM_MEMORY_MAX)
-                {
-                    idle.extend(expired.pop());
+                let newest_small = expired
+                    .iter()
+                    .rposition(|i| i.instance.memory_held() <= WARM_MEMORY_MAX);
+                if let Some(at) = newest_small {
+                    // Its `since` stays: it still ranks by its real last
+                    // use. The directories are those of its first keep.
+                    let mut kept = expired.remove(at);
+                    kept.kept_with.get_or_insert_with(|| warm.dirs.identity());
+                    idle.push(kept);
                 }
             }
             let expired: Vec<Box<Instance>> = expired.into_iter().map(|i| i.instance).collect();
@@ -214,9 +256,12 @@ impl Pool {
             state.released += expired.len();
             if !expired.is_empty() && state.live == 0 {
                 // What the calls grew is given back too: an idle handle
-                // keeps only what it cannot do without.
+                // keeps only what it cannot do without. Its hold on the
+                // store's directories goes before anyone can see it idle
+                // (a few `close`s).
                 state.idle = Vec::new();
                 state.durability.shrink();
+                state.dirs_in_use = None;
             }
             if !expired.is_empty() {
                 self.wake(&state);
@@ -227,11 +272,6 @@ impl Pool {
         drop(expired);
         if count > 0 {
             release.metrics.released(count);
-            if let Some(in_place) = &release.in_place
-                && self.live() == 0
-            {
-                in_place.close_kept();
-            }
         }
         count
     }
@@ -336,12 +376,15 @@ impl Pool {
         // instance (`restart`: in place of a released one). The back-off
         // is checked again before a start: this call may have waited while
         // others lost instances.
-        let (idle, restart) = self.wait_in_line(deadline, |state| {
+        let (idle, mut restart) = self.wait_in_line(deadline, |state| {
             if let Some(idle) = state.idle.pop() {
-                Some(Ok((Some(idle.instance), false)))
+                Some(Ok((Some(idle), false)))
             } else if state.live < self.max_instances {
                 if let Err(refused) = state.backoff.check("backend", backend) {
                     return Some(Err(refused));
+                }
+                if state.live == 0 && state.dirs_in_use.is_none() {
+                    state.dirs_in_use = self.in_place.as_ref().map(FoundInPlace::in_use);
                 }
                 state.live += 1;
                 let restart = state.released > 0;
@@ -351,8 +394,20 @@ impl Pool {
                 None
             }
         })??;
+        let idle = match idle {
+            Some(kept) if !self.still_reaches_its_store(&kept) => {
+                // Gone as if released; a new instance takes its place.
+                drop(kept);
+                if let Some(release) = &self.release {
+                    release.metrics.released(1);
+                }
+                restart = true;
+                None
+            }
+            idle => idle,
+        };
         let instance = match idle {
-            Some(instance) => instance,
+            Some(idle) => idle.instance,
             None => {
                 let started = start().inspect_err(|err| {
                     let mut state = self.lock();
@@ -372,6 +427,27 @@ impl Pool {
             }
         };
         Ok(self.checked_out(instance))
+    }
+
+    /// Whether `idle`, if kept through idle release, would reach the store
+    /// it opened: its descriptors name directories, and a store's path may
+    /// name others by now (moved away, removed, replaced). Logged if not.
+    fn still_reaches_its_store(&self, idle: &Idle) -> bool {
+        let (Some(kept_with), Some(warm)) = (
+            &idle.kept_with,
+            self.release.as_ref().and_then(|r| r.warm.as_ref()),
+        ) else {
+            return true;
+        };
+        let same = warm.dirs.identity() == *kept_with;
+        if !same {
+            tracing::info!(
+                "{}: the store's directories changed while its warm instance idled; \
+                 starting a new instance",
+                self.label
+            );
+        }
+        same
     }
 
     /// Take an instance other than `own` that holds puts made at or before
@@ -451,7 +527,11 @@ impl Pool {
     }
 
     fn park(&self, mut state: MutexGuard<'_, PoolState>, instance: Box<Instance>, since: u64) {
-        state.idle.push(Idle { instance, since });
+        state.idle.push(Idle {
+            instance,
+            since,
+            kept_with: None,
+        });
         self.wake(&state);
     }
 

@@ -7,11 +7,13 @@
 //! idle long enough ([`Pool::release_idle`]); the handle's next call starts
 //! an instance again through the pool, as `open` did.
 //!
-//! Except on warm handles: of the pools of one backend name, the
-//! `warm_handles` most recently used keep their last instance however long
-//! they idle ([`keepers`]), so a long-lived store's next save starts
-//! nothing. Ranked per backend name, not process-wide: one backend's
-//! traffic never costs another's handles their warm instance.
+//! Except on warm handles: of the pools of one backend and granted
+//! directory, the `warm_handles` most recently used keep their last
+//! instance however long they idle ([`keepers`]), so a long-lived store's
+//! next save starts nothing. Only pools whose last instance would go now
+//! compete (one in use keeps its instances anyway), and the ranking is per
+//! backend and directory, not process-wide: one store's traffic never
+//! costs another's handles their warm instance.
 
 use std::cmp::Reverse;
 use std::sync::{Arc, Condvar, LazyLock, Mutex, Weak};
@@ -109,7 +111,8 @@ impl Reaper {
                 .collect();
             let now = Instant::now();
             let ticks = crate::engine::ticks();
-            let ranks: Vec<Option<WarmRank<'_>>> = pools.iter().map(|p| p.warm_rank()).collect();
+            let ranks: Vec<Option<WarmRank<'_>>> =
+                pools.iter().map(|p| p.warm_rank(ticks)).collect();
             let keep = keepers(&ranks);
             drop(ranks);
             let released: usize = pools
@@ -128,9 +131,9 @@ impl Reaper {
     }
 }
 
-/// For each pool, whether it keeps a warm instance: per backend name, the
-/// `warm_handles` most recently used (a pool in use ranks first; ties go
-/// to the pool watched first).
+/// For each pool, whether it keeps a warm instance: per group (backend and
+/// directory), the `warm_handles` most recently used of those ranked (ties
+/// go to the pool watched first).
 fn keepers(ranks: &[Option<WarmRank<'_>>]) -> Vec<bool> {
     let mut order: Vec<(usize, &WarmRank<'_>)> = ranks
         .iter()
@@ -180,7 +183,7 @@ mod tests {
     }
 
     #[test]
-    fn each_backend_keeps_its_most_recently_used_pools_warm_and_ties_go_to_the_first_watched() {
+    fn each_group_keeps_its_most_recently_used_pools_warm_and_ties_go_to_the_first_watched() {
         let ranks = [
             rank("fs", 10, 1),
             None,
@@ -189,8 +192,8 @@ mod tests {
             rank("disk", 9, 2),
             rank("disk", 7, 2),
             rank("fs", 20, 1),
-            rank("busy", 99, 1),
-            rank("busy", u64::MAX, 1),
+            None,
+            rank("alone", 99, 1),
             rank("tie", 7, 1),
             rank("tie", 7, 1),
             rank("off", 50, 0),

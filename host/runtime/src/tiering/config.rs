@@ -104,6 +104,9 @@ pub(crate) fn validate_entry(spec: &BackendConfig) -> Result<(), String> {
     if spec.capacity_mib.is_some() {
         return Err("capacity_mib belongs on the tier entries, not the tiered one".into());
     }
+    if spec.warm_handles.is_some() {
+        return Err("warm_handles belongs on the tier entries, not the tiered one".into());
+    }
     for (key, value) in [
         ("max_moves_per_sec", spec.max_moves_per_sec),
         ("max_move_mib_per_sec", spec.max_move_mib_per_sec),
