@@ -15,6 +15,7 @@ use wasmtime::component::ResourceAny;
 use crate::backend::Backend;
 use crate::bindings::exports::kvwasm::kv_store::store::{Error as GuestError, GuestStore};
 use crate::bindings::{BackendExports, PutOutcome};
+use crate::capabilities::store_dirs::Identity;
 use crate::deadline::{self, Deadline};
 use crate::error::KvError;
 use crate::payload::{self, MallocBuffer};
@@ -31,6 +32,10 @@ pub(crate) struct Instance {
     handle: ResourceAny,
     /// Fuel per call, on a metered backend.
     fuel: Option<u64>,
+    /// On a warm handle's pool: the store's directories when this instance
+    /// opened them (its descriptors name those, whatever the paths name
+    /// later).
+    pub(crate) dirs_at_start: Option<Identity>,
 }
 
 type CallResult<T> = wasmtime::Result<Result<T, GuestError>>;
@@ -70,6 +75,7 @@ impl Instance {
             bindings,
             handle,
             fuel,
+            dirs_at_start: None,
         })
     }
 

@@ -10,9 +10,10 @@
 //! An instance left idle past its backend's `idle_release_ms` holding no
 //! unflushed puts may be released ([`Pool::release_idle`], called by the
 //! [`super::reaper`]), except the last one of a warm handle; the next call
-//! that finds no idle instance starts one as any growing pool does. A warm
-//! instance is used again only while its store's directories are the ones
-//! it was kept with ([`Warm::dirs`]); otherwise it goes as if released.
+//! that finds no idle instance starts one as any growing pool does. On a
+//! warm handle's pool an instance is kept, or used again after an idle
+//! gap, only while its store's directories are the ones it opened
+//! ([`Warm::dirs`]); otherwise it goes as if released.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -21,7 +22,7 @@ use std::time::Duration;
 use super::durability::Durability;
 use crate::backoff::Backoff;
 use crate::capabilities::in_place::{FoundInPlace, InUse};
-use crate::capabilities::store_dirs::{Identity, StoreDirs};
+use crate::capabilities::store_dirs::StoreDirs;
 use crate::deadline::Deadline;
 use crate::engine::{ticks, ticks_in};
 use crate::error::KvError;
@@ -74,7 +75,8 @@ pub(super) struct Warm {
     /// `wasm:///dir` store is backend `builtin:fs`, and one directory's
     /// saves must not cost another's its warm instance.
     pub(super) group: Arc<str>,
-    /// The store's directories, checked before a kept instance is used.
+    /// The store's directories, noted when an instance starts and checked
+    /// before it is kept or used again after an idle gap.
     pub(super) dirs: StoreDirs,
 }
 
@@ -99,8 +101,6 @@ pub(super) struct WarmRank<'a> {
 struct Idle {
     instance: Box<Instance>,
     since: u64,
-    /// Kept through idle release: the store's directories then.
-    kept_with: Option<Identity>,
 }
 
 impl Idle {
@@ -144,18 +144,20 @@ impl PoolState {
 
 impl Pool {
     pub(super) fn new(
-        first: Instance,
+        mut first: Instance,
         max_instances: usize,
         label: String,
         release: Option<Release>,
         in_place: Option<Arc<FoundInPlace>>,
     ) -> Pool {
+        if let Some(warm) = release.as_ref().and_then(|r| r.warm.as_ref()) {
+            first.dirs_at_start = Some(warm.dirs.identity());
+        }
         Pool {
             state: Mutex::new(PoolState {
                 idle: vec![Idle {
                     instance: Box::new(first),
                     since: ticks(),
-                    kept_with: None,
                 }],
                 live: 1,
                 waiters: 0,
@@ -214,8 +216,8 @@ impl Pool {
     /// unflushed puts (an idle instance runs no call). Returns how many.
     /// `keep_warm`: the pool is one of its group's most recently used
     /// ([`super::reaper`]) and keeps, if all its instances would go, the
-    /// newest of at most [`WARM_MEMORY_MAX`], noting the store's
-    /// directories as they are now.
+    /// newest of at most [`WARM_MEMORY_MAX`], if the store's directories
+    /// are still those it opened.
     ///
     /// A released instance is dropped without running its guest's `store`
     /// destructor: it holds nothing to flush, the host closes its sockets
@@ -227,6 +229,10 @@ impl Pool {
             return 0;
         };
         let after = ticks_in(release.after);
+        // Looked at before the lock: `stat`s on a slow filesystem must not
+        // hold up the handle's calls.
+        let warm = release.warm.as_ref().filter(|_| keep_warm);
+        let dirs_now = warm.map(|w| w.dirs.identity());
         let expired: Vec<Box<Instance>> = {
             let mut state = self.lock();
             let PoolState {
@@ -238,18 +244,14 @@ impl Pool {
             let mut expired: Vec<Idle> = idle
                 .extract_if(.., |i| i.releasable(now, after, durability))
                 .collect();
-            if let (true, Some(warm)) = (keep_warm && expired.len() == *live, &release.warm) {
+            if let (true, Some(dirs_now)) = (expired.len() == *live, &dirs_now) {
                 expired.sort_unstable_by_key(|i| i.since);
-                let newest_small = expired
-                    .iter()
-                    .rposition(|i| i.instance.memory_held() <= WARM_MEMORY_MAX);
-                if let Some(at) = newest_small {
-                    // Its `since` stays: it still ranks by its real last
-                    // use. The directories are those of its first keep.
-                    let mut kept = expired.remove(at);
-                    kept.kept_with.get_or_insert_with(|| warm.dirs.identity());
-                    idle.push(kept);
-                }
+                let newest_keepable = expired.iter().rposition(|i| {
+                    i.instance.memory_held() <= WARM_MEMORY_MAX
+                        && i.instance.dirs_at_start.as_ref() == Some(dirs_now)
+                });
+                // Its `since` stays: it still ranks by its real last use.
+                idle.extend(newest_keepable.map(|at| expired.remove(at)));
             }
             let expired: Vec<Box<Instance>> = expired.into_iter().map(|i| i.instance).collect();
             state.live -= expired.len();
@@ -395,7 +397,7 @@ impl Pool {
             }
         })??;
         let idle = match idle {
-            Some(kept) if !self.still_reaches_its_store(&kept) => {
+            Some(kept) if !self.still_reaches_its_store(&kept, ticks()) => {
                 // Gone as if released; a new instance takes its place.
                 drop(kept);
                 if let Some(release) = &self.release {
@@ -412,6 +414,9 @@ impl Pool {
                 let started = start().inspect_err(|err| {
                     let mut state = self.lock();
                     state.live -= 1;
+                    if state.live == 0 {
+                        state.dirs_in_use = None;
+                    }
                     state.released += usize::from(restart);
                     let backoff = state.backoff.lost(err);
                     self.wake(&state);
@@ -423,23 +428,31 @@ impl Pool {
                 if let (true, Some(release)) = (restart, &self.release) {
                     release.metrics.restarted();
                 }
-                Box::new(started)
+                let mut started = Box::new(started);
+                if let Some(warm) = self.release.as_ref().and_then(|r| r.warm.as_ref()) {
+                    started.dirs_at_start = Some(warm.dirs.identity());
+                }
+                started
             }
         };
         Ok(self.checked_out(instance))
     }
 
-    /// Whether `idle`, if kept through idle release, would reach the store
-    /// it opened: its descriptors name directories, and a store's path may
-    /// name others by now (moved away, removed, replaced). Logged if not.
-    fn still_reaches_its_store(&self, idle: &Idle) -> bool {
-        let (Some(kept_with), Some(warm)) = (
-            &idle.kept_with,
-            self.release.as_ref().and_then(|r| r.warm.as_ref()),
-        ) else {
+    /// Whether `idle`, on a warm handle's pool and idle past the release
+    /// time (`now` in ticks), still reaches its store: its descriptors name
+    /// the directories it opened, and the store's paths may name others by
+    /// now (moved away, removed, replaced). Logged if not.
+    fn still_reaches_its_store(&self, idle: &Idle, now: u64) -> bool {
+        let Some(release) = &self.release else {
             return true;
         };
-        let same = warm.dirs.identity() == *kept_with;
+        let Some(warm) = &release.warm else {
+            return true;
+        };
+        if now.saturating_sub(idle.since) <= ticks_in(release.after) {
+            return true;
+        }
+        let same = idle.instance.dirs_at_start.as_ref() == Some(&warm.dirs.identity());
         if !same {
             tracing::info!(
                 "{}: the store's directories changed while its warm instance idled; \
@@ -527,11 +540,7 @@ impl Pool {
     }
 
     fn park(&self, mut state: MutexGuard<'_, PoolState>, instance: Box<Instance>, since: u64) {
-        state.idle.push(Idle {
-            instance,
-            since,
-            kept_with: None,
-        });
+        state.idle.push(Idle { instance, since });
         self.wake(&state);
     }
 
@@ -540,6 +549,10 @@ impl Pool {
     fn retire(&self, id: u64, why: &KvError) {
         let mut state = self.lock();
         state.live -= 1;
+        if state.live == 0 {
+            // Nothing left to hold the store's directories for.
+            state.dirs_in_use = None;
+        }
         let backoff = state.backoff.lost(why);
         state.durability.instance_lost(id);
         self.wake(&state);
