@@ -168,6 +168,10 @@ fn a_guest_that_traps_while_starting_backs_off_too() {
     );
 }
 
+/// The deadline of the calls in
+/// [`a_caller_waiting_for_an_instance_is_refused_when_the_back_off_starts`].
+const READ_DEADLINE_MS: u64 = 1000;
+
 /// A call that waited for the handle's only instance while that instance
 /// was lost is refused once the loss starts the back-off, rather than
 /// starting yet another instance.
@@ -182,7 +186,7 @@ fn a_caller_waiting_for_an_instance_is_refused_when_the_back_off_starts() {
         dir.path(),
         &format!(
             "net = [\"{addr}\"]\nmax_instances = 1\n\
-             [backends.hostile.tenants.t]\ncall_timeout_ms = 600\n"
+             [backends.hostile.tenants.t]\ncall_timeout_ms = {READ_DEADLINE_MS}\n"
         ),
     );
     let store = open_shared(backend, "t").unwrap();
@@ -209,6 +213,11 @@ fn a_caller_waiting_for_an_instance_is_refused_when_the_back_off_starts() {
             let _peer = peer.accept().unwrap();
             // Arrives before the back-off starts (the read holds the
             // instance until its deadline), then waits for the instance.
+            // Half a deadline later than the read: the read's loss (found
+            // at an epoch tick, then unwound) comes well before the
+            // waiter's own deadline, which would otherwise end the wait
+            // first whenever the two calls begin within a tick.
+            std::thread::sleep(Duration::from_millis(READ_DEADLINE_MS / 2));
             let waited = Instant::now();
             let result = store.get_manifest("ping");
             assert!(matches!(reading.join().unwrap(), Some(KvError::Timeout(_))));
