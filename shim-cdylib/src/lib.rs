@@ -23,7 +23,7 @@ use std::ffi::{CStr, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use kv_store_abi::{KvStore, VERSION_PREFETCH, Vtable};
-use kvwasm_host::{KvError, MallocBuffer};
+use kvwasm_host::{ChunkInto, KvError, MallocBuffer};
 
 static VTABLE: Vtable = Vtable {
     version: VERSION_PREFETCH,
@@ -250,6 +250,76 @@ unsafe extern "C" fn get_chunk(
             let buffer = store.get_chunk(hash(hash_ptr, hash_len)?)?;
             Ok(deliver(buffer, out, out_len))
         }
+    })
+}
+
+/// Not part of `kv_store_v1`: an optional symbol a consumer looks up with
+/// `dlsym` (other backends do not have it). `get_chunk` into the caller's
+/// buffer `buf` of `cap` bytes, rather than a `malloc`'d block: a chunk the
+/// guest reads from a file (`builtin:fs`) is `pread` straight into `buf`;
+/// another guest's answer is copied into it.
+///
+/// Returns 0 with `*out_len` the chunk's length (its bytes at `buf`);
+/// `-10` with `*out_len` the chunk's length (more than `cap`) when it does
+/// not fit, `buf` then holding nothing meaningful; otherwise `get_chunk`'s
+/// codes, `*out_len` 0. `buf` may be NULL only with `cap` 0; `out_len` must
+/// not be NULL. The guest never sees `buf` after the call.
+///
+/// # Safety
+/// `store` is a handle from `open` (or anything: it is looked up, not
+/// dereferenced); `hash` points at `hash_len` readable bytes; a non-NULL
+/// `buf` at `cap` writable bytes that nothing else reads or writes during
+/// the call; a non-NULL `out_len` at a writable `size_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kv_store_wasm_get_chunk_into(
+    store: *mut KvStore,
+    hash_ptr: *const u8,
+    hash_len: usize,
+    buf: *mut u8,
+    cap: usize,
+    out_len: *mut usize,
+) -> i32 {
+    entry("get_chunk_into", || {
+        if out_len.is_null() {
+            return Err(bad("output length pointer is NULL"));
+        }
+        // SAFETY: checked non-NULL; valid per the contract above.
+        unsafe { *out_len = 0 };
+        let store = registry::get(store)?;
+        // SAFETY: as the ABI's pointer contract, checked by the helpers.
+        let key = unsafe { hash(hash_ptr, hash_len)? };
+        let target: &mut [u8] = if buf.is_null() {
+            if cap != 0 {
+                return Err(bad(format!("buffer is NULL with capacity {cap}")));
+            }
+            &mut []
+        } else {
+            // SAFETY: per the contract above.
+            unsafe { std::slice::from_raw_parts_mut(buf, cap) }
+        };
+        let (rc, len) = match store.get_chunk_into(key, target)? {
+            ChunkInto::Read(len) => (0, len),
+            ChunkInto::TooSmall(len) => {
+                // Logged as any bad input is; the length tells the caller.
+                let err = bad(format!(
+                    "the chunk is {len} bytes, more than the buffer's {cap}"
+                ));
+                if let Some(suppressed) =
+                    kvwasm_host::log_limit::admit(("get_chunk_into", err.code()))
+                {
+                    tracing::warn!(
+                        op = "get_chunk_into",
+                        code = err.code(),
+                        suppressed,
+                        "{err}"
+                    );
+                }
+                (err.code(), len)
+            }
+        };
+        // SAFETY: checked non-NULL above.
+        unsafe { *out_len = len };
+        Ok(rc)
     })
 }
 

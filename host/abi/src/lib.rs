@@ -74,3 +74,18 @@ pub struct Vtable {
 
 /// `const kv_store_vtable * kv_store_get_vtable(void)`.
 pub type GetVtableFn = unsafe extern "C" fn() -> *const Vtable;
+
+/// Not part of `kv_store_v1`: an optional symbol of `libkv_store_wasm.so`
+/// (other backends do not export it), `get_chunk` into the caller's buffer.
+pub const GET_CHUNK_INTO_SYMBOL: &str = "kv_store_wasm_get_chunk_into";
+/// [`GET_CHUNK_INTO_SYMBOL`]'s signature: 0 with `*out_len` the chunk's
+/// length, its bytes at `buf`; `-10` with `*out_len` > `cap` (the chunk's
+/// length) when it does not fit; `get_chunk`'s codes otherwise.
+pub type GetChunkIntoFn = unsafe extern "C" fn(
+    store: *mut KvStore,
+    hash: *const u8,
+    hash_len: usize,
+    buf: *mut u8,
+    cap: usize,
+    out_len: *mut usize,
+) -> i32;

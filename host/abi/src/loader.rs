@@ -45,7 +45,7 @@ pub struct Library {
     vtable: &'static Vtable,
     path: OsString,
     // Keeps the code behind `vtable` mapped; must outlive every `Handle`.
-    _lib: libloading::Library,
+    lib: libloading::Library,
 }
 
 impl Library {
@@ -93,7 +93,7 @@ impl Library {
         Ok(Library {
             vtable,
             path: path.to_owned(),
-            _lib: lib,
+            lib,
         })
     }
 
@@ -105,6 +105,19 @@ impl Library {
     /// The raw vtable.
     pub fn vtable(&self) -> &Vtable {
         self.vtable
+    }
+
+    /// `libkv_store_wasm.so`'s optional `get_chunk` into a caller's buffer
+    /// ([`crate::GET_CHUNK_INTO_SYMBOL`]); `None` for backends without it.
+    /// Like the vtable, valid while this `Library` is loaded.
+    pub fn get_chunk_into(&self) -> Option<crate::GetChunkIntoFn> {
+        // SAFETY: the symbol, where exported, has this signature.
+        unsafe {
+            self.lib
+                .get::<crate::GetChunkIntoFn>(crate::GET_CHUNK_INTO_SYMBOL.as_bytes())
+        }
+        .ok()
+        .map(|f| *f)
     }
 
     /// True when the vtable is v2 with `prefetch_chunks` (the consumers' check).

@@ -87,9 +87,13 @@ impl Instance {
     ) -> Outcome<T> {
         let guest = self.bindings.kvwasm_kv_store_store().store();
         let handle = self.handle;
-        sandbox::run(&mut self.store, deadline, self.fuel, async |store| {
+        let outcome = sandbox::run(&mut self.store, deadline, self.fuel, async |store| {
             f(&guest, store, handle).await
-        })
+        });
+        // A payload read into a get_chunk_into caller's buffer and kept by
+        // the guest must not reach that buffer after this call.
+        payload::target::revoke_leases();
+        outcome
     }
 
     /// Bytes of linear memory and tables this instance holds.

@@ -62,6 +62,7 @@ pub use bindings::BackendInfo;
 pub use error::KvError;
 pub use handle::StoreHandle;
 pub use payload::MallocBuffer;
+pub use payload::target::ChunkInto;
 
 /// One-time setup, done when a consumer loads the library
 /// (`kv_store_get_vtable`) instead of inside its first open: the

@@ -8,7 +8,7 @@ use wasmtime_wasi::OpenMode;
 use wasmtime_wasi::filesystem::Descriptor;
 use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
 
-use super::{MallocBuffer, Payload};
+use super::{MallocBuffer, Payload, malloc, target};
 use crate::bindings::kvwasm::kv_store::payload_io;
 use crate::capabilities::descriptors::Headroom;
 use crate::capabilities::dirs::{
@@ -207,6 +207,18 @@ impl HostState {
         let len64 = len as u64;
         if len64 > self.limits.max_payload_bytes {
             return Ok(Err(ErrorCode::FileTooLarge));
+        }
+        // A get_chunk_into's buffer: no block, no charge (the caller's memory).
+        // SAFETY: `read_into` hands over `len` writable bytes.
+        if let Some(read) = target::read_into(len, |dst| unsafe {
+            malloc::pread_into(file, offset, dst, len)
+        }) {
+            return Ok(match read {
+                // (a short read's lease drops here, freeing the target)
+                Ok(lease) if exact && lease.as_slice().len() != len => Err(ErrorCode::Io),
+                Ok(lease) => Ok(self.table.push(Payload::Target(lease))?),
+                Err(e) => Err(io_error_code(e)),
+            });
         }
         if !self.limits.reserve_payload(len64) {
             return Ok(Err(ErrorCode::InsufficientMemory));

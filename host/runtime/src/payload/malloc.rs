@@ -6,9 +6,14 @@ use std::ptr::NonNull;
 /// A heap block from C `malloc`, freed with `free` unless handed over with
 /// [`MallocBuffer::into_raw`]. Never NULL: an empty buffer is a 1-byte block,
 /// so consumers that test the pointer see success.
+///
+/// Or, for a get that reads into the caller's buffer ([`super::target`]),
+/// bytes in that buffer: not freed, and copied into a block of their own
+/// if handed over.
 pub struct MallocBuffer {
     ptr: NonNull<u8>,
     len: usize,
+    in_target: bool,
 }
 
 // SAFETY: uniquely owned heap memory.
@@ -19,7 +24,30 @@ impl MallocBuffer {
     pub(crate) fn alloc(len: usize) -> Option<MallocBuffer> {
         // SAFETY: plain malloc; the block is owned by the result.
         let ptr = unsafe { libc::malloc(len.max(1)) }.cast::<u8>();
-        NonNull::new(ptr).map(|ptr| MallocBuffer { ptr, len })
+        NonNull::new(ptr).map(|ptr| MallocBuffer {
+            ptr,
+            len,
+            in_target: false,
+        })
+    }
+
+    /// `len` bytes at `ptr` in a get's target buffer.
+    ///
+    /// # Safety
+    /// `ptr` points at `len` initialised bytes that stay valid and unchanged
+    /// while the result lives.
+    pub(crate) unsafe fn in_target(ptr: *mut u8, len: usize) -> MallocBuffer {
+        MallocBuffer {
+            // A target is never NULL, but an empty one may dangle.
+            ptr: NonNull::new(ptr).unwrap_or(NonNull::dangling()),
+            len,
+            in_target: true,
+        }
+    }
+
+    /// True for bytes in a get's target buffer ([`MallocBuffer::in_target`]).
+    pub fn is_in_target(&self) -> bool {
+        self.in_target
     }
 
     /// A malloc'd copy of `bytes`.
@@ -58,34 +86,9 @@ impl MallocBuffer {
         offset: u64,
         len: usize,
     ) -> std::io::Result<MallocBuffer> {
-        use std::os::fd::AsRawFd;
         let mut buf = MallocBuffer::alloc(len).ok_or(std::io::ErrorKind::OutOfMemory)?;
-        let mut filled = 0usize;
-        while filled < len {
-            let at = offset
-                .checked_add(filled as u64)
-                .and_then(|at| libc::off_t::try_from(at).ok())
-                .ok_or(std::io::ErrorKind::InvalidInput)?;
-            // SAFETY: writes at most `len - filled` bytes inside the block.
-            let n = unsafe {
-                libc::pread(
-                    file.as_raw_fd(),
-                    buf.ptr.as_ptr().add(filled).cast(),
-                    len - filled,
-                    at,
-                )
-            };
-            match n {
-                0 => break,
-                n if n > 0 => filled += n as usize,
-                _ => {
-                    let err = std::io::Error::last_os_error();
-                    if err.kind() != std::io::ErrorKind::Interrupted {
-                        return Err(err);
-                    }
-                }
-            }
-        }
+        // SAFETY: the block holds `len` bytes.
+        let filled = unsafe { pread_into(file, offset, buf.ptr.as_ptr(), len) }?;
         if filled < len {
             buf.shrink(filled);
         }
@@ -120,8 +123,14 @@ impl MallocBuffer {
         self.len == 0
     }
 
-    /// Hand the block to C; the receiver must `free` it.
+    /// Hand the block to C; the receiver must `free` it. (Bytes in a get's
+    /// target, which only `get_chunk_into` sees, would be copied into a
+    /// block first.)
     pub fn into_raw(self) -> (*mut u8, usize) {
+        if self.in_target {
+            let copy = MallocBuffer::copy_from(self.as_slice());
+            return copy.expect("out of memory copying a target").into_raw();
+        }
         let out = (self.ptr.as_ptr(), self.len);
         std::mem::forget(self);
         out
@@ -136,7 +145,43 @@ impl std::fmt::Debug for MallocBuffer {
 
 impl Drop for MallocBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated by malloc, not handed out.
-        unsafe { libc::free(self.ptr.as_ptr().cast()) }
+        if !self.in_target {
+            // SAFETY: allocated by malloc, not handed out.
+            unsafe { libc::free(self.ptr.as_ptr().cast()) }
+        }
     }
+}
+
+/// `pread` up to `len` bytes of `file` at `offset` into `dst`, until EOF;
+/// returns how many were read.
+///
+/// # Safety
+/// `dst` points at `len` writable bytes.
+pub(crate) unsafe fn pread_into(
+    file: &std::fs::File,
+    offset: u64,
+    dst: *mut u8,
+    len: usize,
+) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let mut filled = 0usize;
+    while filled < len {
+        let at = offset
+            .checked_add(filled as u64)
+            .and_then(|at| libc::off_t::try_from(at).ok())
+            .ok_or(std::io::ErrorKind::InvalidInput)?;
+        // SAFETY: writes at most `len - filled` bytes inside `dst`.
+        let n = unsafe { libc::pread(file.as_raw_fd(), dst.add(filled).cast(), len - filled, at) };
+        match n {
+            0 => break,
+            n if n > 0 => filled += n as usize,
+            _ => {
+                let err = std::io::Error::last_os_error();
+                if err.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
+        }
+    }
+    Ok(filled)
 }

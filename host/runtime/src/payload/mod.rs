@@ -7,7 +7,8 @@
 //!   call returns, so the pointer never outlives the C caller's borrow.
 //! * On `get-*`, payloads are [`MallocBuffer`]s: `payload-io.read-at`
 //!   `pread`s straight into one, and the shim hands it to the consumer as the
-//!   `malloc`'d output buffer.
+//!   `malloc`'d output buffer. A `get_chunk_into` lends the consumer's own
+//!   buffer instead, which the first read that fits fills ([`target`]).
 //! * A guest that stages values for a later flush keeps host copies
 //!   (`payload-streams.copy`): [`Payload::Shared`], which `write-all` hands
 //!   to a socket or an HTTP body without copying it again. Their buffers
@@ -22,6 +23,7 @@ mod io;
 mod malloc;
 mod recycle;
 mod streams;
+pub mod target;
 
 use wasmtime::component::Resource;
 
@@ -40,6 +42,9 @@ pub enum Payload {
     /// (reference-counted) while they send it: a [`SharedBuffer`], charged
     /// to the instance until the last reference is gone.
     Shared(bytes::Bytes),
+    /// Bytes read into a `get_chunk_into` caller's buffer, while the guest
+    /// call that read them runs ([`target`]).
+    Target(target::Lease),
 }
 
 /// The buffer behind a [`Payload::Shared`], with its charge. Its memory is
@@ -73,6 +78,7 @@ impl Payload {
             Payload::Lent(l) => unsafe { std::slice::from_raw_parts(l.ptr, l.len) },
             Payload::Owned(b) => b.as_slice(),
             Payload::Shared(b) => b,
+            Payload::Target(t) => t.as_slice(),
         }
     }
 }
@@ -118,6 +124,11 @@ pub(crate) fn take(
         // Guests only ever hold borrows of lent payloads and cannot return
         // them; reaching this means a host bug, not a guest one.
         Payload::Lent(_) => wasmtime::bail!("a lent payload was returned"),
+        // A chunk read into the caller's buffer (revoked: a payload kept
+        // from an earlier call, whose bytes are gone).
+        Payload::Target(lease) => lease
+            .into_buffer()
+            .ok_or_else(|| wasmtime::format_err!("a payload read in an earlier call was returned")),
     }
 }
 
@@ -161,8 +172,9 @@ impl types::HostPayload for HostState {
     fn drop(&mut self, payload: Resource<Payload>) -> wasmtime::Result<()> {
         match self.table.delete(payload)? {
             Payload::Owned(buf) => self.limits.release_payload(buf.len() as u64),
-            // Released by its buffer, when no stream holds a slice of it.
-            Payload::Shared(_) | Payload::Lent(_) => {}
+            // Released by its buffer, when no stream holds a slice of it;
+            // a target is the caller's memory, never charged.
+            Payload::Shared(_) | Payload::Lent(_) | Payload::Target(_) => {}
         }
         Ok(())
     }
