@@ -599,8 +599,76 @@ static void *load_helper(void *arg) {
     return NULL;
 }
 
+/* A restore with get_chunk_into: the caller and the helper each take the
+ * next chunk, have the backend write it into its place in the state and
+ * check it there (length, xxh3-64), still in their own cache: the reads,
+ * the backend's calls and the hashing on both cores, no block per chunk.
+ * (kv_store_v1 handles may be called from several threads.) Chunks are
+ * taken in order and none after a failure, so the first failure in chunk
+ * order is among those recorded. */
+typedef struct {
+    pthread_mutex_t mu;
+    kv_slot_get_chunk_into_fn get_into;
+    kv_store_v1 *store;
+    const uint8_t *manifest;
+    uint8_t *state;
+    const size_t *off;
+    size_t n;
+    size_t next;     /* the next chunk to take; under mu */
+    size_t bad;      /* the first chunk that failed, or SIZE_MAX; under mu */
+    const char *why; /* what of it did not match; under mu */
+    int rc;          /* its get's return, if that failed; under mu */
+    double get_ms[2]; /* per thread (0: the caller) */
+    size_t done[2];
+} into_loading;
+
+static void into_work(into_loading *l, int who) {
+    for (;;) {
+        pthread_mutex_lock(&l->mu);
+        size_t i = l->bad == SIZE_MAX && l->next < l->n ? l->next++ : SIZE_MAX;
+        pthread_mutex_unlock(&l->mu);
+        if (i == SIZE_MAX) return;
+        const uint8_t *e = l->manifest + MANIFEST_HEAD + i * MANIFEST_ENTRY;
+        size_t want = get_u32(e + KV_SLOT_HASH_LEN), got = 0;
+        double t = kv_slot_now_ms();
+        int rc = l->get_into(l->store, e, KV_SLOT_HASH_LEN, l->state + l->off[i], want, &got);
+        const char *why = NULL;
+        if (rc == KV_SLOT_INTO_TOO_SMALL && got > want) {
+            rc = 0; /* longer than its entry */
+            why = "length";
+        } else if (rc >= 0 && got != want) {
+            why = "length";
+        } else if (rc >= 0) {
+            uint8_t key[KV_SLOT_HASH_LEN];
+            key_of(l->state + l->off[i], want, key);
+            if (memcmp(key, e, KV_SLOT_HASH_LEN) != 0) why = "xxh3-64";
+        }
+        l->get_ms[who] += kv_slot_now_ms() - t;
+        l->done[who]++;
+        if (rc < 0 || why) {
+            pthread_mutex_lock(&l->mu);
+            if (i < l->bad) {
+                l->bad = i;
+                l->why = why;
+                l->rc = rc < 0 ? rc : 0;
+            }
+            pthread_mutex_unlock(&l->mu);
+        }
+    }
+}
+
+static void *into_helper(void *arg) {
+    into_work((into_loading *)arg, 1);
+    return NULL;
+}
+
 int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_buf *state, size_t *size,
                  size_t *chunks, kv_slot_error *err) {
+    return kv_slot_load_into(vt, NULL, store, name, state, size, chunks, err);
+}
+
+int kv_slot_load_into(const kv_store_vtable *vt, kv_slot_get_chunk_into_fn get_into, kv_store_v1 *store,
+                      const char *name, kv_slot_buf *state, size_t *size, size_t *chunks, kv_slot_error *err) {
     double t0 = kv_slot_now_ms();
     uint8_t *m = NULL;
     size_t mlen = 0;
@@ -642,52 +710,80 @@ int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name
         prefetch_ms = kv_slot_now_ms() - t_prefetch;
     }
     free(keys);
-    load_checking c = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, m, st, data, len, off, 0, 0, 0,
-                       SIZE_MAX, NULL, 0, 0};
-    pthread_t helper;
-    int threaded = result == 0 && n > 1 && pthread_create(&helper, NULL, load_helper, &c) == 0;
-    size_t failed_get = n; /* the chunk whose get_chunk failed */
-    pthread_mutex_lock(&c.mu);
-    for (size_t i = 0; i < n && result == 0 && c.bad == SIZE_MAX; i++) {
-        size_t j;
-        while (c.fetched - c.claimed >= LOAD_AHEAD && (j = claim_chunk(&c)) != SIZE_MAX) check_chunk(&c, j);
-        if (c.bad != SIZE_MAX) break;
-        pthread_mutex_unlock(&c.mu);
-        double t = kv_slot_now_ms();
-        rc = vt->get_chunk(store, m + MANIFEST_HEAD + i * MANIFEST_ENTRY, KV_SLOT_HASH_LEN, &data[i], &len[i]);
-        get_ms += kv_slot_now_ms() - t;
-        pthread_mutex_lock(&c.mu);
-        if (rc < 0) {
-            failed_get = i;
-            break;
+    double join_ms = 0, helper_ms = 0;
+    size_t helper_chunks = 0, bad = SIZE_MAX; /* the first chunk that failed */
+    const char *why = NULL;                   /* what of it did not match, or */
+    int threaded = 0, bad_rc = 0;             /* its get's return */
+    if (get_into) {
+        into_loading l = {PTHREAD_MUTEX_INITIALIZER, get_into, store, m, st, off, n, 0, SIZE_MAX, NULL, 0,
+                          {0, 0}, {0, 0}};
+        if (result == 0) {
+            pthread_t helper;
+            threaded = n > 1 && pthread_create(&helper, NULL, into_helper, &l) == 0;
+            into_work(&l, 0);
+            double t_join = kv_slot_now_ms();
+            if (threaded) pthread_join(helper, NULL);
+            join_ms = kv_slot_now_ms() - t_join;
         }
-        c.fetched = i + 1;
+        get_ms = l.get_ms[0];
+        helper_ms = l.get_ms[1];
+        helper_chunks = l.done[1];
+        bad = l.bad;
+        why = l.why;
+        bad_rc = l.rc;
+    } else {
+        load_checking c = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, m, st, data, len, off, 0, 0, 0,
+                           SIZE_MAX, NULL, 0, 0};
+        pthread_t helper;
+        threaded = result == 0 && n > 1 && pthread_create(&helper, NULL, load_helper, &c) == 0;
+        size_t failed_get = n; /* the chunk whose get_chunk failed */
+        pthread_mutex_lock(&c.mu);
+        for (size_t i = 0; i < n && result == 0 && c.bad == SIZE_MAX; i++) {
+            size_t j;
+            while (c.fetched - c.claimed >= LOAD_AHEAD && (j = claim_chunk(&c)) != SIZE_MAX) check_chunk(&c, j);
+            if (c.bad != SIZE_MAX) break;
+            pthread_mutex_unlock(&c.mu);
+            double t = kv_slot_now_ms();
+            rc = vt->get_chunk(store, m + MANIFEST_HEAD + i * MANIFEST_ENTRY, KV_SLOT_HASH_LEN, &data[i], &len[i]);
+            get_ms += kv_slot_now_ms() - t;
+            pthread_mutex_lock(&c.mu);
+            if (rc < 0) {
+                failed_get = i;
+                break;
+            }
+            c.fetched = i + 1;
+            pthread_cond_signal(&c.cv);
+        }
+        /* The rest, with the helper; then wait for the helper's last chunk. */
+        c.no_more = 1;
         pthread_cond_signal(&c.cv);
+        for (size_t j; (j = claim_chunk(&c)) != SIZE_MAX;) check_chunk(&c, j);
+        pthread_mutex_unlock(&c.mu);
+        double t_join = kv_slot_now_ms();
+        if (threaded) pthread_join(helper, NULL);
+        join_ms = kv_slot_now_ms() - t_join;
+        helper_ms = c.helper_ms;
+        helper_chunks = c.helper_chunks;
+        /* The first failure in chunk order: a chunk that did not match comes
+         * before the one whose get failed, as it was fetched first. */
+        bad = c.bad != SIZE_MAX ? c.bad : failed_get < n ? failed_get : SIZE_MAX;
+        why = c.why;
+        bad_rc = c.bad != SIZE_MAX ? 0 : rc;
+        for (size_t i = 0; i < c.fetched; i++) free(data[i]); /* left unclaimed after a bad chunk */
     }
-    /* The rest, with the helper; then wait for the helper's last chunk. */
-    c.no_more = 1;
-    pthread_cond_signal(&c.cv);
-    for (size_t j; (j = claim_chunk(&c)) != SIZE_MAX;) check_chunk(&c, j);
-    pthread_mutex_unlock(&c.mu);
-    double t_join = kv_slot_now_ms();
-    if (threaded) pthread_join(helper, NULL);
-    double join_ms = kv_slot_now_ms() - t_join;
-    /* The first failure in chunk order: a chunk that did not match comes
-     * before the one whose get failed, as it was fetched first. */
-    if (result == 0 && c.bad != SIZE_MAX) {
-        result = fail(err, 0, "get_chunk", "chunk %zu of %zu (%016llx) does not match its manifest entry (%s)", c.bad,
-                      n, (unsigned long long)get_u64(m + MANIFEST_HEAD + c.bad * MANIFEST_ENTRY), c.why);
-    } else if (result == 0 && failed_get < n) {
-        result = fail(err, rc, "get_chunk", "get_chunk of chunk %zu of %zu (%016llx) returned %d: %s", failed_get, n,
-                      (unsigned long long)get_u64(m + MANIFEST_HEAD + failed_get * MANIFEST_ENTRY), rc,
-                      kv_slot_rc_meaning(rc));
-    }
-    for (size_t i = 0; i < c.fetched; i++) free(data[i]); /* left unclaimed after a bad chunk */
+    unsigned long long key = bad < n ? (unsigned long long)get_u64(m + MANIFEST_HEAD + bad * MANIFEST_ENTRY) : 0;
+    if (result == 0 && bad < n && bad_rc < 0)
+        result = fail(err, bad_rc, "get_chunk", "get_chunk of chunk %zu of %zu (%016llx) returned %d: %s", bad, n, key,
+                      bad_rc, kv_slot_rc_meaning(bad_rc));
+    else if (result == 0 && bad < n)
+        result = fail(err, 0, "get_chunk", "chunk %zu of %zu (%016llx) does not match its manifest entry (%s)", bad, n,
+                      key, why);
     if (kv_slot_tracing() && result == 0)
         fprintf(stderr,
-                "kv_slot: load %s: %zu chunks in %.2f ms: prefetch_chunks %.2f, get_chunk %.2f, "
-                "helper checking %.2f (%zu chunks), last wait %.2f%s\n",
-                name, n, kv_slot_now_ms() - t0, prefetch_ms, get_ms, c.helper_ms, c.helper_chunks, join_ms,
+                "kv_slot: load %s: %zu chunks in %.2f ms: prefetch_chunks %.2f, %s %.2f, "
+                "helper %s %.2f (%zu chunks), last wait %.2f%s\n",
+                name, n, kv_slot_now_ms() - t0, prefetch_ms, get_into ? "get_chunk_into and checks" : "get_chunk",
+                get_ms, get_into ? "get_chunk_into and checks" : "checking", helper_ms, helper_chunks, join_ms,
                 threaded ? "" : " (no helper)");
     free(data);
     free(len);

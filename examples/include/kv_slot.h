@@ -101,6 +101,23 @@ int kv_slot_save_pieces(const kv_store_vtable *vt, kv_store_v1 *store, const cha
 int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_buf *state, size_t *size,
                  size_t *chunks, kv_slot_error *err);
 
+/* An optional call a backend library may export beside its vtable:
+ * libkv_store_wasm.so's `kv_store_wasm_get_chunk_into` (look it up with
+ * dlsym; other backends have none). It writes the chunk into the caller's
+ * `buf` of `cap` bytes, no malloc'd block: 0 with `*out_len` its length;
+ * a negative code as get_chunk's otherwise, and KV_SLOT_INTO_TOO_SMALL
+ * with `*out_len` > `cap` (the chunk's length) when it does not fit. */
+typedef int (*kv_slot_get_chunk_into_fn)(kv_store_v1 *store, const uint8_t *hash, size_t hash_len, uint8_t *buf,
+                                         size_t cap, size_t *out_len);
+#define KV_SLOT_GET_CHUNK_INTO_SYMBOL "kv_store_wasm_get_chunk_into"
+#define KV_SLOT_INTO_TOO_SMALL (-10)
+
+/* kv_slot_load, each chunk fetched with `get_into` (when not NULL) straight
+ * into its place in `state`: no block per chunk to allocate, fault in, copy
+ * and free. The same checks, failures and result. */
+int kv_slot_load_into(const kv_store_vtable *vt, kv_slot_get_chunk_into_fn get_into, kv_store_v1 *store,
+                      const char *name, kv_slot_buf *state, size_t *size, size_t *chunks, kv_slot_error *err);
+
 /* KV_SLOT_TRACE set (non-empty) in the environment: kv_slot_save and
  * kv_slot_load print one line each on stderr saying where their time went
  * (the callers add theirs: llama.cpp's state calls). */

@@ -76,6 +76,18 @@ static int get_chunk(kv_store_v1 *s, const uint8_t *key, size_t key_len, uint8_t
     return 0;
 }
 
+/* kv_store_wasm_get_chunk_into's contract (kv_slot.h) */
+static int get_chunk_into(kv_store_v1 *s, const uint8_t *key, size_t key_len, uint8_t *buf, size_t cap,
+                          size_t *len) {
+    entry *e = key_len == KV_SLOT_HASH_LEN ? find(s, key) : NULL;
+    *len = 0;
+    if (!e) return -2;
+    *len = e->len;
+    if (e->len > cap) return KV_SLOT_INTO_TOO_SMALL;
+    if (e->len) memcpy(buf, e->data, e->len);
+    return 0;
+}
+
 static int put_manifest(kv_store_v1 *s, const char *name, const uint8_t *data, size_t len) {
     (void)name;
     free(s->manifest);
@@ -238,19 +250,40 @@ static void check_same(const char *what, built *b, uint32_t rows, int expect_row
     CHECK(kv_slot_load(&VT, &whole, "m", &buf, &size, &n, &err) == 0 && n == sw.chunks, "%s: load: %s", what,
           err.msg);
     CHECK(size == b->size && memcmp(buf.data, b->bytes, size) == 0, "%s: the bytes loaded differ", what);
+    /* the same, each chunk read straight into its place */
+    memset(buf.data, 0xa5, buf.cap);
+    CHECK(kv_slot_load_into(&VT, get_chunk_into, &whole, "m", &buf, &size, &n, &err) == 0 && n == sw.chunks,
+          "%s: load into place: %s", what, err.msg);
+    CHECK(size == b->size && memcmp(buf.data, b->bytes, size) == 0, "%s: the bytes loaded into place differ", what);
     /* a chunk that no longer matches its manifest entry fails the load */
     if (whole.n_chunk) {
-        whole.chunk[whole.n_chunk / 2].data[0] ^= 1;
+        entry *c = &whole.chunk[whole.n_chunk / 2];
+        c->data[0] ^= 1;
         CHECK(kv_slot_load(&VT, &whole, "m", &buf, &size, &n, &err) == -1 && strstr(err.msg, "does not match"),
               "%s: a flipped byte was not found", what);
-        whole.chunk[whole.n_chunk / 2].data[0] ^= 1;
+        CHECK(kv_slot_load_into(&VT, get_chunk_into, &whole, "m", &buf, &size, &n, &err) == -1 &&
+                  strstr(err.msg, "does not match") && strstr(err.msg, "xxh3-64"),
+              "%s: a flipped byte read into place was not found", what);
+        c->data[0] ^= 1;
+        /* longer and shorter than its manifest entry */
+        for (int d = -1; d <= 1 && c->len; d += 2) {
+            c->len += d;
+            CHECK(kv_slot_load_into(&VT, get_chunk_into, &whole, "m", &buf, &size, &n, &err) == -1 &&
+                      err.store_rc == 0 && strstr(err.msg, "does not match") && strstr(err.msg, "(length)"),
+                  "%s: a chunk %s than its entry was not found: %s", what, d > 0 ? "longer" : "shorter", err.msg);
+            c->len -= d;
+        }
         free(whole.chunk[0].data);
         whole.chunk[0] = whole.chunk[--whole.n_chunk]; /* gone: get_chunk answers -2 */
         CHECK(kv_slot_load(&VT, &whole, "m", &buf, &size, &n, &err) == -1 && err.store_rc == -2,
               "%s: a missing chunk was not found", what);
+        CHECK(kv_slot_load_into(&VT, get_chunk_into, &whole, "m", &buf, &size, &n, &err) == -1 &&
+                  err.store_rc == -2 && strstr(err.msg, "returned -2"),
+              "%s: a missing chunk read into place was not found", what);
     }
     kv_slot_buf_release(&buf);
-    printf("ok  %s: %zu chunks, the same manifest and chunks from %zu pieces as from one buffer, as stored before\n",
+    printf("ok  %s: %zu chunks, the same manifest and chunks from %zu pieces as from one buffer, as stored before; "
+           "loaded through get_chunk and into place\n",
            what, sw.chunks, b->pieces.n);
     store_free(&whole);
     store_free(&pieces);

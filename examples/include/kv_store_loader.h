@@ -13,8 +13,10 @@
 
 #include "kv_store_abi.h"
 
-/* The backend for `uri`, or NULL with the reason written to `err`. */
-static inline const kv_store_vtable *kv_store_load(const char *uri, char *err, size_t err_len) {
+/* The backend for `uri`, or NULL with the reason written to `err`; `*dl_out`
+ * (if not NULL) gets the library's dlopen handle, for optional
+ * symbols a backend exports beside its vtable (dlsym). */
+static inline const kv_store_vtable *kv_store_load_lib(const char *uri, void **dl_out, char *err, size_t err_len) {
     const char *sep = strstr(uri, "://");
     if (!sep) {
         snprintf(err, err_len, "URI %s has no scheme", uri);
@@ -46,7 +48,13 @@ static inline const kv_store_vtable *kv_store_load(const char *uri, char *err, s
         snprintf(err, err_len, "%s: unusable vtable (NULL, version < 1 or a NULL v1 entry)", lib);
         return NULL;
     }
+    if (dl_out) *dl_out = dl;
     return vt;
+}
+
+/* The backend for `uri`, or NULL with the reason written to `err`. */
+static inline const kv_store_vtable *kv_store_load(const char *uri, char *err, size_t err_len) {
+    return kv_store_load_lib(uri, NULL, err, err_len);
 }
 
 #endif

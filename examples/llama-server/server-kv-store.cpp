@@ -16,6 +16,9 @@ static constexpr uint32_t CHUNK_ROWS = 256;
 // task loop (one task at a time), left open for the process's lifetime.
 static const kv_store_vtable * g_vt    = nullptr;
 static kv_store_v1 *           g_store = nullptr;
+// libkv_store_wasm.so's optional kv_store_wasm_get_chunk_into (restores
+// read each chunk straight into g_state); NULL for other backends.
+static kv_slot_get_chunk_into_fn g_get_into = nullptr;
 // The pieces of the state being saved (llama_state_seq_get_data_cb: tensor
 // rows by pointer, the rest copied), kept for the next save.
 static kv_slot_pieces          g_pieces = {};
@@ -30,7 +33,8 @@ bool server_kv_store_is_uri(const std::string & path) {
 
 bool server_kv_store_open(const std::string & uri, std::string & err) {
     char why[4400];
-    const kv_store_vtable * vt = kv_store_load(uri.c_str(), why, sizeof why);
+    void *                  lib = nullptr;
+    const kv_store_vtable * vt  = kv_store_load_lib(uri.c_str(), &lib, why, sizeof why);
     if (!vt) {
         err = why;
         return false;
@@ -45,8 +49,9 @@ bool server_kv_store_open(const std::string & uri, std::string & err) {
         err = "the kv_store_v1 backend could not open " + trimmed + " (its reason is on stderr)";
         return false;
     }
-    g_vt    = vt;
-    g_store = store;
+    g_vt       = vt;
+    g_store    = store;
+    g_get_into = reinterpret_cast<kv_slot_get_chunk_into_fn>(dlsym(lib, KV_SLOT_GET_CHUNK_INTO_SYMBOL));
     return true;
 }
 
@@ -116,7 +121,7 @@ server_kv_store_state server_kv_store_load(const std::string & name) {
     size_t        size = 0;
     kv_slot_error err;
     server_kv_store_state st;
-    if (kv_slot_load(g_vt, g_store, name.c_str(), &g_state, &size, &st.chunks, &err) != 0) {
+    if (kv_slot_load_into(g_vt, g_get_into, g_store, name.c_str(), &g_state, &size, &st.chunks, &err) != 0) {
         throw server_kv_store_error(std::string("Unable to restore slot: ") + err.msg, error_type_of(err));
     }
     const uint8_t * bytes = g_state.data;

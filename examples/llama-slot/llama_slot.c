@@ -62,10 +62,16 @@ static uint32_t get_u32(const uint8_t *p) {
 
 /* ---- backend loading, as llama.cpp does it ---- */
 
+/* libkv_store_wasm.so's optional get_chunk into a caller's buffer (NULL for
+ * other backends): restores read each chunk straight into place. */
+static kv_slot_get_chunk_into_fn get_into;
+
 static const kv_store_vtable *load_backend(const char *uri) {
     char err[4400];
-    const kv_store_vtable *vt = kv_store_load(uri, err, sizeof err);
+    void *lib = NULL;
+    const kv_store_vtable *vt = kv_store_load_lib(uri, &lib, err, sizeof err);
     if (!vt) die("%s", err);
+    get_into = (kv_slot_get_chunk_into_fn)dlsym(lib, KV_SLOT_GET_CHUNK_INTO_SYMBOL);
     return vt;
 }
 
@@ -189,7 +195,8 @@ static restore_stats restore(const kv_store_vtable *vt, const char *uri, const c
     kv_slot_buf buf = {NULL, 0};
     size_t size = 0;
     kv_slot_error err;
-    if (kv_slot_load(vt, store, name, &buf, &size, &r.chunks, &err) != 0) die("restore %s: %s", name, err.msg);
+    if (kv_slot_load_into(vt, get_into, store, name, &buf, &size, &r.chunks, &err) != 0)
+        die("restore %s: %s", name, err.msg);
     const uint8_t *st = buf.data;
     vt->close(store);
     if (size < KV_SLOT_GGSQ_HEAD || get_u32(st) != LLAMA_STATE_SEQ_MAGIC || get_u32(st + 4) != LLAMA_STATE_SEQ_VERSION)
