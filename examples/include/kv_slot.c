@@ -352,14 +352,13 @@ static void key_of(const uint8_t *data, size_t len, uint8_t key[KV_SLOT_HASH_LEN
     put_u64(key, xxh3(data, len));
 }
 
-/* ---- two threads: the caller calls the backend, a helper hashes ----
+/* ---- a save on two threads: the caller calls the backend, a helper hashes ----
  *
- * The passes over the state (xxh3, and a restore's copy into the buffer)
- * cost as much as the backend's own copies (docs/llama.md), and the
- * server's compute threads are idle during a save or restore: one helper
- * thread takes them while the caller talks to the backend, which is only
- * ever called from the caller's thread. Without a helper (pthread_create
- * failed) the caller does it all, in the same order. */
+ * The hash over the state costs as much as the backend's own copies
+ * (docs/llama.md), and the server's compute threads are idle during a save:
+ * one helper thread hashes while the caller talks to the backend, which a
+ * save only ever calls from the caller's thread. Without a helper
+ * (pthread_create failed) the caller does it all, in the same order. */
 
 double kv_slot_now_ms(void) {
     struct timespec t;
@@ -524,158 +523,149 @@ int kv_slot_save_pieces(const kv_store_vtable *vt, kv_store_v1 *store, const cha
     return save_view(vt, store, name, &v, rows, stats, err);
 }
 
-/* A restore's checking: the caller fetches the chunks in order; the
- * helper and the caller check fetched chunks (length, xxh3-64) and copy
- * them into place, oldest first. The caller checks one itself rather than
- * fetch more than LOAD_AHEAD ahead, so a helper that gets no core (a busy
- * machine) costs little: the caller then does what it did alone, on
- * chunks still in its cache. */
-#define LOAD_AHEAD 4
+/* ---- a restore, read in order: kv_slot_reader ----
+ *
+ * The state is handed out as the caller reads it: llama.cpp's
+ * llama_state_seq_set_data_cb reads it in order, a few bytes of metadata
+ * at a time, then each layer's K and V rows straight into the tensors. A
+ * chunk that lies wholly inside one read is fetched into the caller's
+ * memory (get_chunk_into, or get_chunk and a copy) and checked there,
+ * length and xxh3-64, while still in cache; the chunks of a read are shared
+ * by the caller's thread and a helper (kv_store_v1 handles may be called
+ * from several threads), which also sends prefetch_chunks first. A chunk
+ * that a read covers only in part (metadata; a region's descriptor with its
+ * first rows) is fetched into a bounce buffer and checked before any of its
+ * bytes are handed out, so the caller never parses unchecked bytes. Rows
+ * may reach the caller's memory before their chunk's check fails: the read
+ * then fails, and the caller undoes what it wrote (the server puts the
+ * slot back as it was). */
 
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    const uint8_t *manifest;
-    uint8_t *state;
-    uint8_t **data;  /* per chunk: the backend's block, until checked */
-    size_t *len;     /* per chunk: its length */
-    size_t *off;     /* per chunk: where it goes in the state */
-    size_t fetched;  /* chunks [0, fetched) are fetched; under mu */
-    size_t claimed;  /* chunks [0, claimed) are checked or being checked; under mu */
-    int no_more;     /* the caller fetches nothing more; under mu */
-    size_t bad;      /* the first chunk that failed its check, or SIZE_MAX; under mu */
-    const char *why; /* what of it did not match; under mu */
-    double helper_ms;
-    size_t helper_chunks; /* chunks the helper checked */
-} load_checking;
+/* A read with fewer whole chunks than this is not worth waking the helper. */
+#define READ_BATCH_MIN 2
 
-/* Claims the oldest fetched chunk not claimed yet (SIZE_MAX if none, or
- * after a failed check); mu held. */
-static size_t claim_chunk(load_checking *c) {
-    return c->claimed < c->fetched && c->bad == SIZE_MAX ? c->claimed++ : SIZE_MAX;
-}
-
-/* Checks claimed chunk i and copies it into place; frees its block. mu is
- * held on entry and exit, released meanwhile. */
-static void check_chunk(load_checking *c, size_t i) {
-    pthread_mutex_unlock(&c->mu);
-    const uint8_t *e = c->manifest + MANIFEST_HEAD + i * MANIFEST_ENTRY;
-    uint8_t key[KV_SLOT_HASH_LEN];
-    const char *why = NULL;
-    if (c->len[i] != get_u32(e + KV_SLOT_HASH_LEN)) {
-        why = "length";
-    } else {
-        key_of(c->data[i], c->len[i], key);
-        if (memcmp(key, e, KV_SLOT_HASH_LEN) != 0)
-            why = "xxh3-64";
-        else
-            memcpy(c->state + c->off[i], c->data[i], c->len[i]); /* still in cache from the hash */
-    }
-    free(c->data[i]); /* backend outputs come from malloc */
-    c->data[i] = NULL;
-    pthread_mutex_lock(&c->mu);
-    if (why && i < c->bad) {
-        c->bad = i;
-        c->why = why;
-    }
-}
-
-static void *load_helper(void *arg) {
-    load_checking *c = (load_checking *)arg;
-    pthread_mutex_lock(&c->mu);
-    for (;;) {
-        size_t i = claim_chunk(c);
-        if (i == SIZE_MAX) {
-            if (c->no_more) break;
-            pthread_cond_wait(&c->cv, &c->mu);
-            continue;
-        }
-        double t = kv_slot_now_ms();
-        check_chunk(c, i);
-        c->helper_ms += kv_slot_now_ms() - t;
-        c->helper_chunks++;
-    }
-    pthread_mutex_unlock(&c->mu);
-    return NULL;
-}
-
-/* A restore with get_chunk_into: the caller and the helper each take the
- * next chunk, have the backend write it into its place in the state and
- * check it there (length, xxh3-64), still in their own cache: the reads,
- * the backend's calls and the hashing on both cores, no block per chunk.
- * (kv_store_v1 handles may be called from several threads.) Chunks are
- * taken in order and none after a failure, so the first failure in chunk
- * order is among those recorded. */
-typedef struct {
-    pthread_mutex_t mu;
+struct kv_slot_reader {
+    const kv_store_vtable *vt;
     kv_slot_get_chunk_into_fn get_into;
     kv_store_v1 *store;
-    const uint8_t *manifest;
-    uint8_t *state;
-    const size_t *off;
+    char *name;
+    uint8_t *manifest;
+    uint8_t *keys; /* the chunks' keys, back to back, for prefetch_chunks */
     size_t n;
-    size_t next;     /* the next chunk to take; under mu */
-    size_t bad;      /* the first chunk that failed, or SIZE_MAX; under mu */
-    const char *why; /* what of it did not match; under mu */
-    int rc;          /* its get's return, if that failed; under mu */
-    double get_ms[2]; /* per thread (0: the caller) */
-    size_t done[2];
-} into_loading;
+    size_t *off;   /* n + 1 entries: where each chunk begins, then the state's size */
+    size_t pos;    /* bytes handed out */
+    size_t chunk;  /* the chunk holding `pos` (n at the end) */
+    uint8_t *bounce;
+    size_t bounce_cap;
+    size_t bounced; /* the chunk in `bounce`, checked, or SIZE_MAX */
+    size_t bounces; /* chunks fetched into it */
+    kv_slot_error err; /* a failure other than a chunk's (`failed`) */
+    int failed;
+    double t0, prefetch_ms;
+    /* The batch: chunks [next, end) of a read not taken yet, chunk i going to
+     * dst + off[i] - base; `busy` taken and not done. All under mu. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t helper;
+    int threaded, quit;
+    uint8_t *dst;
+    size_t base, next, end, busy;
+    /* The first chunk in order that failed, or SIZE_MAX; under mu. */
+    size_t bad;
+    const char *why; /* what of it did not match, or */
+    int bad_rc;      /* its get's return */
+    double fetch_ms[2]; /* per thread (0: the caller's), each written by its own */
+    size_t fetched[2];
+};
 
-static void into_work(into_loading *l, int who) {
-    for (;;) {
-        pthread_mutex_lock(&l->mu);
-        size_t i = l->bad == SIZE_MAX && l->next < l->n ? l->next++ : SIZE_MAX;
-        pthread_mutex_unlock(&l->mu);
-        if (i == SIZE_MAX) return;
-        const uint8_t *e = l->manifest + MANIFEST_HEAD + i * MANIFEST_ENTRY;
-        size_t want = get_u32(e + KV_SLOT_HASH_LEN), got = 0;
-        double t = kv_slot_now_ms();
-        int rc = l->get_into(l->store, e, KV_SLOT_HASH_LEN, l->state + l->off[i], want, &got);
-        const char *why = NULL;
+static const uint8_t *reader_entry(const kv_slot_reader *r, size_t i) {
+    return r->manifest + MANIFEST_HEAD + i * MANIFEST_ENTRY;
+}
+
+/* Fetches chunk i into `dst` (its length, as the manifest says) and checks
+ * it there; 0, or -1 with the failure noted (the first in chunk order is
+ * kept). */
+static int fetch_chunk(kv_slot_reader *r, size_t i, uint8_t *dst, int who) {
+    const uint8_t *e = reader_entry(r, i);
+    size_t want = r->off[i + 1] - r->off[i], got = 0;
+    const char *why = NULL;
+    int rc;
+    double t = kv_slot_now_ms();
+    if (r->get_into) {
+        rc = r->get_into(r->store, e, KV_SLOT_HASH_LEN, dst, want, &got);
         if (rc == KV_SLOT_INTO_TOO_SMALL && got > want) {
             rc = 0; /* longer than its entry */
             why = "length";
-        } else if (rc >= 0 && got != want) {
-            why = "length";
-        } else if (rc >= 0) {
-            uint8_t key[KV_SLOT_HASH_LEN];
-            key_of(l->state + l->off[i], want, key);
-            if (memcmp(key, e, KV_SLOT_HASH_LEN) != 0) why = "xxh3-64";
         }
-        l->get_ms[who] += kv_slot_now_ms() - t;
-        l->done[who]++;
-        if (rc < 0 || why) {
-            pthread_mutex_lock(&l->mu);
-            if (i < l->bad) {
-                l->bad = i;
-                l->why = why;
-                l->rc = rc < 0 ? rc : 0;
-            }
-            pthread_mutex_unlock(&l->mu);
-        }
+    } else {
+        uint8_t *data = NULL;
+        rc = r->vt->get_chunk(r->store, e, KV_SLOT_HASH_LEN, &data, &got);
+        if (rc >= 0 && got == want && (data || want == 0)) memcpy(dst, data, want);
+        else if (rc >= 0) why = "length";
+        free(data); /* backend outputs come from malloc */
+    }
+    if (rc >= 0 && !why && got != want) why = "length";
+    if (rc >= 0 && !why) {
+        uint8_t key[KV_SLOT_HASH_LEN];
+        key_of(dst, want, key);
+        if (memcmp(key, e, KV_SLOT_HASH_LEN) != 0) why = "xxh3-64";
+    }
+    r->fetch_ms[who] += kv_slot_now_ms() - t;
+    r->fetched[who]++;
+    if (rc >= 0 && !why) return 0;
+    pthread_mutex_lock(&r->mu);
+    if (i < r->bad) {
+        r->bad = i;
+        r->why = why;
+        r->bad_rc = rc < 0 ? rc : 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return -1;
+}
+
+/* Takes the batch's chunks until none is left (or one failed); mu held on
+ * entry and exit. */
+static void batch_work(kv_slot_reader *r, int who) {
+    while (r->next < r->end && r->bad == SIZE_MAX) {
+        size_t i = r->next++;
+        r->busy++;
+        uint8_t *dst = r->dst + (r->off[i] - r->base);
+        pthread_mutex_unlock(&r->mu);
+        fetch_chunk(r, i, dst, who);
+        pthread_mutex_lock(&r->mu);
+        if (--r->busy == 0) pthread_cond_broadcast(&r->cv); /* the caller may be waiting for it */
     }
 }
 
-static void *into_helper(void *arg) {
-    into_work((into_loading *)arg, 1);
+static void prefetch(kv_slot_reader *r) {
+    /* A hint: a failure leaves the gets to do the work. */
+    if (r->vt->version < 2 || !r->vt->prefetch_chunks || r->n == 0) return;
+    double t = kv_slot_now_ms();
+    r->vt->prefetch_chunks(r->store, r->keys, KV_SLOT_HASH_LEN, r->n);
+    r->prefetch_ms = kv_slot_now_ms() - t;
+}
+
+static void *reader_helper(void *arg) {
+    kv_slot_reader *r = (kv_slot_reader *)arg;
+    prefetch(r);
+    pthread_mutex_lock(&r->mu);
+    while (!r->quit) {
+        batch_work(r, 1);
+        if (!r->quit) pthread_cond_wait(&r->cv, &r->mu);
+    }
+    pthread_mutex_unlock(&r->mu);
     return NULL;
 }
 
-int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_buf *state, size_t *size,
-                 size_t *chunks, kv_slot_error *err) {
-    return kv_slot_load_into(vt, NULL, store, name, state, size, chunks, err);
-}
-
-int kv_slot_load_into(const kv_store_vtable *vt, kv_slot_get_chunk_into_fn get_into, kv_store_v1 *store,
-                      const char *name, kv_slot_buf *state, size_t *size, size_t *chunks, kv_slot_error *err) {
+int kv_slot_reader_open(const kv_store_vtable *vt, kv_slot_get_chunk_into_fn get_into, kv_store_v1 *store,
+                        const char *name, kv_slot_reader **out, kv_slot_error *err) {
+    *out = NULL;
     double t0 = kv_slot_now_ms();
     uint8_t *m = NULL;
     size_t mlen = 0;
     int rc = vt->get_manifest(store, name, &m, &mlen);
     if (rc < 0)
         return fail(err, rc, "get_manifest", "get_manifest returned %d: %s", rc, kv_slot_rc_meaning(rc));
-    if (mlen < MANIFEST_HEAD || get_u32(m) != MANIFEST_MAGIC || get_u32(m + 4) != MANIFEST_VERSION) {
+    if (!m || mlen < MANIFEST_HEAD || get_u32(m) != MANIFEST_MAGIC || get_u32(m + 4) != MANIFEST_VERSION) {
         free(m);
         return fail(err, 0, "manifest", "not a kv_slot manifest (%zu bytes)", mlen);
     }
@@ -685,112 +675,179 @@ int kv_slot_load_into(const kv_store_vtable *vt, kv_slot_get_chunk_into_fn get_i
         free(m);
         return fail(err, 0, "manifest", "the manifest's length (%zu bytes) does not match its %zu chunks", mlen, n);
     }
+    kv_slot_reader *r = (kv_slot_reader *)calloc(1, sizeof *r);
+    size_t *off = (size_t *)malloc((n + 1) * sizeof *off);
     uint8_t *keys = (uint8_t *)malloc(n ? n * KV_SLOT_HASH_LEN : 1);
-    uint8_t **data = (uint8_t **)calloc(n ? n : 1, sizeof *data);
-    size_t *len = (size_t *)calloc(n ? n : 1, sizeof *len), *off = (size_t *)malloc((n ? n : 1) * sizeof *off);
-    if (!keys || !data || !len || !off) abort();
+    char *copy = strdup(name);
+    if (!r || !off || !keys || !copy) abort();
     uint64_t sum = 0;
     for (size_t i = 0; i < n; i++) {
-        memcpy(keys + i * KV_SLOT_HASH_LEN, m + MANIFEST_HEAD + i * MANIFEST_ENTRY, KV_SLOT_HASH_LEN);
+        const uint8_t *e = m + MANIFEST_HEAD + i * MANIFEST_ENTRY;
+        memcpy(keys + i * KV_SLOT_HASH_LEN, e, KV_SLOT_HASH_LEN);
         off[i] = (size_t)sum;
-        sum += get_u32(m + MANIFEST_HEAD + i * MANIFEST_ENTRY + KV_SLOT_HASH_LEN);
+        sum += get_u32(e + KV_SLOT_HASH_LEN);
+    }
+    off[n] = (size_t)sum;
+    if (sum != total) {
+        free(r);
+        free(off);
+        free(keys);
+        free(copy);
+        free(m);
+        return fail(err, 0, "manifest", "the manifest's chunks hold %llu bytes, its header says %llu",
+                    (unsigned long long)sum, (unsigned long long)total);
+    }
+    r->vt = vt;
+    r->get_into = get_into;
+    r->store = store;
+    r->name = copy;
+    r->manifest = m;
+    r->keys = keys;
+    r->n = n;
+    r->off = off;
+    r->bounced = SIZE_MAX;
+    r->bad = SIZE_MAX;
+    r->t0 = t0;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->threaded = n > 1 && pthread_create(&r->helper, NULL, reader_helper, r) == 0;
+    if (!r->threaded) prefetch(r);
+    *out = r;
+    return 0;
+}
+
+size_t kv_slot_reader_size(const kv_slot_reader *r) {
+    return r->off[r->n];
+}
+
+size_t kv_slot_reader_chunks(const kv_slot_reader *r) {
+    return r->n;
+}
+
+/* Fetches whole chunks [i, j) into `dst`, where chunk i begins; 0 or -1. */
+static int fetch_whole(kv_slot_reader *r, size_t i, size_t j, uint8_t *dst) {
+    if (!r->threaded || j - i < READ_BATCH_MIN) {
+        for (size_t k = i; k < j; k++)
+            if (fetch_chunk(r, k, dst + (r->off[k] - r->off[i]), 0) != 0) return -1;
+        return 0;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->dst = dst;
+    r->base = r->off[i];
+    r->next = i;
+    r->end = j;
+    pthread_cond_broadcast(&r->cv);
+    batch_work(r, 0);
+    while (r->busy > 0) pthread_cond_wait(&r->cv, &r->mu);
+    r->next = r->end; /* after a failure: nothing more to take */
+    int ok = r->bad == SIZE_MAX;
+    pthread_mutex_unlock(&r->mu);
+    return ok ? 0 : -1;
+}
+
+int kv_slot_read(kv_slot_reader *r, void *into, size_t len) {
+    uint8_t *dst = (uint8_t *)into;
+    if (r->failed || r->bad != SIZE_MAX) return -1; /* bad is only set during a read */
+    if (len > r->off[r->n] - r->pos) {
+        r->failed = 1;
+        return fail(&r->err, 0, "read", "a read of %zu bytes at %zu goes past the state's end (%zu bytes)", len, r->pos,
+                    r->off[r->n]);
+    }
+    while (len > 0) {
+        while (r->off[r->chunk + 1] <= r->pos) r->chunk++; /* skips empty chunks; pos < size here */
+        size_t i = r->chunk, start = r->off[i], end = r->off[i + 1], step;
+        if (r->pos == start && end - start <= len) {
+            size_t j = i + 1;
+            while (j < r->n && r->off[j + 1] - start <= len) j++;
+            if (fetch_whole(r, i, j, dst) != 0) return -1;
+            step = r->off[j] - start;
+        } else {
+            if (r->bounced != i) {
+                if (end - start > r->bounce_cap) {
+                    free(r->bounce);
+                    r->bounce_cap = 0;
+                    r->bounced = SIZE_MAX;
+                    if (!(r->bounce = (uint8_t *)malloc(end - start))) {
+                        r->failed = 1;
+                        return fail(&r->err, 0, "memory", "no memory for a chunk of %zu bytes", end - start);
+                    }
+                    r->bounce_cap = end - start;
+                }
+                r->bounces++;
+                if (fetch_chunk(r, i, r->bounce, 0) != 0) return -1;
+                r->bounced = i;
+            }
+            step = end - r->pos < len ? end - r->pos : len;
+            memcpy(dst, r->bounce + (r->pos - start), step);
+        }
+        r->pos += step;
+        dst += step;
+        len -= step;
+    }
+    return 0;
+}
+
+int kv_slot_reader_close(kv_slot_reader *r, kv_slot_error *err) {
+    if (!r) return 0;
+    if (r->threaded) {
+        pthread_mutex_lock(&r->mu);
+        r->quit = 1;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->helper, NULL);
     }
     int result = 0;
-    uint8_t *st = NULL;
-    if (sum != total) {
-        result = fail(err, 0, "manifest", "the manifest's chunks hold %llu bytes, its header says %llu",
-                      (unsigned long long)sum, (unsigned long long)total);
-    } else if (!(st = kv_slot_buf_reserve(state, total ? (size_t)total : 1))) {
-        result = fail(err, 0, "memory", "no memory for a state of %llu bytes", (unsigned long long)total);
+    size_t size = r->off[r->n];
+    if (r->failed) {
+        *err = r->err;
+        result = -1;
+    } else if (r->bad != SIZE_MAX) {
+        unsigned long long key = (unsigned long long)get_u64(reader_entry(r, r->bad));
+        if (r->bad_rc < 0)
+            result = fail(err, r->bad_rc, "get_chunk", "get_chunk of chunk %zu of %zu (%016llx) returned %d: %s",
+                          r->bad, r->n, key, r->bad_rc, kv_slot_rc_meaning(r->bad_rc));
+        else
+            result = fail(err, 0, "get_chunk", "chunk %zu of %zu (%016llx) does not match its manifest entry (%s)",
+                          r->bad, r->n, key, r->why);
+    } else if (r->pos != size) {
+        result = fail(err, 0, "read", "%zu of the state's %zu bytes were read", r->pos, size);
     }
-    double t_prefetch = kv_slot_now_ms(), prefetch_ms = 0, get_ms = 0;
-    /* A hint: a failure leaves the per-chunk gets to do the work. */
-    if (result == 0 && vt->version >= 2 && vt->prefetch_chunks && n) {
-        vt->prefetch_chunks(store, keys, KV_SLOT_HASH_LEN, n);
-        prefetch_ms = kv_slot_now_ms() - t_prefetch;
-    }
-    free(keys);
-    double join_ms = 0, helper_ms = 0;
-    size_t helper_chunks = 0, bad = SIZE_MAX; /* the first chunk that failed */
-    const char *why = NULL;                   /* what of it did not match, or */
-    int threaded = 0, bad_rc = 0;             /* its get's return */
-    if (get_into) {
-        into_loading l = {PTHREAD_MUTEX_INITIALIZER, get_into, store, m, st, off, n, 0, SIZE_MAX, NULL, 0,
-                          {0, 0}, {0, 0}};
-        if (result == 0) {
-            pthread_t helper;
-            threaded = n > 1 && pthread_create(&helper, NULL, into_helper, &l) == 0;
-            into_work(&l, 0);
-            double t_join = kv_slot_now_ms();
-            if (threaded) pthread_join(helper, NULL);
-            join_ms = kv_slot_now_ms() - t_join;
-        }
-        get_ms = l.get_ms[0];
-        helper_ms = l.get_ms[1];
-        helper_chunks = l.done[1];
-        bad = l.bad;
-        why = l.why;
-        bad_rc = l.rc;
-    } else {
-        load_checking c = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, m, st, data, len, off, 0, 0, 0,
-                           SIZE_MAX, NULL, 0, 0};
-        pthread_t helper;
-        threaded = result == 0 && n > 1 && pthread_create(&helper, NULL, load_helper, &c) == 0;
-        size_t failed_get = n; /* the chunk whose get_chunk failed */
-        pthread_mutex_lock(&c.mu);
-        for (size_t i = 0; i < n && result == 0 && c.bad == SIZE_MAX; i++) {
-            size_t j;
-            while (c.fetched - c.claimed >= LOAD_AHEAD && (j = claim_chunk(&c)) != SIZE_MAX) check_chunk(&c, j);
-            if (c.bad != SIZE_MAX) break;
-            pthread_mutex_unlock(&c.mu);
-            double t = kv_slot_now_ms();
-            rc = vt->get_chunk(store, m + MANIFEST_HEAD + i * MANIFEST_ENTRY, KV_SLOT_HASH_LEN, &data[i], &len[i]);
-            get_ms += kv_slot_now_ms() - t;
-            pthread_mutex_lock(&c.mu);
-            if (rc < 0) {
-                failed_get = i;
-                break;
-            }
-            c.fetched = i + 1;
-            pthread_cond_signal(&c.cv);
-        }
-        /* The rest, with the helper; then wait for the helper's last chunk. */
-        c.no_more = 1;
-        pthread_cond_signal(&c.cv);
-        for (size_t j; (j = claim_chunk(&c)) != SIZE_MAX;) check_chunk(&c, j);
-        pthread_mutex_unlock(&c.mu);
-        double t_join = kv_slot_now_ms();
-        if (threaded) pthread_join(helper, NULL);
-        join_ms = kv_slot_now_ms() - t_join;
-        helper_ms = c.helper_ms;
-        helper_chunks = c.helper_chunks;
-        /* The first failure in chunk order: a chunk that did not match comes
-         * before the one whose get failed, as it was fetched first. */
-        bad = c.bad != SIZE_MAX ? c.bad : failed_get < n ? failed_get : SIZE_MAX;
-        why = c.why;
-        bad_rc = c.bad != SIZE_MAX ? 0 : rc;
-        for (size_t i = 0; i < c.fetched; i++) free(data[i]); /* left unclaimed after a bad chunk */
-    }
-    unsigned long long key = bad < n ? (unsigned long long)get_u64(m + MANIFEST_HEAD + bad * MANIFEST_ENTRY) : 0;
-    if (result == 0 && bad < n && bad_rc < 0)
-        result = fail(err, bad_rc, "get_chunk", "get_chunk of chunk %zu of %zu (%016llx) returned %d: %s", bad, n, key,
-                      bad_rc, kv_slot_rc_meaning(bad_rc));
-    else if (result == 0 && bad < n)
-        result = fail(err, 0, "get_chunk", "chunk %zu of %zu (%016llx) does not match its manifest entry (%s)", bad, n,
-                      key, why);
     if (kv_slot_tracing() && result == 0)
         fprintf(stderr,
-                "kv_slot: load %s: %zu chunks in %.2f ms: prefetch_chunks %.2f, %s %.2f, "
-                "helper %s %.2f (%zu chunks), last wait %.2f%s\n",
-                name, n, kv_slot_now_ms() - t0, prefetch_ms, get_into ? "get_chunk_into and checks" : "get_chunk",
-                get_ms, get_into ? "get_chunk_into and checks" : "checking", helper_ms, helper_chunks, join_ms,
-                threaded ? "" : " (no helper)");
-    free(data);
-    free(len);
-    free(off);
-    free(m);
-    if (result != 0) return result;
-    *size = (size_t)total;
+                "kv_slot: load %s: %zu chunks in %.2f ms: prefetch_chunks %.2f%s, %s and checks %.2f (%zu chunks), "
+                "helper %.2f (%zu chunks), %zu through the bounce buffer\n",
+                r->name, r->n, kv_slot_now_ms() - r->t0, r->prefetch_ms, r->threaded ? " (helper)" : "",
+                r->get_into ? "get_chunk_into" : "get_chunk", r->fetch_ms[0], r->fetched[0], r->fetch_ms[1],
+                r->fetched[1], r->bounces);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r->bounce);
+    free(r->off);
+    free(r->keys);
+    free(r->manifest);
+    free(r->name);
+    free(r);
+    return result;
+}
+
+int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_buf *state, size_t *size,
+                 size_t *chunks, kv_slot_error *err) {
+    return kv_slot_load_into(vt, NULL, store, name, state, size, chunks, err);
+}
+
+int kv_slot_load_into(const kv_store_vtable *vt, kv_slot_get_chunk_into_fn get_into, kv_store_v1 *store,
+                      const char *name, kv_slot_buf *state, size_t *size, size_t *chunks, kv_slot_error *err) {
+    kv_slot_reader *r;
+    if (kv_slot_reader_open(vt, get_into, store, name, &r, err) != 0) return -1;
+    size_t total = kv_slot_reader_size(r), n = kv_slot_reader_chunks(r);
+    uint8_t *st = kv_slot_buf_reserve(state, total ? total : 1);
+    if (!st) {
+        kv_slot_reader_close(r, err);
+        return fail(err, 0, "memory", "no memory for a state of %zu bytes", total);
+    }
+    kv_slot_read(r, st, total); /* a failure is the close's answer */
+    if (kv_slot_reader_close(r, err) != 0) return -1;
+    *size = total;
     *chunks = n;
     return 0;
 }

@@ -93,11 +93,10 @@ int kv_slot_save_pieces(const kv_store_vtable *vt, kv_store_v1 *store, const cha
 
 /* Loads manifest `name` and its chunks (prefetch_chunks first on a v2
  * vtable), checking each chunk's length and xxh3-64 against the manifest,
- * into `state` (grown as needed). A helper thread checks and copies
- * chunks while the caller's thread fetches the next ones (the backend is
- * only called from the caller's thread). On success returns 0, state->data
- * holding `*size` bytes and `*chunks` the chunk count; -1 with `err`
- * filled otherwise (the buffer's contents are then undefined). */
+ * into `state` (grown as needed): a kv_slot_reader read whole. On success
+ * returns 0, state->data holding `*size` bytes and `*chunks` the chunk
+ * count; -1 with `err` filled otherwise (the buffer's contents are then
+ * undefined). */
 int kv_slot_load(const kv_store_vtable *vt, kv_store_v1 *store, const char *name, kv_slot_buf *state, size_t *size,
                  size_t *chunks, kv_slot_error *err);
 
@@ -113,10 +112,37 @@ typedef int (*kv_slot_get_chunk_into_fn)(kv_store_v1 *store, const uint8_t *hash
 #define KV_SLOT_INTO_TOO_SMALL (-10)
 
 /* kv_slot_load, each chunk fetched with `get_into` (when not NULL) straight
- * into its place in `state`: no block per chunk to allocate, fault in, copy
- * and free. The same checks, failures and result. */
+ * into its place in `state`: no block per chunk to allocate, copy and free.
+ * The same checks, failures and result. */
 int kv_slot_load_into(const kv_store_vtable *vt, kv_slot_get_chunk_into_fn get_into, kv_store_v1 *store,
                       const char *name, kv_slot_buf *state, size_t *size, size_t *chunks, kv_slot_error *err);
+
+/* A state read in order, straight into the reader's memory: a chunk that
+ * lies wholly inside one read is fetched there (with `get_into` when not
+ * NULL) by the caller's thread and a helper, then checked (length,
+ * xxh3-64); bytes of a chunk a read covers in part are checked before they
+ * are handed out. A read that fails may have written checked and unchecked
+ * bytes into its buffer: the caller must not use them. */
+typedef struct kv_slot_reader kv_slot_reader;
+
+/* Fetches manifest `name` and starts the helper, which sends
+ * prefetch_chunks on a v2 vtable. 0 with `*reader` set, to be closed; -1
+ * with `err` filled (no reader). */
+int kv_slot_reader_open(const kv_store_vtable *vt, kv_slot_get_chunk_into_fn get_into, kv_store_v1 *store,
+                        const char *name, kv_slot_reader **reader, kv_slot_error *err);
+
+/* The state's size and chunk count, as its manifest says. */
+size_t kv_slot_reader_size(const kv_slot_reader *reader);
+size_t kv_slot_reader_chunks(const kv_slot_reader *reader);
+
+/* The next `len` bytes of the state into `dst`: 0, or -1 (the reason is
+ * kv_slot_reader_close's; every later read fails too). */
+int kv_slot_read(kv_slot_reader *reader, void *dst, size_t len);
+
+/* Stops the helper and frees the reader: 0 if every byte of the state was
+ * read and checked, else -1 with `err` filled (the first failure in chunk
+ * order). */
+int kv_slot_reader_close(kv_slot_reader *reader, kv_slot_error *err);
 
 /* KV_SLOT_TRACE set (non-empty) in the environment: kv_slot_save and
  * kv_slot_load print one line each on stderr saying where their time went

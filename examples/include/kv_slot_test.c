@@ -219,6 +219,50 @@ static uint64_t fnv1a(const uint8_t *p, size_t n) {
     return h;
 }
 
+/* Reads the state of manifest "m" in reads of varied sizes (small ones
+ * inside a chunk, large ones across several), into place and through
+ * get_chunk; with `corrupt`, one chunk no longer matches: a read fails, the
+ * reads after it too, and the close names the chunk. Returns the reads. */
+static size_t read_in_pieces(kv_store_v1 *store, const built *b, int corrupt) {
+    static const size_t sizes[] = {4, 12, 100, 3, 70000, 1u << 20, 8, 300000};
+    size_t reads = 0;
+    for (int into = 0; into < 2; into++) {
+        kv_slot_reader *r;
+        kv_slot_error err;
+        CHECK(kv_slot_reader_open(&VT, into ? get_chunk_into : NULL, store, "m", &r, &err) == 0, "open: %s", err.msg);
+        CHECK(kv_slot_reader_size(r) == b->size, "the reader's size %zu, the state's %zu", kv_slot_reader_size(r),
+              b->size);
+        uint8_t *got = (uint8_t *)malloc(b->size ? b->size : 1);
+        if (!got) abort();
+        size_t at = 0, k = 0;
+        int failed = 0;
+        while (at < b->size) {
+            size_t len = sizes[k++ % (sizeof sizes / sizeof *sizes)];
+            if (len > b->size - at) len = b->size - at;
+            if (kv_slot_read(r, got + at, len) != 0) {
+                failed = 1;
+                CHECK(corrupt, "a read of %zu bytes at %zu failed", len, at);
+                CHECK(kv_slot_read(r, got, 1) == -1, "a read after a failed one succeeded");
+                break;
+            }
+            at += len;
+            reads++;
+        }
+        if (!corrupt) {
+            CHECK(kv_slot_read(r, got, 1) == -1, "a read past the state's end succeeded");
+            CHECK(memcmp(got, b->bytes, b->size) == 0, "the bytes read in pieces differ");
+            CHECK(kv_slot_reader_close(r, &err) == -1 && strstr(err.msg, "past the state's end"),
+                  "a read past the end was not reported: %s", err.msg);
+        } else {
+            CHECK(failed, "every read of a corrupted state succeeded");
+            CHECK(kv_slot_reader_close(r, &err) == -1 && strstr(err.msg, "does not match"),
+                  "a corrupted chunk read in pieces was not reported: %s", err.msg);
+        }
+        free(got);
+    }
+    return reads;
+}
+
 static void check_same(const char *what, built *b, uint32_t rows, int expect_rows_layout, uint64_t manifest) {
     kv_store_v1 whole = {0}, pieces = {0};
     kv_slot_save_stats sw, sp;
@@ -255,10 +299,14 @@ static void check_same(const char *what, built *b, uint32_t rows, int expect_row
     CHECK(kv_slot_load_into(&VT, get_chunk_into, &whole, "m", &buf, &size, &n, &err) == 0 && n == sw.chunks,
           "%s: load into place: %s", what, err.msg);
     CHECK(size == b->size && memcmp(buf.data, b->bytes, size) == 0, "%s: the bytes loaded into place differ", what);
+    /* read in pieces, as llama_state_seq_set_data_cb reads it: a few bytes
+     * of metadata, then runs of rows across several chunks */
+    size_t reads = read_in_pieces(&whole, b, 0);
     /* a chunk that no longer matches its manifest entry fails the load */
     if (whole.n_chunk) {
         entry *c = &whole.chunk[whole.n_chunk / 2];
         c->data[0] ^= 1;
+        read_in_pieces(&whole, b, 1);
         CHECK(kv_slot_load(&VT, &whole, "m", &buf, &size, &n, &err) == -1 && strstr(err.msg, "does not match"),
               "%s: a flipped byte was not found", what);
         CHECK(kv_slot_load_into(&VT, get_chunk_into, &whole, "m", &buf, &size, &n, &err) == -1 &&
@@ -283,8 +331,8 @@ static void check_same(const char *what, built *b, uint32_t rows, int expect_row
     }
     kv_slot_buf_release(&buf);
     printf("ok  %s: %zu chunks, the same manifest and chunks from %zu pieces as from one buffer, as stored before; "
-           "loaded through get_chunk and into place\n",
-           what, sw.chunks, b->pieces.n);
+           "loaded through get_chunk and into place, and in %zu reads\n",
+           what, sw.chunks, b->pieces.n, reads);
     store_free(&whole);
     store_free(&pieces);
 }

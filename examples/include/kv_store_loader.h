@@ -57,4 +57,19 @@ static inline const kv_store_vtable *kv_store_load(const char *uri, char *err, s
     return kv_store_load_lib(uri, NULL, err, err_len);
 }
 
+/* Symbol `name` of the backend library `dl` whose vtable is `vt` (both from
+ * kv_store_load_lib), or NULL. Only the library itself counts: dlsym on its
+ * handle also searches the libraries it links, and a backend that wraps
+ * libkv_store_wasm.so must not hand out the wrapped library's calls for its
+ * own handles. Needs dladdr: define _GNU_SOURCE before any include. */
+#ifdef _GNU_SOURCE
+static inline void *kv_store_backend_symbol(void *dl, const kv_store_vtable *vt, const char *name) {
+    void *sym = dlsym(dl, name);
+    Dl_info in_sym, in_vt;
+    if (!sym || !dladdr(sym, &in_sym) || !dladdr((const void *)vt, &in_vt) || in_sym.dli_fbase != in_vt.dli_fbase)
+        return NULL;
+    return sym;
+}
+#endif
+
 #endif

@@ -17,15 +17,15 @@ static constexpr uint32_t CHUNK_ROWS = 256;
 static const kv_store_vtable * g_vt    = nullptr;
 static kv_store_v1 *           g_store = nullptr;
 // libkv_store_wasm.so's optional kv_store_wasm_get_chunk_into (restores
-// read each chunk straight into g_state); NULL for other backends.
+// read each chunk straight into the slot's tensors); NULL for other
+// backends.
 static kv_slot_get_chunk_into_fn g_get_into = nullptr;
 // The pieces of the state being saved (llama_state_seq_get_data_cb: tensor
 // rows by pointer, the rest copied), kept for the next save.
 static kv_slot_pieces          g_pieces = {};
-// The state of the restore under way, kept for the next one: as large as
-// the largest slot state restored so far (kv_slot.h says why a kept
-// buffer).
-static kv_slot_buf             g_state = { nullptr, 0 };
+// A restore's copy of the slot it replaces, to put back if the restore
+// fails; kept for the next one (kv_slot.h says why a kept buffer).
+static kv_slot_buf             g_undo = { nullptr, 0 };
 
 bool server_kv_store_is_uri(const std::string & path) {
     return path.find("://") != std::string::npos;
@@ -51,7 +51,7 @@ bool server_kv_store_open(const std::string & uri, std::string & err) {
     }
     g_vt       = vt;
     g_store    = store;
-    g_get_into = reinterpret_cast<kv_slot_get_chunk_into_fn>(dlsym(lib, KV_SLOT_GET_CHUNK_INTO_SYMBOL));
+    g_get_into = reinterpret_cast<kv_slot_get_chunk_into_fn>(kv_store_backend_symbol(lib, vt, KV_SLOT_GET_CHUNK_INTO_SYMBOL));
     return true;
 }
 
@@ -117,44 +117,97 @@ size_t server_kv_store_save(llama_context * ctx, llama_seq_id seq, const std::ve
     return g_pieces.size;
 }
 
-server_kv_store_state server_kv_store_load(const std::string & name) {
-    size_t        size = 0;
+server_kv_store_restore::~server_kv_store_restore() {
+    kv_slot_error ignored;
+    kv_slot_reader_close(reader, &ignored);
+}
+
+// Throws the reader's failure (its first, in chunk order).
+[[noreturn]] static void throw_read_failure(server_kv_store_restore & restore) {
     kv_slot_error err;
-    server_kv_store_state st;
-    if (kv_slot_load_into(g_vt, g_get_into, g_store, name.c_str(), &g_state, &size, &st.chunks, &err) != 0) {
+    kv_slot_reader_close(restore.reader, &err);
+    restore.reader = nullptr;
+    throw server_kv_store_error(std::string("Unable to restore slot: ") + err.msg, error_type_of(err));
+}
+
+void server_kv_store_begin(const std::string & name, server_kv_store_restore & restore) {
+    kv_slot_error err;
+    if (kv_slot_reader_open(g_vt, g_get_into, g_store, name.c_str(), &restore.reader, &err) != 0) {
         throw server_kv_store_error(std::string("Unable to restore slot: ") + err.msg, error_type_of(err));
     }
-    const uint8_t * bytes = g_state.data;
-    st.bytes = bytes;
-    st.size  = size;
-    auto u32 = [&](size_t at) {
+    restore.size   = kv_slot_reader_size(restore.reader);
+    restore.chunks = kv_slot_reader_chunks(restore.reader);
+    uint8_t head[KV_SLOT_GGSQ_HEAD];
+    auto    u32 = [&](size_t at) {
         uint32_t v;
-        std::memcpy(&v, bytes + at, sizeof v);
+        std::memcpy(&v, head + at, sizeof v);
         return v;
     };
-    if (size < KV_SLOT_GGSQ_HEAD || u32(0) != LLAMA_STATE_SEQ_MAGIC || u32(4) != LLAMA_STATE_SEQ_VERSION) {
+    if (restore.size < KV_SLOT_GGSQ_HEAD) {
+        throw server_kv_store_error("Unable to restore slot: the state has no ggsq header", ERROR_TYPE_INVALID_REQUEST);
+    }
+    if (kv_slot_read(restore.reader, head, sizeof head) != 0) {
+        throw_read_failure(restore);
+    }
+    if (u32(0) != LLAMA_STATE_SEQ_MAGIC || u32(4) != LLAMA_STATE_SEQ_VERSION) {
         throw server_kv_store_error("Unable to restore slot: the state has no ggsq v" +
                                     std::to_string(LLAMA_STATE_SEQ_VERSION) + " header", ERROR_TYPE_INVALID_REQUEST);
     }
     const size_t n_tokens = u32(8);
-    st.head = KV_SLOT_GGSQ_HEAD + sizeof(llama_token) * n_tokens;
-    if (st.head > size) {
+    if (n_tokens > (restore.size - KV_SLOT_GGSQ_HEAD) / sizeof(llama_token)) {
         throw server_kv_store_error("Unable to restore slot: the state's token count exceeds its size",
                                     ERROR_TYPE_INVALID_REQUEST);
     }
-    st.tokens.resize(n_tokens);
-    if (n_tokens) {
-        std::memcpy(st.tokens.data(), bytes + KV_SLOT_GGSQ_HEAD, n_tokens * sizeof(llama_token));
+    restore.tokens.resize(n_tokens);
+    if (n_tokens && kv_slot_read(restore.reader, restore.tokens.data(), n_tokens * sizeof(llama_token)) != 0) {
+        throw_read_failure(restore);
     }
-    return st;
 }
 
-bool server_kv_store_apply(llama_context * ctx, llama_seq_id seq, const server_kv_store_state & state) {
-    const size_t n     = state.size - state.head;
-    const double t_set = kv_slot_now_ms();
-    const bool   ok    = llama_state_seq_set_data(ctx, state.bytes + state.head, n, seq) == n;
-    if (kv_slot_tracing()) {
-        fprintf(stderr, "kv_slot: llama_state_seq_set_data of %zu bytes: %.2f ms\n", n, kv_slot_now_ms() - t_set);
+static bool read_state(void * dst, size_t size, void * reader) {
+    return kv_slot_read(static_cast<kv_slot_reader *>(reader), dst, size) == 0;
+}
+
+void server_kv_store_finish(llama_context * ctx, llama_seq_id seq, server_kv_store_restore & restore) {
+    // The slot's cells are written as the chunks arrive, so a failure part
+    // way through is undone from a copy; an empty slot needs none.
+    llama_memory_t mem      = llama_get_memory(ctx);
+    const bool     occupied = llama_memory_seq_pos_max(mem, seq) >= 0;
+    const double   t_undo   = kv_slot_now_ms();
+    size_t         undo     = 0;
+    if (occupied) {
+        const size_t    size = llama_state_seq_get_size(ctx, seq);
+        uint8_t * const into = kv_slot_buf_reserve(&g_undo, size);
+        undo                 = into ? llama_state_seq_get_data(ctx, into, size, seq) : 0;
+        if (undo == 0) {
+            throw server_kv_store_error("Unable to restore slot: no copy of the slot it replaces could be made",
+                                        ERROR_TYPE_SERVER);
+        }
     }
-    return ok;
+    const double t_set = kv_slot_now_ms();
+    const size_t want  = restore.size - KV_SLOT_GGSQ_HEAD - sizeof(llama_token) * restore.tokens.size();
+    const size_t got   = llama_state_seq_set_data_cb(ctx, seq, read_state, restore.reader, 0);
+    kv_slot_error err;
+    const int     read_rc = kv_slot_reader_close(restore.reader, &err);
+    restore.reader        = nullptr;
+    if (kv_slot_tracing()) {
+        fprintf(stderr, "kv_slot: llama_state_seq_set_data_cb of %zu bytes: %.2f ms (copy of the slot it replaces: %.2f ms)\n",
+                got, kv_slot_now_ms() - t_set, t_set - t_undo);
+    }
+    if (read_rc == 0 && got == want) {
+        return;
+    }
+    // put the slot back as it was
+    llama_memory_seq_rm(mem, seq, -1, -1);
+    if (occupied && llama_state_seq_set_data(ctx, g_undo.data, undo, seq) != undo) {
+        llama_memory_seq_rm(mem, seq, -1, -1);
+        server_kv_store_error lost("Unable to restore slot, and its previous state could not be put back",
+                                   ERROR_TYPE_SERVER);
+        lost.slot_lost = true;
+        throw lost;
+    }
+    if (read_rc != 0) {
+        throw server_kv_store_error(std::string("Unable to restore slot: ") + err.msg, error_type_of(err));
+    }
+    throw server_kv_store_error("Unable to restore slot: llama.cpp refused the stored state", ERROR_TYPE_INVALID_REQUEST);
 }

@@ -6,6 +6,7 @@
 // examples/llama-slot). A plain directory keeps upstream's files.
 #pragma once
 
+#include "kv_slot.h"
 #include "llama.h"
 #include "server-common.h"
 
@@ -18,6 +19,7 @@
 // A failed save or restore: its message and the HTTP error it answers.
 struct server_kv_store_error : std::runtime_error {
     error_type type;
+    bool       slot_lost = false; // the slot could not be put back as it was: clear it
     server_kv_store_error(const std::string & msg, error_type type) : std::runtime_error(msg), type(type) {}
 };
 
@@ -36,18 +38,26 @@ bool server_kv_store_enabled();
 size_t server_kv_store_save(llama_context * ctx, llama_seq_id seq, const std::vector<char> & packed_tokens,
                             const std::string & name, std::vector<std::pair<std::string, size_t>> & counts);
 
-// A state fetched and verified, not yet applied to any slot. Its bytes live
-// in the store's one state buffer, valid until the next save or restore.
-struct server_kv_store_state {
-    const uint8_t * bytes = nullptr;
-    size_t       size   = 0;
-    llama_tokens tokens;     // the packed prompt tokens of the ggsq header
-    size_t       head   = 0; // where llama_state_seq_get_data's bytes begin
-    size_t       chunks = 0;
+// A restore under way: its reader (the manifest fetched, the helper
+// started) and the state's ggsq header, read and checked; no slot touched.
+struct server_kv_store_restore {
+    kv_slot_reader * reader = nullptr;
+    llama_tokens     tokens;   // the packed prompt tokens of the ggsq header
+    size_t           size   = 0;
+    size_t           chunks = 0;
+
+    server_kv_store_restore() = default;
+    server_kv_store_restore(const server_kv_store_restore &) = delete;
+    server_kv_store_restore & operator=(const server_kv_store_restore &) = delete;
+    ~server_kv_store_restore();
 };
 
-// Fetches manifest `name` and its chunks, checking each; touches no slot.
-server_kv_store_state server_kv_store_load(const std::string & name);
+// Opens manifest `name` and reads the state's header and tokens into
+// `restore`; touches no slot.
+void server_kv_store_begin(const std::string & name, server_kv_store_restore & restore);
 
-// Applies a loaded state to sequence `seq`; false if llama.cpp refuses it.
-bool server_kv_store_apply(llama_context * ctx, llama_seq_id seq, const server_kv_store_state & state);
+// Reads the rest of the state into sequence `seq`, each chunk checked as it
+// arrives. On any failure (the store's, a chunk that does not match, or
+// llama.cpp refusing the state) the sequence is put back as it was and the
+// error thrown.
+void server_kv_store_finish(llama_context * ctx, llama_seq_id seq, server_kv_store_restore & restore);

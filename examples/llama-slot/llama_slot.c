@@ -71,7 +71,7 @@ static const kv_store_vtable *load_backend(const char *uri) {
     void *lib = NULL;
     const kv_store_vtable *vt = kv_store_load_lib(uri, &lib, err, sizeof err);
     if (!vt) die("%s", err);
-    get_into = (kv_slot_get_chunk_into_fn)dlsym(lib, KV_SLOT_GET_CHUNK_INTO_SYMBOL);
+    get_into = (kv_slot_get_chunk_into_fn)kv_store_backend_symbol(lib, vt, KV_SLOT_GET_CHUNK_INTO_SYMBOL);
     return vt;
 }
 

@@ -125,8 +125,24 @@ unsafe fn bytes<'a>(ptr: *const u8, len: usize, what: &str) -> Result<&'a [u8], 
             Err(bad(format!("{what} is NULL with length {len}")))
         };
     }
-    // SAFETY: per the contract above.
+    span_ok(ptr, len, what)?;
+    // SAFETY: per the contract above; `span_ok` holds.
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// `len` bytes at a non-NULL `ptr` can be a Rust slice: at most
+/// `isize::MAX` bytes, ending before the address space does. A length
+/// beyond that cannot describe memory the caller owns, and a slice made of
+/// it is undefined behaviour before any byte is touched: refused as bad
+/// input instead.
+fn span_ok(ptr: *const u8, len: usize, what: &str) -> Result<(), KvError> {
+    let too_long = isize::try_from(len).is_err();
+    if too_long || ptr.addr().checked_add(len).is_none() {
+        return Err(bad(format!(
+            "{what} of {len} bytes at {ptr:p} runs past the address space"
+        )));
+    }
+    Ok(())
 }
 
 /// `hash_len` within 1..=[`MAX_HASH_LEN`].
@@ -262,8 +278,10 @@ unsafe extern "C" fn get_chunk(
 /// Returns 0 with `*out_len` the chunk's length (its bytes at `buf`);
 /// `-10` with `*out_len` the chunk's length (more than `cap`) when it does
 /// not fit, `buf` then holding nothing meaningful; otherwise `get_chunk`'s
-/// codes, `*out_len` 0. `buf` may be NULL only with `cap` 0; `out_len` must
-/// not be NULL. The guest never sees `buf` after the call.
+/// codes, `*out_len` 0; `buf`'s contents are unspecified on any failure.
+/// `buf` may be NULL only with `cap` 0, and `cap` is at most `PTRDIFF_MAX`
+/// without running past the address space (else `-10`); `out_len` must not
+/// be NULL. The guest never sees `buf` after the call.
 ///
 /// # Safety
 /// `store` is a handle from `open` (or anything: it is looked up, not
@@ -294,7 +312,8 @@ pub unsafe extern "C" fn kv_store_wasm_get_chunk_into(
             }
             &mut []
         } else {
-            // SAFETY: per the contract above.
+            span_ok(buf, cap, "buffer")?;
+            // SAFETY: per the contract above; `span_ok` holds.
             unsafe { std::slice::from_raw_parts_mut(buf, cap) }
         };
         let (rc, len) = match store.get_chunk_into(key, target)? {

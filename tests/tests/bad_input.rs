@@ -300,6 +300,42 @@ fn garbage_closed_and_double_closed_handles_are_refused() {
     }
 }
 
+/// An input length no buffer can have (past `PTRDIFF_MAX`, or running past
+/// the end of the address space) is refused before a slice is made of it.
+#[test]
+fn input_lengths_past_the_address_space_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_fs(dir.path());
+    let vt = shim().vtable();
+    let h = store.as_ptr();
+    let key = [1u8; 8];
+    let data = [2u8; 16];
+    let name = CString::new("m").unwrap();
+    let high = ptr::without_provenance::<u8>(usize::MAX - 8);
+    // SAFETY: lengths past the contract; the shim must refuse them before
+    // reading anything.
+    unsafe {
+        let put_chunk = vt.put_chunk.unwrap();
+        let put_manifest = vt.put_manifest.unwrap();
+        for (ptr, len, what) in [
+            (data.as_ptr(), usize::MAX, "usize::MAX"),
+            (data.as_ptr(), isize::MAX as usize + 1, "past isize::MAX"),
+            (high, 16, "wraps"),
+        ] {
+            assert_eq!(put_chunk(h, key.as_ptr(), 8, ptr, len), -10, "{what}");
+            assert_eq!(put_manifest(h, name.as_ptr(), ptr, len), -10, "{what}");
+        }
+        let higher = ptr::without_provenance::<u8>(usize::MAX - 3);
+        assert_eq!(
+            put_chunk(h, higher, 8, data.as_ptr(), 16),
+            -10,
+            "a hash that wraps"
+        );
+    }
+    store.put_chunk(&key, &data).unwrap();
+    assert_eq!(&*store.get_chunk(&key).unwrap(), &data[..]);
+}
+
 #[test]
 fn oversized_hashes_and_prefetch_lists_are_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -80,7 +80,9 @@ pub type GetVtableFn = unsafe extern "C" fn() -> *const Vtable;
 pub const GET_CHUNK_INTO_SYMBOL: &str = "kv_store_wasm_get_chunk_into";
 /// [`GET_CHUNK_INTO_SYMBOL`]'s signature: 0 with `*out_len` the chunk's
 /// length, its bytes at `buf`; `-10` with `*out_len` > `cap` (the chunk's
-/// length) when it does not fit; `get_chunk`'s codes otherwise.
+/// length) when it does not fit; `get_chunk`'s codes otherwise (and `-10`
+/// for a `cap` past `PTRDIFF_MAX` or the end of the address space). `buf`'s
+/// contents are unspecified after any failure.
 pub type GetChunkIntoFn = unsafe extern "C" fn(
     store: *mut KvStore,
     hash: *const u8,

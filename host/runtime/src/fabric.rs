@@ -203,7 +203,7 @@ impl Fabric {
                         .call_pull(&mut *s, pushed.guest_handle)
                         .await?
                     {
-                        Ok(frame) => Ok(Ok(payload::take(s, frame)?)),
+                        Ok(frame) => Ok(Ok(payload::take(s, frame)?.into_block()?)),
                         Err(e) => Ok(Err(e)),
                     }
                 })?;

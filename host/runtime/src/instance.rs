@@ -16,11 +16,11 @@ use crate::backend::Backend;
 use crate::bindings::exports::kvwasm::kv_store::store::{Error as GuestError, GuestStore};
 use crate::bindings::{BackendExports, PutOutcome};
 use crate::capabilities::store_dirs::Identity;
-use crate::deadline::{self, Deadline};
+use crate::deadline::Deadline;
 use crate::error::KvError;
-use crate::payload::{self, MallocBuffer};
+use crate::payload::{self, MallocBuffer, Taken};
+use crate::sandbox;
 pub(crate) use crate::sandbox::Outcome;
-use crate::sandbox::{self, arm};
 use crate::state::HostState;
 
 /// A live guest instance with its opened `store` resource.
@@ -87,13 +87,9 @@ impl Instance {
     ) -> Outcome<T> {
         let guest = self.bindings.kvwasm_kv_store_store().store();
         let handle = self.handle;
-        let outcome = sandbox::run(&mut self.store, deadline, self.fuel, async |store| {
+        sandbox::run(&mut self.store, deadline, self.fuel, async |store| {
             f(&guest, store, handle).await
-        });
-        // A payload read into a get_chunk_into caller's buffer and kept by
-        // the guest must not reach that buffer after this call.
-        payload::target::revoke_leases();
-        outcome
+        })
     }
 
     /// Bytes of linear memory and tables this instance holds.
@@ -115,7 +111,9 @@ impl Instance {
         })
     }
 
-    pub(crate) fn get_chunk(&mut self, deadline: Deadline, hash: &[u8]) -> Outcome<MallocBuffer> {
+    /// `get_chunk`: a block, or, under a `get_chunk_into`, maybe the chunk
+    /// read into the caller's buffer.
+    pub(crate) fn get_chunk(&mut self, deadline: Deadline, hash: &[u8]) -> Outcome<Taken> {
         self.call(deadline, async |guest, store, handle| {
             match guest.call_get_chunk(&mut *store, handle, hash).await? {
                 Ok(payload) => Ok(Ok(payload::take(store, payload)?)),
@@ -141,7 +139,7 @@ impl Instance {
     pub(crate) fn get_manifest(&mut self, deadline: Deadline, name: &str) -> Outcome<MallocBuffer> {
         self.call(deadline, async |guest, store, handle| {
             match guest.call_get_manifest(&mut *store, handle, name).await? {
-                Ok(payload) => Ok(Ok(payload::take(store, payload)?)),
+                Ok(payload) => Ok(Ok(payload::take(store, payload)?.into_block()?)),
                 Err(e) => Ok(Err(e)),
             }
         })
@@ -173,16 +171,16 @@ impl Instance {
     /// close connections) before the instance goes away; a destructor still
     /// running at `deadline` is abandoned with the instance.
     pub(crate) fn close(mut self, deadline: Deadline) {
-        arm(&mut self.store, deadline, self.fuel);
         let handle = self.handle;
-        let io = self.store.data().io.clone();
-        let store = &mut self.store;
-        match deadline::block_on(deadline, io.as_deref(), || {
-            handle.resource_drop_async(store)
-        }) {
-            Some(Ok(())) => {}
-            Some(Err(e)) => tracing::debug!("closing a guest store failed: {e:#}"),
-            None => crate::log_limit::warn(
+        let closed = sandbox::run(&mut self.store, deadline, self.fuel, async |store| {
+            handle
+                .resource_drop_async(store)
+                .await
+                .map(Ok::<(), KvError>)
+        });
+        match closed {
+            Outcome::Returned(_) => {}
+            Outcome::Lost(KvError::Timeout(_)) => crate::log_limit::warn(
                 ("slow destructor", self.store.data().backend.as_ref()),
                 format_args!(
                     "backend {:?}: a store's destructor ran past the {} ms deadline; \
@@ -191,6 +189,7 @@ impl Instance {
                     deadline.budget_ms()
                 ),
             ),
+            Outcome::Lost(e) => tracing::debug!("closing a guest store failed: {e}"),
         }
     }
 }

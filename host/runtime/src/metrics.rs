@@ -35,6 +35,7 @@ pub struct BackendMetrics {
     puts_found_in_place: AtomicU64,
     known_chunk_hits: AtomicU64,
     http_requests: AtomicU64,
+    chunks_read_in_place: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -66,6 +67,9 @@ pub struct Counters {
     pub known_chunk_hits: u64,
     /// `wasi:http` requests the host sent for the guest (allowed ones).
     pub http_requests: u64,
+    /// `get_chunk_into` calls whose chunk the host read straight into the
+    /// caller's buffer (no block, no copy): the rest were copied in.
+    pub chunks_read_in_place: u64,
 }
 
 impl BackendMetrics {
@@ -111,6 +115,11 @@ impl BackendMetrics {
         self.http_requests.fetch_add(1, Relaxed);
     }
 
+    /// A `get_chunk_into` answered with the chunk read into its buffer.
+    pub(crate) fn chunk_read_in_place(&self) {
+        self.chunks_read_in_place.fetch_add(1, Relaxed);
+    }
+
     /// One finished call: `bytes_in` from the consumer, `bytes_out` to it.
     pub(crate) fn record(&self, bytes_in: usize, bytes_out: usize, error: Option<&KvError>) {
         self.calls.fetch_add(1, Relaxed);
@@ -152,6 +161,7 @@ impl BackendMetrics {
             puts_found_in_place: self.puts_found_in_place.load(Relaxed),
             known_chunk_hits: self.known_chunk_hits.load(Relaxed),
             http_requests: self.http_requests.load(Relaxed),
+            chunks_read_in_place: self.chunks_read_in_place.load(Relaxed),
         }
     }
 }
@@ -180,7 +190,7 @@ pub fn snapshot() -> BTreeMap<String, Counters> {
 pub fn prometheus_text() -> String {
     let all = snapshot();
     type Family = (&'static str, &'static str, fn(&Counters) -> u64);
-    let families: [Family; 15] = [
+    let families: [Family; 16] = [
         (
             "calls",
             "Calls to the backend (puts the host answers in place included).",
@@ -243,6 +253,11 @@ pub fn prometheus_text() -> String {
             "http_requests",
             "Outgoing wasi:http requests sent for the backend.",
             |c| c.http_requests,
+        ),
+        (
+            "chunks_read_in_place",
+            "get_chunk_into calls whose chunk was read straight into the caller's buffer.",
+            |c| c.chunks_read_in_place,
         ),
     ];
     let mut out = String::new();

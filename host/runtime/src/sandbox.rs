@@ -20,6 +20,7 @@ use crate::engine::Metering;
 use crate::error::KvError;
 use crate::guest_log::GuestStderr;
 use crate::io::InstanceIo;
+use crate::payload;
 use crate::state::HostState;
 
 /// How a call into a guest ended.
@@ -101,8 +102,16 @@ fn instance_io(backend: &Backend) -> Result<Option<Arc<InstanceIo>>, KvError> {
     Ok(Some(Arc::new(io)))
 }
 
-/// Run `call` (instantiation, or one guest method) within `deadline`, and
-/// classify how it ended.
+/// Run `call` (instantiation, one guest method, a destructor) within
+/// `deadline`, and classify how it ended.
+///
+/// Every entry into guest code, of every guest kind, comes through here,
+/// so this is where a `get_chunk_into` caller's buffer is taken back: the
+/// leases on it that payloads made in the call hold are revoked as the
+/// call ends ([`payload::target::revoke_leases`]), before the instance can
+/// be checked in, parked or used by another thread. A payload the guest
+/// kept reads as empty from then on, and cannot be returned as the answer
+/// of a later call.
 pub(crate) fn run<T: Send, E: Into<KvError> + Send>(
     store: &mut Store<HostState>,
     deadline: Deadline,
@@ -111,16 +120,18 @@ pub(crate) fn run<T: Send, E: Into<KvError> + Send>(
 ) -> Outcome<T> {
     arm(store, deadline, fuel);
     let io = store.data().io.clone();
-    match deadline::block_on(deadline, io.as_deref(), || call(&mut *store)) {
+    let outcome = match deadline::block_on(deadline, io.as_deref(), || call(&mut *store)) {
         None => Outcome::Lost(KvError::Timeout(deadline.budget_ms())),
         Some(Ok(result)) => Outcome::Returned(result.map_err(Into::into)),
         Some(Err(err)) => Outcome::Lost(lost(store, err, deadline)),
-    }
+    };
+    payload::target::revoke_leases();
+    outcome
 }
 
 /// Arm the epoch deadline and the fuel budget for the next call, and start
 /// it with a clean out-of-memory flag.
-pub(crate) fn arm(store: &mut Store<HostState>, deadline: Deadline, fuel: Option<u64>) {
+fn arm(store: &mut Store<HostState>, deadline: Deadline, fuel: Option<u64>) {
     store.set_epoch_deadline(deadline.epoch_ticks());
     store.data_mut().limits.memory_denied = false;
     if let Some(fuel) = fuel {

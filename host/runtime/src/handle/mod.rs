@@ -40,7 +40,8 @@ use crate::component::{Builtin, ComponentSource};
 use crate::deadline::Deadline;
 use crate::error::KvError;
 use crate::instance::Instance;
-use crate::payload::MallocBuffer;
+use crate::payload::target::{ChunkInto, ReadTarget};
+use crate::payload::{MallocBuffer, Taken};
 
 /// An open kv-store handle.
 pub struct StoreHandle {
@@ -270,10 +271,41 @@ impl StoreHandle {
     /// instances hold chunks put earlier through this handle, those are
     /// flushed and the get is tried once more.
     pub fn get_chunk(&self, hash: &[u8]) -> Result<MallocBuffer, KvError> {
+        self.get_chunk_taken(hash)?.into_block()
+    }
+
+    /// [`get_chunk`](StoreHandle::get_chunk) into `buf`: a guest that reads
+    /// the chunk from a file (`builtin:fs`) has the host `pread` it straight
+    /// into `buf`; another guest's answer is copied into it. On an error,
+    /// and on [`ChunkInto::TooSmall`], `buf` holds nothing meaningful.
+    pub fn get_chunk_into(&self, hash: &[u8], buf: &mut [u8]) -> Result<ChunkInto, KvError> {
+        let cap = buf.len();
+        let got = {
+            // SAFETY: `buf` is borrowed mutably for this call and not
+            // touched until the target is unset, at the end of this block.
+            let _target = unsafe { ReadTarget::set(buf.as_mut_ptr(), cap) };
+            self.get_chunk_taken(hash)?
+        };
+        match got {
+            Taken::InTarget(len) => {
+                self.backend.metrics.chunk_read_in_place();
+                Ok(ChunkInto::Read(len))
+            }
+            Taken::Block(block) if block.len() > cap => Ok(ChunkInto::TooSmall(block.len())),
+            Taken::Block(block) => {
+                buf[..block.len()].copy_from_slice(block.as_slice());
+                Ok(ChunkInto::Read(block.len()))
+            }
+        }
+    }
+
+    /// `get_chunk`, whose answer may be in this thread's `get_chunk_into`
+    /// target, if one is set.
+    pub(crate) fn get_chunk_taken(&self, hash: &[u8]) -> Result<Taken, KvError> {
         if let Some(tiers) = &self.tiered {
             return tiers.get_chunk(hash);
         }
-        self.operation("get_chunk", 0, MallocBuffer::len, |deadline| {
+        self.operation("get_chunk", 0, Taken::len, |deadline| {
             let instance = self.checkout(deadline)?;
             let id = instance.id();
             // Decided before the get (one lock, taken once the instance is

@@ -6,14 +6,9 @@ use std::ptr::NonNull;
 /// A heap block from C `malloc`, freed with `free` unless handed over with
 /// [`MallocBuffer::into_raw`]. Never NULL: an empty buffer is a 1-byte block,
 /// so consumers that test the pointer see success.
-///
-/// Or, for a get that reads into the caller's buffer ([`super::target`]),
-/// bytes in that buffer: not freed, and copied into a block of their own
-/// if handed over.
 pub struct MallocBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    in_target: bool,
 }
 
 // SAFETY: uniquely owned heap memory.
@@ -24,30 +19,7 @@ impl MallocBuffer {
     pub(crate) fn alloc(len: usize) -> Option<MallocBuffer> {
         // SAFETY: plain malloc; the block is owned by the result.
         let ptr = unsafe { libc::malloc(len.max(1)) }.cast::<u8>();
-        NonNull::new(ptr).map(|ptr| MallocBuffer {
-            ptr,
-            len,
-            in_target: false,
-        })
-    }
-
-    /// `len` bytes at `ptr` in a get's target buffer.
-    ///
-    /// # Safety
-    /// `ptr` points at `len` initialised bytes that stay valid and unchanged
-    /// while the result lives.
-    pub(crate) unsafe fn in_target(ptr: *mut u8, len: usize) -> MallocBuffer {
-        MallocBuffer {
-            // A target is never NULL, but an empty one may dangle.
-            ptr: NonNull::new(ptr).unwrap_or(NonNull::dangling()),
-            len,
-            in_target: true,
-        }
-    }
-
-    /// True for bytes in a get's target buffer ([`MallocBuffer::in_target`]).
-    pub fn is_in_target(&self) -> bool {
-        self.in_target
+        NonNull::new(ptr).map(|ptr| MallocBuffer { ptr, len })
     }
 
     /// A malloc'd copy of `bytes`.
@@ -123,14 +95,8 @@ impl MallocBuffer {
         self.len == 0
     }
 
-    /// Hand the block to C; the receiver must `free` it. (Bytes in a get's
-    /// target, which only `get_chunk_into` sees, would be copied into a
-    /// block first.)
+    /// Hand the block to C; the receiver must `free` it.
     pub fn into_raw(self) -> (*mut u8, usize) {
-        if self.in_target {
-            let copy = MallocBuffer::copy_from(self.as_slice());
-            return copy.expect("out of memory copying a target").into_raw();
-        }
         let out = (self.ptr.as_ptr(), self.len);
         std::mem::forget(self);
         out
@@ -145,10 +111,8 @@ impl std::fmt::Debug for MallocBuffer {
 
 impl Drop for MallocBuffer {
     fn drop(&mut self) {
-        if !self.in_target {
-            // SAFETY: allocated by malloc, not handed out.
-            unsafe { libc::free(self.ptr.as_ptr().cast()) }
-        }
+        // SAFETY: allocated by malloc, not handed out.
+        unsafe { libc::free(self.ptr.as_ptr().cast()) }
     }
 }
 

@@ -30,6 +30,7 @@ use wasmtime::component::Resource;
 pub use malloc::MallocBuffer;
 
 use crate::bindings::kvwasm::kv_store::types;
+use crate::error::KvError;
 use crate::state::HostState;
 
 /// A host-owned byte buffer visible to guests as a `payload` resource.
@@ -106,20 +107,57 @@ pub(crate) async fn lend<T>(
     Ok(out)
 }
 
+/// A payload a guest returned, taken out of its table: a block for the
+/// consumer, or a chunk already in a `get_chunk_into` caller's buffer. Two
+/// kinds, so bytes in a caller's buffer can never become a [`MallocBuffer`]
+/// that C would be told to `free`.
+pub(crate) enum Taken {
+    /// A `malloc`'d block of its own.
+    Block(MallocBuffer),
+    /// The first this many bytes of this thread's target ([`target`]).
+    InTarget(usize),
+}
+
+impl Taken {
+    /// Bytes of the answer.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Taken::Block(block) => block.len(),
+            Taken::InTarget(len) => *len,
+        }
+    }
+
+    /// The block of an answer that must be one: a manifest, a fabric's
+    /// frame, a plain `get_chunk`. Only a `get_chunk_into` sets a target,
+    /// and it asks for chunks alone, so an answer in a target here is a
+    /// host bug, refused rather than handed on.
+    pub(crate) fn into_block(self) -> Result<MallocBuffer, KvError> {
+        match self {
+            Taken::Block(block) => Ok(block),
+            Taken::InTarget(_) => Err(KvError::Host(
+                "an answer read into a get_chunk_into buffer reached a call \
+                 that returns a block"
+                    .into(),
+            )),
+        }
+    }
+}
+
 /// Take a payload a guest returned out of the table.
 pub(crate) fn take(
     state: &mut wasmtime::Store<HostState>,
     res: Resource<Payload>,
-) -> wasmtime::Result<MallocBuffer> {
+) -> wasmtime::Result<Taken> {
     match state.data_mut().table.delete(res)? {
         Payload::Owned(buf) => {
             state.data_mut().limits.release_payload(buf.len() as u64);
-            Ok(buf)
+            Ok(Taken::Block(buf))
         }
         // A staged value read back before its flush: the consumer needs a
         // block of its own to `free`. (The shared one's charge goes with its
         // last reference.)
         Payload::Shared(bytes) => MallocBuffer::copy_from(&bytes)
+            .map(Taken::Block)
             .ok_or_else(|| wasmtime::format_err!("out of memory for a payload")),
         // Guests only ever hold borrows of lent payloads and cannot return
         // them; reaching this means a host bug, not a guest one.
@@ -127,7 +165,8 @@ pub(crate) fn take(
         // A chunk read into the caller's buffer (revoked: a payload kept
         // from an earlier call, whose bytes are gone).
         Payload::Target(lease) => lease
-            .into_buffer()
+            .into_target()
+            .map(Taken::InTarget)
             .ok_or_else(|| wasmtime::format_err!("a payload read in an earlier call was returned")),
     }
 }

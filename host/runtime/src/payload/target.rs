@@ -6,27 +6,27 @@
 //! reads from a file on that thread (`payload-io.read-file`, `read-at`)
 //! that fits is `pread` into the target instead of a new block, and is a
 //! [`Payload::Target`] holding a [`Lease`] on it. A guest that returns that
-//! payload from `get-chunk` has put the chunk where the caller wants it. A
-//! guest that drops it frees the target for its next read; one that keeps it
-//! past its call finds it empty: every lease is revoked when the guest call
-//! ends ([`revoke_leases`], before the instance goes back to its pool) and
-//! when the target is unset, so a guest never sees the caller's memory after
-//! the call that lent it.
+//! payload from `get-chunk` has put the chunk where the caller wants it
+//! ([`Taken::InTarget`]). A guest that drops it frees the target for its
+//! next read; one that keeps it past its call finds it empty: every lease
+//! is revoked when any guest call ends ([`revoke_leases`], at the end of
+//! [`sandbox::run`], before an instance can go back to its pool or be
+//! parked) and when the target is unset, so a guest never sees the
+//! caller's memory after the call that lent it.
 //!
 //! Guests that build their payloads otherwise (memory, Redis, S3, a staged
 //! copy) answer with a block of their own, which is copied into the target.
 //!
+//! [`StoreHandle::get_chunk_into`]: crate::StoreHandle::get_chunk_into
 //! [`Payload::Target`]: super::Payload::Target
+//! [`Taken::InTarget`]: super::Taken::InTarget
+//! [`sandbox::run`]: crate::sandbox::run
 
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::MallocBuffer;
-use crate::error::KvError;
-use crate::handle::StoreHandle;
-
-/// What [`StoreHandle::get_chunk_into`] did.
+/// What [`StoreHandle::get_chunk_into`](crate::StoreHandle::get_chunk_into) did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChunkInto {
     /// The chunk's bytes are the first `n` bytes of the buffer.
@@ -60,8 +60,8 @@ struct LeaseState {
 // SAFETY: the bytes are only reached through `Lease::as_slice`, which checks
 // `live`; a lease is revoked before its store can reach another thread (the
 // guest call that made it ends on the thread that set the target, and
-// `revoke_leases` runs before the instance is checked in), and before the
-// target's buffer is given back.
+// `revoke_leases` runs as `sandbox::run` returns, before the instance is
+// checked in or parked), and before the target's buffer is given back.
 unsafe impl Send for LeaseState {}
 // SAFETY: as above; `live` is atomic, the rest never changes.
 unsafe impl Sync for LeaseState {}
@@ -81,9 +81,9 @@ impl Lease {
         }
     }
 
-    /// The chunk as a get's result: the target's bytes (not a block to
-    /// free), valid until the target is unset.
-    pub(crate) fn into_buffer(self) -> Option<MallocBuffer> {
+    /// The payload as a get's answer: its length, the bytes staying where
+    /// they are in the target. `None` once revoked.
+    pub(crate) fn into_target(self) -> Option<usize> {
         if !self.0.live.load(Ordering::Acquire) {
             return None;
         }
@@ -95,9 +95,7 @@ impl Lease {
                 t.spent = true;
             }
         });
-        // SAFETY: live, so the target's buffer is lent to this operation,
-        // which consumes the result before it unsets the target.
-        Some(unsafe { MallocBuffer::in_target(self.0.ptr, self.0.len) })
+        Some(self.0.len)
     }
 }
 
@@ -124,11 +122,16 @@ pub(crate) fn read_into(
     len: usize,
     read: impl FnOnce(*mut u8) -> std::io::Result<usize>,
 ) -> Option<std::io::Result<Lease>> {
-    let ptr = TARGET.with(|t| {
-        let t = t.borrow();
-        let t = t.as_ref()?;
-        (!t.spent && t.lease.is_none() && len <= t.cap).then_some(t.ptr)
-    })?;
+    // During thread-local teardown there is no target: the caller reads
+    // into a block of its own.
+    let ptr = TARGET
+        .try_with(|t| {
+            let t = t.try_borrow().ok()?;
+            let t = t.as_ref()?;
+            (!t.spent && t.lease.is_none() && len <= t.cap).then_some(t.ptr)
+        })
+        .ok()
+        .flatten()?;
     let n = match read(ptr) {
         Ok(n) => n.min(len),
         Err(e) => return Some(Err(e)),
@@ -138,8 +141,10 @@ pub(crate) fn read_into(
         len: n,
         live: AtomicBool::new(true),
     });
-    TARGET.with(|t| {
-        if let Some(t) = t.borrow_mut().as_mut() {
+    let _ = TARGET.try_with(|t| {
+        if let Ok(mut t) = t.try_borrow_mut()
+            && let Some(t) = t.as_mut()
+        {
             t.lease = Some(state.clone());
         }
     });
@@ -160,58 +165,45 @@ pub(crate) fn revoke_leases() {
 
 /// Sets a target on this thread until dropped (then revokes its lease and
 /// restores what was set before).
-struct ReadTarget {
-    before: Option<Target>,
+pub(crate) struct ReadTarget {
+    /// What was set before, to restore; `None` when this set nothing.
+    before: Option<Option<Target>>,
 }
 
 impl ReadTarget {
+    /// Lend `cap` bytes at `ptr` to the guest calls this thread makes until
+    /// the result is dropped. During thread-local teardown nothing is set:
+    /// with no target, answers are copied in.
+    ///
     /// # Safety
     /// `ptr` points at `cap` writable bytes, not otherwise accessed, until the
     /// result is dropped on this thread.
-    unsafe fn set(ptr: *mut u8, cap: usize) -> ReadTarget {
-        let before = TARGET.with(|t| {
-            t.borrow_mut().replace(Target {
-                ptr,
-                cap,
-                lease: None,
-                spent: false,
-            })
-        });
+    pub(crate) unsafe fn set(ptr: *mut u8, cap: usize) -> ReadTarget {
+        let target = Target {
+            ptr,
+            cap,
+            lease: None,
+            spent: false,
+        };
+        let before = TARGET
+            .try_with(|t| t.try_borrow_mut().ok().map(|mut t| t.replace(target)))
+            .ok()
+            .flatten();
         ReadTarget { before }
     }
 }
 
 impl Drop for ReadTarget {
     fn drop(&mut self) {
-        revoke_leases();
-        let before = self.before.take();
-        let _ = TARGET.try_with(|t| *t.borrow_mut() = before);
-    }
-}
-
-impl StoreHandle {
-    /// [`get_chunk`](StoreHandle::get_chunk) into `buf`: a guest that reads
-    /// the chunk from a file (`builtin:fs`) has the host `pread` it straight
-    /// into `buf`; another guest's answer is copied into it.
-    pub fn get_chunk_into(&self, hash: &[u8], buf: &mut [u8]) -> Result<ChunkInto, KvError> {
-        let cap = buf.len();
-        let ptr = buf.as_mut_ptr();
-        let got = {
-            // SAFETY: `buf` is borrowed mutably for this call and not
-            // touched until the target is unset, at the end of this block.
-            let _target = unsafe { ReadTarget::set(ptr, cap) };
-            let got = self.get_chunk(hash)?;
-            if got.is_in_target() {
-                return Ok(ChunkInto::Read(got.len()));
-            }
-            got
+        let Some(before) = self.before.take() else {
+            return;
         };
-        let len = got.len();
-        if len > cap {
-            return Ok(ChunkInto::TooSmall(len));
-        }
-        buf[..len].copy_from_slice(got.as_slice());
-        Ok(ChunkInto::Read(len))
+        revoke_leases();
+        let _ = TARGET.try_with(|t| {
+            if let Ok(mut t) = t.try_borrow_mut() {
+                *t = before;
+            }
+        });
     }
 }
 
@@ -249,15 +241,41 @@ mod tests {
             kept.as_slice().is_empty(),
             "a kept payload is empty after its call"
         );
-        assert!(kept.into_buffer().is_none());
+        assert!(kept.into_target().is_none());
         // a get that returned its payload: the target is spent
-        let returned = read(5, 4).unwrap().unwrap().into_buffer().unwrap();
-        assert!(returned.is_in_target());
-        assert_eq!(returned.as_slice(), &[4; 5]);
+        assert_eq!(read(5, 4).unwrap().unwrap().into_target(), Some(5));
         assert!(read(1, 5).is_none(), "spent");
-        drop(returned);
         drop(target);
         assert!(read(1, 6).is_none(), "unset");
         assert_eq!(&buf[..5], &[4; 5]);
+    }
+
+    /// A guest call made from another thread-local's destructor, after
+    /// `TARGET`'s is gone, finds no target; nothing panics.
+    #[test]
+    fn thread_local_teardown_means_no_target() {
+        struct AtExit;
+        impl Drop for AtExit {
+            fn drop(&mut self) {
+                let mut buf = [0u8; 4];
+                // SAFETY: `buf` is not touched until the target is unset.
+                let target = unsafe { ReadTarget::set(buf.as_mut_ptr(), buf.len()) };
+                // (no target is set if `TARGET`'s destructor ran first)
+                drop(read(4, 1));
+                drop(target);
+                revoke_leases();
+            }
+        }
+        thread_local! {
+            static AT_EXIT: AtExit = const { AtExit };
+        }
+        std::thread::spawn(|| {
+            // Destructors run in the reverse order of first use (on Linux):
+            // `TARGET`'s first, then `AT_EXIT`'s.
+            AT_EXIT.with(|_| {});
+            assert!(read(1, 1).is_none());
+        })
+        .join()
+        .expect("no panic at thread exit");
     }
 }

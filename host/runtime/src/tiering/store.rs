@@ -32,7 +32,7 @@ use super::fs_tier::FsTier;
 use crate::error::KvError;
 use crate::handle::{StoreHandle, open_shared};
 use crate::metrics::{TierGauges, TierMetrics};
-use crate::payload::MallocBuffer;
+use crate::payload::Taken;
 
 mod advice;
 mod index;
@@ -433,7 +433,9 @@ impl TieredStore {
         result
     }
 
-    pub(crate) fn get_chunk(&self, hash: &[u8]) -> Result<MallocBuffer, KvError> {
+    /// The chunk from the first tier that has it (into this thread's
+    /// `get_chunk_into` target, if one is set and the tier reads it there).
+    pub(crate) fn get_chunk(&self, hash: &[u8]) -> Result<Taken, KvError> {
         for _ in 0..2 {
             let removals = self.removals.load(Relaxed);
             let known = {
@@ -453,7 +455,7 @@ impl TieredStore {
                 .chain(all.filter(|t| known & (1 << t) == 0));
             let mut failure = None;
             for t in order {
-                match self.tiers[t].handle.get_chunk(hash) {
+                match self.tiers[t].handle.get_chunk_taken(hash) {
                     Ok(found) => {
                         let len = found.len() as u64;
                         if known & (1 << t) == 0 {

@@ -34,6 +34,25 @@
 //! | anything else          | reads `/data/<name>` without validating the name   |
 //!
 //! While `/data/trap-on-open` exists, `open` panics (a constructor trap).
+//! While `/data/keep-on-open` exists, `open` reads the file beneath `/data`
+//! it names with payload-io `read-file` and keeps the payload, as `keep:`
+//! below does.
+//!
+//! `get_chunk(hash)`, the hash read as text, tries what a guest could do
+//! with a payload the host read into a `get_chunk_into` caller's buffer
+//! (every `<file>` is read beneath `/data` with payload-io `read-file`):
+//!
+//! | `get_chunk(hash)`      | behaviour                                          |
+//! |------------------------|----------------------------------------------------|
+//! | `read:<file>`          | returns `<file>`'s payload                         |
+//! | `keep:<file>`          | keeps `<file>`'s payload for later calls; not found |
+//! | `kept`                 | returns the kept payload (not found if none)       |
+//! | `peek`                 | returns a new payload of the kept payload's bytes, as the guest can read them now |
+//! | `twice:<a>,<b>`        | reads `a`, then `b` while it still holds `a`; returns `a` |
+//! | `reread:<a>,<b>`       | reads `a`, drops it, reads `b`; returns `b`        |
+//! | `other:<file>`         | keeps `<file>`'s payload and returns a new one, `other` |
+//! | `trap:<file>`          | reads `<file>`, then panics holding its payload    |
+//! | anything else          | not found                                          |
 //!
 //! `put_manifest(name, data)` writes `/data/<name>`, so state outlives a
 //! trapped instance; but for `writeall:<ip:port>,<ms>,<mode>,<times>`,
@@ -60,6 +79,8 @@ struct Hostile;
 /// While this file exists, `open` traps: every new instance is lost while
 /// it starts.
 const TRAP_ON_OPEN: &str = "/data/trap-on-open";
+/// While this file exists, `open` keeps the payload of the file it names.
+const KEEP_ON_OPEN: &str = "/data/keep-on-open";
 
 impl Guest for Hostile {
     type Store = HostileStore;
@@ -77,6 +98,9 @@ impl Guest for Hostile {
 struct HostileStore {
     /// Milliseconds the destructor blocks (`slowclose:<ms>`).
     slow_close_ms: std::cell::Cell<u64>,
+    /// A payload kept past the call that read it (`keep:`, `other:`,
+    /// `/data/keep-on-open`).
+    kept: std::cell::RefCell<Option<Payload>>,
 }
 
 impl Drop for HostileStore {
@@ -198,15 +222,56 @@ impl GuestStore for HostileStore {
         if std::fs::exists(TRAP_ON_OPEN).unwrap_or(false) {
             panic!("hostile guest traps while opening, as {TRAP_ON_OPEN} asks");
         }
-        Ok(Store::new(HostileStore::default()))
+        let store = HostileStore::default();
+        if let Ok(name) = std::fs::read_to_string(KEEP_ON_OPEN) {
+            store.kept.replace(Some(read_data_file(name.trim())?));
+        }
+        Ok(Store::new(store))
     }
 
     fn put_chunk(&self, _hash: Vec<u8>, _data: &Payload) -> Result<PutOutcome> {
         Err(Error::Other("hostile guest stores no chunks".into()))
     }
 
-    fn get_chunk(&self, _hash: Vec<u8>) -> Result<Payload> {
-        Err(Error::NotFound)
+    fn get_chunk(&self, hash: Vec<u8>) -> Result<Payload> {
+        let name = String::from_utf8_lossy(&hash);
+        match name.split_once(':') {
+            Some(("read", file)) => read_data_file(file),
+            Some(("keep", file)) => {
+                self.kept.replace(Some(read_data_file(file)?));
+                Err(Error::NotFound)
+            }
+            _ if name == "kept" => self.kept.take().ok_or(Error::NotFound),
+            _ if name == "peek" => {
+                let kept = self.kept.borrow();
+                Ok(Payload::new(
+                    &kept.as_ref().map(PayloadExt::to_vec).unwrap_or_default(),
+                ))
+            }
+            Some(("twice", files)) => {
+                let (a, b) = pair(files, &name)?;
+                let first = read_data_file(a)?;
+                std::hint::black_box(read_data_file(b)?);
+                Ok(first)
+            }
+            Some(("reread", files)) => {
+                let (a, b) = pair(files, &name)?;
+                drop(read_data_file(a)?);
+                read_data_file(b)
+            }
+            Some(("other", file)) => {
+                self.kept.replace(Some(read_data_file(file)?));
+                Ok(Payload::new(b"other"))
+            }
+            Some(("trap", file)) => {
+                let held = read_data_file(file)?;
+                panic!(
+                    "hostile guest panics holding a payload of {} bytes",
+                    held.len()
+                )
+            }
+            _ => Err(Error::NotFound),
+        }
     }
 
     fn put_manifest(&self, name: String, data: &Payload) -> Result<()> {
@@ -432,6 +497,18 @@ fn http_get(url: &str, with_options: bool) -> Result<Vec<u8>> {
         bytes.extend_from_slice(&chunk);
     }
     Ok(bytes)
+}
+
+/// `<a>,<b>` of a `get_chunk` mode named `name`.
+fn pair<'a>(files: &'a str, name: &str) -> Result<(&'a str, &'a str)> {
+    files
+        .split_once(',')
+        .ok_or_else(|| Error::InvalidArgument(name.to_owned()))
+}
+
+/// Payload-io `read-file` of `path` beneath /data.
+fn read_data_file(path: &str) -> Result<Payload> {
+    payload_io::read_file(&data_dir()?, path).fs_context("read-file")
 }
 
 /// The descriptor of the directory granted at /data.
