@@ -353,6 +353,31 @@ def bad_cases(work, env, redis):
         f.write(good)
     s.restore(0, "victim")
     check(cached_prompt_n(s, prompt) == baseline, "the repaired store restores")
+    # Another conversation's state failing part way into the occupied slot:
+    # its rows were written into the slot, so the slot's own rows, not only
+    # its tokens, must be put back: the same answer, tokens and
+    # probabilities, from the same cached prompt.
+    s.complete(tokens(21, 200), n_predict=1)
+    s.save(0, "other")
+    s.complete(prompt, n_predict=1)
+    before = s.complete(prompt, n_predict=4)
+    shared = set(manifest_chunk_paths(store_dir, "victim"))
+    own = [c for c in manifest_chunk_paths(store_dir, "other") if c not in shared]
+    check(len(own) > 2, f"the other conversation's own chunks: {len(own)}")
+    broken = own[2 * len(own) // 3]
+    with open(broken, "rb") as f:
+        good = f.read()
+    with open(broken, "wb") as f:
+        f.write(bytes([good[0] ^ 0xFF]) + good[1:])
+    status, j = s.slot_action(0, "restore", {"filename": "other"})
+    check(status == 500 and "does not match its manifest entry" in json.dumps(j),
+          f"restore of another conversation with a corrupted chunk: {status} {j}")
+    after = s.complete(prompt, n_predict=4)
+    check(answer(after) == answer(before) and after["timings"]["prompt_n"] == before["timings"]["prompt_n"],
+          f"the slot was not put back: prompt_n {after['timings']['prompt_n']} "
+          f"(before {before['timings']['prompt_n']}), the same answer: {answer(after) == answer(before)}")
+    log(f"ok  restore of another conversation failing part way: HTTP {status}; the slot's rows put back "
+        f"(the same tokens and probabilities, prompt_n {after['timings']['prompt_n']})")
     s.stop()
 
     # A store that returns -6: the Redis server is gone.

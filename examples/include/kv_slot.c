@@ -599,7 +599,9 @@ static int fetch_chunk(kv_slot_reader *r, size_t i, uint8_t *dst, int who) {
     } else {
         uint8_t *data = NULL;
         rc = r->vt->get_chunk(r->store, e, KV_SLOT_HASH_LEN, &data, &got);
-        if (rc >= 0 && got == want && (data || want == 0)) memcpy(dst, data, want);
+        if (rc >= 0 && got == want && (data || want == 0)) {
+            if (want) memcpy(dst, data, want);
+        }
         else if (rc >= 0) why = "length";
         free(data); /* backend outputs come from malloc */
     }
@@ -671,9 +673,18 @@ int kv_slot_reader_open(const kv_store_vtable *vt, kv_slot_get_chunk_into_fn get
     }
     size_t n = get_u32(m + 12);
     uint64_t total = get_u64(m + 16);
-    if (mlen != MANIFEST_HEAD + n * MANIFEST_ENTRY || total > SIZE_MAX) {
+    /* (the first test keeps the sizes below from wrapping where size_t is 32 bits) */
+    if (n > (SIZE_MAX - MANIFEST_HEAD) / MANIFEST_ENTRY - 1 || mlen != MANIFEST_HEAD + n * MANIFEST_ENTRY ||
+        total > SIZE_MAX) {
         free(m);
         return fail(err, 0, "manifest", "the manifest's length (%zu bytes) does not match its %zu chunks", mlen, n);
+    }
+    /* kv_slot_save writes no empty chunk: one would be a name never checked */
+    for (size_t i = 0; i < n; i++) {
+        if (get_u32(m + MANIFEST_HEAD + i * MANIFEST_ENTRY + KV_SLOT_HASH_LEN) == 0) {
+            free(m);
+            return fail(err, 0, "manifest", "chunk %zu of %zu has 0 bytes", i, n);
+        }
     }
     kv_slot_reader *r = (kv_slot_reader *)calloc(1, sizeof *r);
     size_t *off = (size_t *)malloc((n + 1) * sizeof *off);

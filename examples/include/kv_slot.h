@@ -140,8 +140,9 @@ size_t kv_slot_reader_chunks(const kv_slot_reader *reader);
 int kv_slot_read(kv_slot_reader *reader, void *dst, size_t len);
 
 /* Stops the helper and frees the reader: 0 if every byte of the state was
- * read and checked, else -1 with `err` filled (the first failure in chunk
- * order). */
+ * read and checked, else -1 with `err` filled: the first failure in chunk
+ * order, or, with `err->what` "read", a caller that read past the state's
+ * end or stopped before it (the store is not at fault). */
 int kv_slot_reader_close(kv_slot_reader *reader, kv_slot_error *err);
 
 /* KV_SLOT_TRACE set (non-empty) in the environment: kv_slot_save and

@@ -130,7 +130,7 @@ server_kv_store_restore::~server_kv_store_restore() {
     throw server_kv_store_error(std::string("Unable to restore slot: ") + err.msg, error_type_of(err));
 }
 
-void server_kv_store_begin(const std::string & name, server_kv_store_restore & restore) {
+void server_kv_store_begin(const std::string & name, size_t max_tokens, server_kv_store_restore & restore) {
     kv_slot_error err;
     if (kv_slot_reader_open(g_vt, g_get_into, g_store, name.c_str(), &restore.reader, &err) != 0) {
         throw server_kv_store_error(std::string("Unable to restore slot: ") + err.msg, error_type_of(err));
@@ -153,7 +153,11 @@ void server_kv_store_begin(const std::string & name, server_kv_store_restore & r
         throw server_kv_store_error("Unable to restore slot: the state has no ggsq v" +
                                     std::to_string(LLAMA_STATE_SEQ_VERSION) + " header", ERROR_TYPE_INVALID_REQUEST);
     }
+    // (the state's size is only the manifest's claim until its bytes arrive)
     const size_t n_tokens = u32(8);
+    if (n_tokens > max_tokens) {
+        throw server_kv_store_error("Restored prompt does not fit in the slot context", ERROR_TYPE_INVALID_REQUEST);
+    }
     if (n_tokens > (restore.size - KV_SLOT_GGSQ_HEAD) / sizeof(llama_token)) {
         throw server_kv_store_error("Unable to restore slot: the state's token count exceeds its size",
                                     ERROR_TYPE_INVALID_REQUEST);
@@ -206,7 +210,8 @@ void server_kv_store_finish(llama_context * ctx, llama_seq_id seq, server_kv_sto
         lost.slot_lost = true;
         throw lost;
     }
-    if (read_rc != 0) {
+    // llama.cpp stops reading where it refuses a state: the store is not at fault then
+    if (read_rc != 0 && std::strcmp(err.what, "read") != 0) {
         throw server_kv_store_error(std::string("Unable to restore slot: ") + err.msg, error_type_of(err));
     }
     throw server_kv_store_error("Unable to restore slot: llama.cpp refused the stored state", ERROR_TYPE_INVALID_REQUEST);

@@ -52,9 +52,9 @@ struct server_kv_store_restore {
     ~server_kv_store_restore();
 };
 
-// Opens manifest `name` and reads the state's header and tokens into
-// `restore`; touches no slot.
-void server_kv_store_begin(const std::string & name, server_kv_store_restore & restore);
+// Opens manifest `name` and reads the state's header and tokens (at most
+// `max_tokens`) into `restore`; touches no slot.
+void server_kv_store_begin(const std::string & name, size_t max_tokens, server_kv_store_restore & restore);
 
 // Reads the rest of the state into sequence `seq`, each chunk checked as it
 // arrives. On any failure (the store's, a chunk that does not match, or

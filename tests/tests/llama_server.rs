@@ -75,6 +75,7 @@ fn llama_server_saves_and_restores_slots_through_the_shim() {
         "ok  restore of a missing manifest:",
         "ok  restore of a manifest naming a missing chunk:",
         "ok  restore of a corrupted chunk:",
+        "ok  restore of another conversation failing part way:",
         "ok  save with Redis killed:",
         "ok  restore with Redis killed:",
         "ok  restore through a guest that traps:",
