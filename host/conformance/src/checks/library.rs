@@ -2,7 +2,7 @@
 
 use std::ffi::CString;
 
-use kv_store_abi::{GET_VTABLE_SYMBOL, VERSION_PREFETCH, library_file_name};
+use kv_store_abi::{GET_CHUNK_INTO_SYMBOL, GET_VTABLE_SYMBOL, VERSION_PREFETCH, library_file_name};
 
 use super::Check;
 use crate::Level;
@@ -66,13 +66,17 @@ pub const EXPORTS: Check = Check {
     name: "exports",
     level: Level::Should,
     rule: "kv_store_get_vtable is the only exported symbol the consumer needs (everything else \
-           can be hidden).",
+           can be hidden); documented optional calls beside it, such as \
+           kv_store_wasm_get_chunk_into, are expected.",
     quick: true,
     run: exports,
 };
 
 /// Symbols every ELF shared object defines; not the vendor's doing.
 const LINKER_SYMBOLS: [&str; 5] = ["_init", "_fini", "_edata", "_end", "__bss_start"];
+
+/// Optional calls a consumer may look up beside the vtable (docs/engines.md).
+const OPTIONAL_CALLS: [&str; 1] = [GET_CHUNK_INTO_SYMBOL];
 
 fn exports(ctx: &Ctx<'_>) -> Outcome {
     use object::{Object, ObjectSymbol};
@@ -85,7 +89,11 @@ fn exports(ctx: &Ctx<'_>) -> Outcome {
         .dynamic_symbols()
         .filter(|s| s.is_definition() && s.is_global())
         .filter_map(|s| s.name().ok().map(str::to_owned))
-        .filter(|n| n != GET_VTABLE_SYMBOL && !LINKER_SYMBOLS.contains(&n.as_str()))
+        .filter(|n| {
+            n != GET_VTABLE_SYMBOL
+                && !LINKER_SYMBOLS.contains(&n.as_str())
+                && !OPTIONAL_CALLS.contains(&n.as_str())
+        })
         .collect();
     if extra.is_empty() {
         Ok(format!("only {GET_VTABLE_SYMBOL} is exported"))
