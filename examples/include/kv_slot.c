@@ -599,10 +599,12 @@ static int fetch_chunk(kv_slot_reader *r, size_t i, uint8_t *dst, int who) {
     } else {
         uint8_t *data = NULL;
         rc = r->vt->get_chunk(r->store, e, KV_SLOT_HASH_LEN, &data, &got);
-        if (rc >= 0 && got == want && (data || want == 0)) {
-            if (want) memcpy(dst, data, want);
+        if (rc >= 0 && got == want && want > 0) {
+            if (data)
+                memcpy(dst, data, want);
+            else
+                why = "length"; /* a length with no bytes behind it */
         }
-        else if (rc >= 0) why = "length";
         free(data); /* backend outputs come from malloc */
     }
     if (rc >= 0 && !why && got != want) why = "length";

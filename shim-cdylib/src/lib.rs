@@ -316,29 +316,22 @@ pub unsafe extern "C" fn kv_store_wasm_get_chunk_into(
             // SAFETY: per the contract above; `span_ok` holds.
             unsafe { std::slice::from_raw_parts_mut(buf, cap) }
         };
-        let (rc, len) = match store.get_chunk_into(key, target)? {
-            ChunkInto::Read(len) => (0, len),
-            ChunkInto::TooSmall(len) => {
-                // Logged as any bad input is; the length tells the caller.
-                let err = bad(format!(
-                    "the chunk is {len} bytes, more than the buffer's {cap}"
-                ));
-                if let Some(suppressed) =
-                    kvwasm_host::log_limit::admit(("get_chunk_into", err.code()))
-                {
-                    tracing::warn!(
-                        op = "get_chunk_into",
-                        code = err.code(),
-                        suppressed,
-                        "{err}"
-                    );
-                }
-                (err.code(), len)
+        match store.get_chunk_into(key, target)? {
+            ChunkInto::Read(len) => {
+                // SAFETY: checked non-NULL above.
+                unsafe { *out_len = len };
+                Ok(0)
             }
-        };
-        // SAFETY: checked non-NULL above.
-        unsafe { *out_len = len };
-        Ok(rc)
+            ChunkInto::TooSmall(len) => {
+                // The length tells the caller how much room to make; the
+                // refusal is logged as any bad input is.
+                // SAFETY: checked non-NULL above.
+                unsafe { *out_len = len };
+                Err(bad(format!(
+                    "the chunk is {len} bytes, more than the buffer's {cap}"
+                )))
+            }
+        }
     })
 }
 
