@@ -174,22 +174,27 @@ done
 
 echo "== shared prefix: the second save stores only the chunks that differ" >&2
 # 224 shared tokens = 7 full chunks of 32 rows in each of the 2*N_LAYER row
-# regions; the header chunk (tokens) and each region's last chunk differ.
+# regions; the header chunk (tokens, and the first region's descriptor) and
+# each region's last chunk differ. Every later region's 12-byte descriptor
+# is a chunk of its own, the same for all (K and V rows of one type and
+# size): stored once by the first save, deduplicated after that.
 prefix_tokens=224 tail_tokens=32
 shared=$((prefix_tokens / ROWS))
 regions=$((2 * N_LAYER))
+descriptors=$((regions - 1))
 per_region=$(((prefix_tokens + tail_tokens + ROWS - 1) / ROWS))
 for backend in fs redis; do
     uri="$fs_uri/dedup"
     [ "$backend" = redis ] && uri="$redis_uri/dedup"
     a=$(run "$KVWASM_SHIM_DIR" "$uri" a "7:$prefix_tokens,11:$tail_tokens")
     b=$(run "$KVWASM_SHIM_DIR" "$uri" b "7:$prefix_tokens,12:$tail_tokens")
-    chunks=$((1 + regions * per_region))
-    [ "$(field "$a" chunks)" = $chunks ] && [ "$(field "$a" stored)" = $chunks ] ||
-        fail "$backend: first save should store all $chunks chunks: $a"
-    [ "$(field "$b" chunks)" = $chunks ] && [ "$(field "$b" deduplicated)" = $((regions * shared)) ] &&
-        [ "$(field "$b" stored)" = $((1 + regions * (per_region - shared))) ] ||
-        fail "$backend: second save should deduplicate $((regions * shared)) of $chunks chunks: $b"
+    chunks=$((1 + descriptors + regions * per_region))
+    [ "$(field "$a" chunks)" = $chunks ] && [ "$(field "$a" stored)" = $((chunks - descriptors + 1)) ] ||
+        fail "$backend: first save should store $((chunks - descriptors + 1)) of $chunks chunks: $a"
+    dedup=$((descriptors + regions * shared))
+    [ "$(field "$b" chunks)" = $chunks ] && [ "$(field "$b" deduplicated)" = $dedup ] &&
+        [ "$(field "$b" stored)" = $((chunks - dedup)) ] ||
+        fail "$backend: second save should deduplicate $dedup of $chunks chunks: $b"
 done
 
 echo "== native backend on the same directory: same logits, both ways" >&2

@@ -253,11 +253,14 @@ def ten_slots(work, env):
     kv = results["kvwasm"]
     # 640 cells per slot, 256 rows per chunk: per region (K and V of 4
     # layers) 3 chunks, the first 2 inside the shared prefix; a header
-    # chunk; and for slots 0-8 the cell counts of the later (empty) streams.
+    # chunk; the descriptors of regions 2 to 8, one chunk each, all the same
+    # (one type and row size), so stored once; and for slots 0-8 the cell
+    # counts of the later (empty) streams.
+    descriptors = 7
     for i, j in enumerate(kv):
-        chunks = 1 + 8 * 3 + (1 if i < 9 else 0)
+        chunks = 1 + descriptors + 8 * 3 + (1 if i < 9 else 0)
         check(j["n_chunks"] == chunks, f"slot {i}: {j}")
-        want_dedup = 0 if i == 0 else 16
+        want_dedup = descriptors - 1 if i == 0 else descriptors + 16
         check(j["n_chunks_deduplicated"] == want_dedup and j["n_chunks_stored"] == chunks - want_dedup,
               f"slot {i}: expected {want_dedup} deduplicated chunks: {j}")
     # The plain directory holds upstream's files: llama_state_seq_save_file's
@@ -277,6 +280,18 @@ def ten_slots(work, env):
         f"({sum(j['n_chunks_stored'] for j in kv)} chunks stored, "
         f"{sum(j['n_chunks_deduplicated'] for j in kv)} deduplicated), upstream's ten files {file_bytes} bytes "
         f"({kv_bytes / file_bytes:.2f}x)")
+
+
+def at_two_thirds(paths):
+    """Of chunk files in a state's order, the one holding the byte two
+    thirds into them (KV rows, whose chunks hold nearly all the bytes)."""
+    check(len(paths) > 2, f"chunks: {paths}")
+    sizes = [os.path.getsize(p) for p in paths]
+    at = 2 * sum(sizes) // 3
+    for path, size in zip(paths, sizes):
+        if at < size:
+            return path
+        at -= size
 
 
 def manifest_chunk_paths(store_dir, name):
@@ -333,13 +348,11 @@ def bad_cases(work, env, redis):
     expect_error(s, "restore", {"filename": "never-saved"}, 400, "get_manifest returned -2",
                  "restore of a missing manifest", prompt, baseline)
     # A manifest naming a chunk that is gone, then that chunk back with
-    # one byte flipped. The chunk is two thirds into the state: a restore
-    # has written the KV rows before it into the slot when it fails, and
-    # must put the slot back.
+    # one byte flipped. The chunk holds the state's byte two thirds in (KV
+    # rows): a restore has written the rows before it into the slot when it
+    # fails, and must put the slot back.
     s.save(0, "victim")
-    victim = manifest_chunk_paths(store_dir, "victim")
-    check(len(victim) > 2, f"chunks in {store_dir}")
-    victim = victim[2 * len(victim) // 3]
+    victim = at_two_thirds(manifest_chunk_paths(store_dir, "victim"))
     with open(victim, "rb") as f:
         good = f.read()
     os.remove(victim)
@@ -364,7 +377,7 @@ def bad_cases(work, env, redis):
     shared = set(manifest_chunk_paths(store_dir, "victim"))
     own = [c for c in manifest_chunk_paths(store_dir, "other") if c not in shared]
     check(len(own) > 2, f"the other conversation's own chunks: {len(own)}")
-    broken = own[2 * len(own) // 3]
+    broken = at_two_thirds(own)
     with open(broken, "rb") as f:
         good = f.read()
     with open(broken, "wb") as f:
@@ -461,6 +474,23 @@ def tests(work):
     print("llama-server-e2e: OK", flush=True)
 
 
+def sync_ms(directory, name):
+    """fdatasync of a file the server wrote, then fsync of its directory:
+    what upstream's save would add to be as durable as kvwasm's default."""
+    t = time.perf_counter()
+    fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return (time.perf_counter() - t) * 1000
+
+
 def median(xs):
     return sorted(xs)[len(xs) // 2]
 
@@ -496,6 +526,9 @@ def bench(work):
             "wasm://fscache-baseline/bench", work, n_ctx=4096, threads=2, env=env, name="bench-fscache-baseline",
             server=baseline)
     times = {k: {"cold": [], "warm": [], "restore": [], "restore empty": []} for k in sides}
+    # upstream's saves made as durable as kvwasm's default (ordered): each
+    # file and its directory synced once the server has written it
+    synced = {"cold": [], "warm": []}
     state = {}
     try:
         for rep in range(int(os.environ.get("KVWASM_BENCH_REPS", "3"))):
@@ -504,10 +537,14 @@ def bench(work):
                 first = s.complete(prompt, n_predict=2)
                 j = s.save(0, f"cold{rep}")
                 times[name]["cold"].append(j["timings"]["save_ms"])
+                if name == "upstream files":
+                    synced["cold"].append(j["timings"]["save_ms"] + sync_ms(files, f"cold{rep}"))
                 state[name] = j
                 s.complete(prompt + first["tokens"] + tokens(2000 + rep, 64), n_predict=2)
                 j = s.save(0, f"warm{rep}")
                 times[name]["warm"].append(j["timings"]["save_ms"])
+                if name == "upstream files":
+                    synced["warm"].append(j["timings"]["save_ms"] + sync_ms(files, f"warm{rep}"))
                 # into the slot holding the conversation, then into an empty
                 # one (as after a restart)
                 j = s.restore(0, f"cold{rep}")
@@ -539,6 +576,11 @@ def bench(work):
         print(f"| {name} | {m['cold']:.1f} | {m['warm']:.1f} | {m['restore']:.1f} / {m['restore empty']:.1f} "
               f"| {m['cold'] / up['cold']:.2f}x | {up['warm'] / m['warm']:.1f}x "
               f"| {m['restore'] / up['restore']:.2f}x / {m['restore empty'] / up['restore empty']:.2f}x |")
+    up_synced = {k: median(v) for k, v in synced.items()}
+    fs = {k: median(times["kvwasm fs"][k]) for k in ("cold", "warm")}
+    print(f"| upstream files, then synced (file and directory) | {up_synced['cold']:.1f} | {up_synced['warm']:.1f} "
+          f"| | kvwasm fs (ordered): {fs['cold'] / up_synced['cold']:.2f}x "
+          f"| kvwasm fs (ordered): {up_synced['warm'] / fs['warm']:.1f}x | |")
     shutil.rmtree(base, ignore_errors=True)
 
 

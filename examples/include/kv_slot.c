@@ -241,7 +241,9 @@ typedef struct {
     size_t n, cap;
 } spans;
 
+/* Adds a span; an empty one (rows of 0 bytes) is no chunk. */
 static void push(spans *v, size_t off, size_t len) {
+    if (len == 0) return;
     if (v->n == v->cap) {
         v->cap = v->cap ? 2 * v->cap : 256;
         span *grown = (span *)realloc(v->s, v->cap * sizeof *grown);
@@ -253,13 +255,16 @@ static void push(spans *v, size_t off, size_t len) {
 
 /* Cuts along the KV rows: everything before a row region (the ggsq header
  * with the tokens, the io header, each non-empty stream's cell metadata
- * and data header) is a span of its own; each region (a layer's K, or V)
- * is cut every `rows` rows, its 12-byte descriptor going with its first
- * rows; what follows the last region (the cell counts of later, empty
- * streams) is the last span. Rows are cells in position order, so two
- * states sharing a prompt prefix share every span inside it, whichever
- * stream (slot) they come from. 0 unless the layout accounts for every
- * byte. */
+ * and data header) is a span of its own, ending with the first region's
+ * 12-byte descriptor; each later region's descriptor is a span of its own
+ * (identical descriptors are one chunk); each region (a layer's K, or V) is
+ * cut every `rows` rows. So every span of rows lies wholly inside the one
+ * read llama.cpp makes of its region, and a restore fetches it straight
+ * into the tensor (kv_slot_reader). What follows the last region (the cell
+ * counts of later, empty streams) is the last span. Rows are cells in
+ * position order, so two states sharing a prompt prefix share every span
+ * inside it, whichever stream (slot) they come from. 0 unless the layout
+ * accounts for every byte. */
 static int cut_rows(const view *st, uint32_t rows, spans *out) {
     size_t size = st->size;
     size_t o, glue = 0;
@@ -298,9 +303,9 @@ static int cut_rows(const view *st, uint32_t rows, spans *out) {
             NEED(12);
             size_t row = transposed ? (size_t)view_u32(st, o + 4) * n_cell : (size_t)view_u64(st, o + 4);
             size_t n_row = transposed ? view_u32(st, o + 8) : n_cell;
-            if (o > glue) push(out, glue, o - glue);
-            size_t start = o;
             o += 12;
+            push(out, glue, o - glue);
+            size_t start = o;
             for (size_t c = 0; c < n_row; c += rows) {
                 size_t k = (n_row - c < rows ? n_row - c : rows);
                 if (row && k > (size_t)-1 / row) return 0;
@@ -309,7 +314,6 @@ static int cut_rows(const view *st, uint32_t rows, spans *out) {
                 push(out, start, o - start);
                 start = o;
             }
-            if (n_row == 0) push(out, start, o - start);
             glue = o;
         }
     }
@@ -533,8 +537,9 @@ int kv_slot_save_pieces(const kv_store_vtable *vt, kv_store_v1 *store, const cha
  * length and xxh3-64, while still in cache; the chunks of a read are shared
  * by the caller's thread and a helper (kv_store_v1 handles may be called
  * from several threads), which also sends prefetch_chunks first. A chunk
- * that a read covers only in part (metadata; a region's descriptor with its
- * first rows) is fetched into a bounce buffer and checked before any of its
+ * that a read covers only in part (metadata, a region's descriptor, or any
+ * chunk of a state cut otherwise) is fetched into a bounce buffer and
+ * checked before any of its
  * bytes are handed out, so the caller never parses unchecked bytes. Rows
  * may reach the caller's memory before their chunk's check fails: the read
  * then fails, and the caller undoes what it wrote (the server puts the
@@ -737,6 +742,10 @@ size_t kv_slot_reader_chunks(const kv_slot_reader *r) {
     return r->n;
 }
 
+size_t kv_slot_reader_bounced(const kv_slot_reader *r) {
+    return r->bounces;
+}
+
 /* Fetches whole chunks [i, j) into `dst`, where chunk i begins; 0 or -1. */
 static int fetch_whole(kv_slot_reader *r, size_t i, size_t j, uint8_t *dst) {
     if (!r->threaded || j - i < READ_BATCH_MIN) {
@@ -775,6 +784,10 @@ int kv_slot_read(kv_slot_reader *r, void *into, size_t len) {
             if (fetch_whole(r, i, j, dst) != 0) return -1;
             step = r->off[j] - start;
         } else {
+            if (r->bounced != i && r->bounced != SIZE_MAX && end - start == r->off[r->bounced + 1] - r->off[r->bounced] &&
+                memcmp(reader_entry(r, i), reader_entry(r, r->bounced), KV_SLOT_HASH_LEN) == 0) {
+                r->bounced = i; /* the chunk checked last, again (each region's descriptor): no fetch */
+            }
             if (r->bounced != i) {
                 if (end - start > r->bounce_cap) {
                     free(r->bounce);

@@ -134,6 +134,9 @@ int kv_slot_reader_open(const kv_store_vtable *vt, kv_slot_get_chunk_into_fn get
 /* The state's size and chunk count, as its manifest says. */
 size_t kv_slot_reader_size(const kv_slot_reader *reader);
 size_t kv_slot_reader_chunks(const kv_slot_reader *reader);
+/* Chunks fetched so far through the bounce buffer: those a read covered
+ * only in part (the rest went straight into the caller's memory). */
+size_t kv_slot_reader_bounced(const kv_slot_reader *reader);
 
 /* The next `len` bytes of the state into `dst`: 0, or -1 (the reason is
  * kv_slot_reader_close's; every later read fails too). */
