@@ -59,8 +59,8 @@ fn llama_server_saves_and_restores_slots_through_the_shim() {
     );
     // Every check the script makes printed its line.
     for check in [
-        "ok  KV rows, 3001 cells (the bench's cut): 97 chunks, the same manifest and chunks",
-        "ok  transposed V, 300 cells: 30 chunks, the same manifest and chunks",
+        "ok  KV rows, 3001 cells (the bench's cut): 104 chunks, the same manifest and chunks",
+        "ok  transposed V, 300 cells: 33 chunks, the same manifest and chunks",
         "kv_slot_test: OK",
         "ok  --slot-save-path nosuch://x: exits",
         "ok  --slot-save-path wasm://undefined-backend/ns: exits",
