@@ -128,35 +128,86 @@ pub(crate) fn sync_paths(
     if paths.len() > MAX_PATHS {
         return Err(ErrorCode::Invalid);
     }
+    let mut parents = Parents {
+        dir,
+        headroom,
+        open: Vec::new(),
+    };
+    // Every file's writeback starts before the first wait: the device then
+    // writes them together, and each `fdatasync` below mostly finds its
+    // data written (a cold save of 385 chunk files of 256 KiB on ext4:
+    // 111 ms of syncs one after another, 60 ms so).
+    for path in paths {
+        if let Some((parent, name)) = parents.resolve(path)? {
+            start_writeback(parent, name, headroom);
+        }
+    }
     let mut synced = Synced {
         files: 0,
         directories: 0,
     };
-    let mut subdirs: Vec<(&str, std::fs::File)> = Vec::new();
     for path in paths {
-        if path == "." {
-            sync_one(dir.as_raw_fd(), None, headroom, &mut synced)?;
-            continue;
+        match parents.resolve(path)? {
+            None => sync_one(dir.as_raw_fd(), None, headroom, &mut synced)?,
+            Some((parent, name)) => sync_one(parent, Some(name), headroom, &mut synced)?,
         }
-        let (sub, name) = split_name(path)?;
-        let parent = if sub.is_empty() {
-            dir.as_raw_fd()
-        } else if let Some((_, open)) = subdirs.iter().find(|(s, _)| *s == sub) {
-            open.as_raw_fd()
-        } else {
-            if subdirs.len() == OPEN_SUBDIRS {
-                subdirs.clear();
-            }
-            let Some(open) = open_dir_beneath(dir, sub, headroom)? else {
-                return Err(ErrorCode::Invalid);
-            };
-            let fd = open.as_raw_fd();
-            subdirs.push((sub, open));
-            fd
-        };
-        sync_one(parent, Some(name), headroom, &mut synced)?;
     }
     Ok(synced)
+}
+
+/// The directories of one `sync-paths` call's paths, opened beneath its
+/// directory as they are first named (a few kept open at a time).
+struct Parents<'a> {
+    dir: &'a std::fs::File,
+    headroom: &'a Headroom,
+    open: Vec<(&'a str, std::fs::File)>,
+}
+
+impl<'a> Parents<'a> {
+    /// `path`'s directory and last component; `None` for `.`, the
+    /// directory itself.
+    fn resolve(&mut self, path: &'a str) -> Result<Option<(RawFd, &'a str)>, ErrorCode> {
+        if path == "." {
+            return Ok(None);
+        }
+        let (sub, name) = split_name(path)?;
+        if sub.is_empty() {
+            return Ok(Some((self.dir.as_raw_fd(), name)));
+        }
+        if let Some((_, open)) = self.open.iter().find(|(s, _)| *s == sub) {
+            return Ok(Some((open.as_raw_fd(), name)));
+        }
+        if self.open.len() == OPEN_SUBDIRS {
+            self.open.clear();
+        }
+        let Some(open) = open_dir_beneath(self.dir, sub, self.headroom)? else {
+            return Err(ErrorCode::Invalid);
+        };
+        let fd = open.as_raw_fd();
+        self.open.push((sub, open));
+        Ok(Some((fd, name)))
+    }
+}
+
+/// Start writing the file `name` in `parent` to the device, without
+/// waiting, unless it is a version the host synced or not a file. A hint:
+/// whatever fails here, the sync that follows finds and reports.
+fn start_writeback(parent: RawFd, name: &str, headroom: &Headroom) {
+    let Ok(name) = CString::new(name) else {
+        return;
+    };
+    let Ok(there) = stat_at(parent, &name) else {
+        return;
+    };
+    if there.st_mode & libc::S_IFMT != libc::S_IFREG
+        || Seen::new(&there).is_ok_and(|seen| seen.is_synced())
+    {
+        return;
+    }
+    if let Ok(file) = open_at(parent, &name, headroom) {
+        // SAFETY: `file` is a descriptor this call holds open.
+        unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+    }
 }
 
 /// `payload-io.find-file`: the regular file at `path` beneath `dir`, its
