@@ -330,6 +330,7 @@ mod tests {
     use http_body_util::BodyExt;
 
     use super::*;
+    use crate::capabilities::tls::https::https_trusting;
 
     /// An HTTP/1.1 server on loopback answering every request `ok` on a
     /// keep-alive connection, counting the connections it accepts.
