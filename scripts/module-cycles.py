@@ -4,8 +4,9 @@
     python3 scripts/module-cycles.py host/runtime/src [DEPTH]
 
 Reads every `.rs` file under the crate's source directory, takes the paths
-it names (`crate::a::b`, `super::a`, `use child::..`; comments and the
-`#[cfg(test)] mod tests` block at a file's end left out), maps each to the
+it names (`crate::a::b`, `super::a`, `use child::..`; comments, the
+`#[cfg(test)] mod tests` block at a file's end and `tests.rs` files, the
+same block in a file of its own, left out), maps each to the
 deepest module that exists, cut to DEPTH levels (default 2: `tiering::store`),
 and prints every strongly connected component of more than one module with
 the edges inside it. A re-export (`pub use child::T`) counts as a use. Exit
@@ -21,7 +22,7 @@ def modules(root):
     found = {}
     for directory, _, files in os.walk(root):
         for name in files:
-            if not name.endswith(".rs"):
+            if not name.endswith(".rs") or name == "tests.rs":
                 continue
             path = os.path.join(directory, name)
             parts = os.path.relpath(path, root)[:-3].split(os.sep)

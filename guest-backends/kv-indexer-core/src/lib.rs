@@ -10,6 +10,7 @@
 //!   (interop-facts §4 and §6), plus kvwasm's extensions (`POST /restore`,
 //!   filtering by `tenant_id`); docs/events.md lists every difference.
 
+mod fold;
 pub mod hash;
 mod indexer;
 mod query_body;

@@ -16,7 +16,7 @@
 
 use std::hash::BuildHasher;
 
-use crate::tree::Fold;
+use crate::fold::Fold;
 
 /// A free slot's value (no node has this id: it is the tree's `DETACHED`).
 const EMPTY: u32 = u32::MAX;

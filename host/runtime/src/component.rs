@@ -458,7 +458,7 @@ fn hex_string(bytes: &[u8]) -> String {
 /// Everything a backend may import: WASI 0.2, wasi:http and wasi:config
 /// (each capability inert unless granted in its context) and the kv-store
 /// host interfaces; WASI with kvwasm's guards in place of the functions
-/// that could block or escape (`capabilities::dirs::add_guards_to_linker`).
+/// that could block or escape (`guards::dirs::add_to_linker`).
 /// Built once per engine.
 fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
     static LINKERS: [OnceLock<Linker<HostState>>; 2] = [OnceLock::new(), OnceLock::new()];
@@ -480,8 +480,8 @@ fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
     wasmtime_wasi_config::add_to_linker(&mut linker, |s: &mut HostState| {
         wasmtime_wasi_config::WasiConfig::from(&*s.settings)
     })?;
-    crate::capabilities::dirs::add_guards_to_linker(&mut linker)?;
-    crate::capabilities::http::add_guards_to_linker(&mut linker)?;
-    crate::capabilities::tls::add_guards_to_linker(&mut linker)?;
+    crate::guards::dirs::add_to_linker(&mut linker)?;
+    crate::guards::http::add_to_linker(&mut linker)?;
+    crate::guards::tls::add_to_linker(&mut linker)?;
     Ok(slot.get_or_init(|| linker))
 }

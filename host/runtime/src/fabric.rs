@@ -155,7 +155,7 @@ impl Fabric {
                     )));
                 }
                 let guest_handle = turn.call(async |s, guest| {
-                    payload::lend(s, frame, async |s, frame| {
+                    payload::resource::lend(s, frame, async |s, frame| {
                         guest.transport().call_push(s, frame).await
                     })
                     .await?
@@ -203,7 +203,7 @@ impl Fabric {
                         .call_pull(&mut *s, pushed.guest_handle)
                         .await?
                     {
-                        Ok(frame) => Ok(Ok(payload::take(s, frame)?.into_block()?)),
+                        Ok(frame) => Ok(Ok(payload::resource::take(s, frame)?.into_block()?)),
                         Err(e) => Ok(Err(e)),
                     }
                 })?;

@@ -104,7 +104,7 @@ impl Instance {
         data: &[u8],
     ) -> Outcome<PutOutcome> {
         self.call(deadline, async |guest, store, handle| {
-            payload::lend(store, data, async |store, data| {
+            payload::resource::lend(store, data, async |store, data| {
                 guest.call_put_chunk(store, handle, hash, data).await
             })
             .await?
@@ -116,7 +116,7 @@ impl Instance {
     pub(crate) fn get_chunk(&mut self, deadline: Deadline, hash: &[u8]) -> Outcome<Taken> {
         self.call(deadline, async |guest, store, handle| {
             match guest.call_get_chunk(&mut *store, handle, hash).await? {
-                Ok(payload) => Ok(Ok(payload::take(store, payload)?)),
+                Ok(payload) => Ok(Ok(payload::resource::take(store, payload)?)),
                 Err(e) => Ok(Err(e)),
             }
         })
@@ -129,7 +129,7 @@ impl Instance {
         data: &[u8],
     ) -> Outcome<()> {
         self.call(deadline, async |guest, store, handle| {
-            payload::lend(store, data, async |store, data| {
+            payload::resource::lend(store, data, async |store, data| {
                 guest.call_put_manifest(store, handle, name, data).await
             })
             .await?
@@ -139,7 +139,7 @@ impl Instance {
     pub(crate) fn get_manifest(&mut self, deadline: Deadline, name: &str) -> Outcome<MallocBuffer> {
         self.call(deadline, async |guest, store, handle| {
             match guest.call_get_manifest(&mut *store, handle, name).await? {
-                Ok(payload) => Ok(Ok(payload::take(store, payload)?.into_block()?)),
+                Ok(payload) => Ok(Ok(payload::resource::take(store, payload)?.into_block()?)),
                 Err(e) => Ok(Err(e)),
             }
         })

@@ -38,6 +38,7 @@ pub mod engine;
 mod error;
 pub mod events_out;
 pub mod fabric;
+mod guards;
 mod guest_kind;
 mod guest_log;
 pub mod handle;

@@ -39,7 +39,7 @@ pub struct HostState {
     /// `wasi:tls` handshakes, with the backend's TLS grant.
     pub(crate) tls: WasiTlsCtx,
     /// Streams of TLS-only sockets not yet handed to `wasi:tls`, by table
-    /// index (`capabilities::tls::add_guards_to_linker`).
+    /// index (`guards::tls::add_to_linker`).
     pub(crate) sealed_streams: std::collections::HashMap<u32, Arc<std::sync::atomic::AtomicBool>>,
     /// The backend's settings, served by `wasi:config/store`.
     pub(crate) settings: Arc<WasiConfigVariables>,

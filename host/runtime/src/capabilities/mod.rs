@@ -44,7 +44,7 @@ use crate::metrics::BackendMetrics;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Grants {
     pub dirs: Vec<DirGrant>,
-    /// Whether guests may list directories (see `dirs::add_guards_to_linker`).
+    /// Whether guests may list directories (see `guards::dirs::add_to_linker`).
     pub list_dirs: bool,
     pub net: NetGrant,
     /// Shared with every instance's request hook.

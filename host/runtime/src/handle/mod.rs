@@ -43,6 +43,20 @@ use crate::instance::Instance;
 use crate::payload::target::{ChunkInto, ReadTarget};
 use crate::payload::{MallocBuffer, Taken};
 
+/// Where the chunk calls of a tiered store's handle go: the tiered store
+/// ([`crate::tiering`]) implements it over handles of its own, one per tier,
+/// so this module does not depend on it. `Any`, so that the tiered store
+/// finds itself behind a consumer's handle.
+pub(crate) trait ChunkTiers: std::any::Any + Send + Sync {
+    fn put_chunk(&self, hash: &[u8], data: &[u8]) -> Result<bool, KvError>;
+    fn get_chunk(&self, hash: &[u8]) -> Result<Taken, KvError>;
+    fn prefetch_chunks(&self, hashes: &[Vec<u8>]) -> Result<(), KvError>;
+    /// A manifest named `name` is about to be read or published.
+    fn note_manifest(&self, name: &str);
+    /// Make every chunk put through any tier readable.
+    fn flush(&self) -> Result<(), KvError>;
+}
+
 /// An open kv-store handle.
 pub struct StoreHandle {
     backend: Arc<Backend>,
@@ -50,7 +64,7 @@ pub struct StoreHandle {
     pool: Arc<Pool>,
     /// On a tiered store's handle (this one serves its last tier, where
     /// manifests live): the tiers that chunk calls go to.
-    tiered: Option<crate::tiering::Front>,
+    tiered: Option<Box<dyn ChunkTiers>>,
     /// On a `builtin:fs` store: the chunks the host finds in place itself.
     in_place: Option<Arc<FoundInPlace>>,
 }
@@ -176,30 +190,14 @@ impl StoreHandle {
 
     /// This handle (on the last tier) as the front of `tiers`: chunk calls
     /// go to the tiers, manifests stay here.
-    pub(crate) fn with_tiers(mut self, tiers: crate::tiering::Front) -> StoreHandle {
-        self.tiered = Some(tiers);
+    pub(crate) fn with_tiers(mut self, tiers: impl ChunkTiers) -> StoreHandle {
+        self.tiered = Some(Box::new(tiers));
         self
     }
 
-    /// The tiered store behind this handle, if it is one.
-    pub fn tiered(&self) -> Option<&Arc<crate::tiering::TieredStore>> {
-        self.tiered.as_ref().map(crate::tiering::Front::store)
-    }
-
-    /// A tiered store's advisor loop: its counters and last round (`None`
-    /// without an advisor).
-    pub fn advisor_status(&self) -> Option<crate::tiering::advisor::AdvisorStatus> {
-        self.tiered
-            .as_ref()
-            .and_then(crate::tiering::Front::advisor_status)
-    }
-
-    /// Run a tiered store's advisor round now (observe, advise, apply);
-    /// false without an advisor.
-    pub fn advisor_round(&self) -> bool {
-        self.tiered
-            .as_ref()
-            .is_some_and(crate::tiering::Front::advisor_round)
+    /// The tiers this handle fronts, if it is a tiered store's.
+    pub(crate) fn tiers(&self) -> Option<&dyn ChunkTiers> {
+        self.tiered.as_deref()
     }
 
     /// Make every chunk accepted through this handle visible to other

@@ -17,7 +17,7 @@
 //! A buffer holds a whole size class ([`capacity_for`]); the instance is
 //! charged for all of it. These buffers never reach the consumer (a staged
 //! value read back is copied into a `malloc`'d block of its own,
-//! `payload::take`), so they need not come from `malloc` itself.
+//! `payload::resource::take`), so they need not come from `malloc` itself.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

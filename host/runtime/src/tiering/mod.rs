@@ -22,7 +22,6 @@ mod store;
 
 pub use contract::{Access, AccessKind, Action, Advice, AdviceReport, AdviceSink, TierUsage};
 pub use status::TierStatus;
-pub(crate) use store::Front;
 pub use store::{MAX_ADVISED_HASHES, TieredStore, is_tiered, open_tiered};
 
 pub mod advisor;

@@ -30,7 +30,7 @@ use super::config::TieredConfig;
 use super::contract::{Access, AccessKind, Action, AdviceSink};
 use super::fs_tier::FsTier;
 use crate::error::KvError;
-use crate::handle::{StoreHandle, open_shared};
+use crate::handle::{ChunkTiers, StoreHandle, open_shared};
 use crate::metrics::{TierGauges, TierMetrics};
 use crate::payload::Taken;
 
@@ -96,7 +96,7 @@ pub struct TieredStore {
 /// A tiered store as its consumer's handle holds it. Dropping it (the last
 /// close) stops the background demoter and waits for a pass in progress,
 /// so the tiers are released when the handle closes, not a pass later.
-pub(crate) struct Front {
+struct Front {
     store: Arc<TieredStore>,
     /// The advisor loop, when the entry names an advisor: ended first.
     advisor: Option<AdvisorLoop>,
@@ -106,27 +106,66 @@ pub(crate) struct Front {
 }
 
 impl Front {
-    pub(crate) fn store(&self) -> &Arc<TieredStore> {
+    fn store(&self) -> &Arc<TieredStore> {
         &self.store
     }
 
     /// The advisor loop's counters and last round, if the store has one.
-    pub(crate) fn advisor_status(&self) -> Option<AdvisorStatus> {
+    fn advisor_status(&self) -> Option<AdvisorStatus> {
         self.advisor.as_ref().map(AdvisorLoop::status)
     }
 
     /// Run an advisor round now (observe, advise, apply); false without an
     /// advisor.
-    pub(crate) fn advisor_round(&self) -> bool {
+    fn advisor_round(&self) -> bool {
         self.advisor.as_ref().map(AdvisorLoop::round).is_some()
     }
 }
 
-impl std::ops::Deref for Front {
-    type Target = TieredStore;
+impl ChunkTiers for Front {
+    fn put_chunk(&self, hash: &[u8], data: &[u8]) -> Result<bool, KvError> {
+        self.store.put_chunk(hash, data)
+    }
 
-    fn deref(&self) -> &TieredStore {
-        &self.store
+    fn get_chunk(&self, hash: &[u8]) -> Result<Taken, KvError> {
+        self.store.get_chunk(hash)
+    }
+
+    fn prefetch_chunks(&self, hashes: &[Vec<u8>]) -> Result<(), KvError> {
+        self.store.prefetch_chunks(hashes)
+    }
+
+    fn note_manifest(&self, name: &str) {
+        self.store.note_manifest(name)
+    }
+
+    fn flush(&self) -> Result<(), KvError> {
+        self.store.flush()
+    }
+}
+
+/// What a consumer's handle tells of the tiered store behind it.
+impl StoreHandle {
+    fn front(&self) -> Option<&Front> {
+        let tiers: &dyn std::any::Any = self.tiers()?;
+        tiers.downcast_ref()
+    }
+
+    /// The tiered store behind this handle, if it is one.
+    pub fn tiered(&self) -> Option<&Arc<TieredStore>> {
+        self.front().map(Front::store)
+    }
+
+    /// A tiered store's advisor loop: its counters and last round (`None`
+    /// without an advisor).
+    pub fn advisor_status(&self) -> Option<AdvisorStatus> {
+        self.front().and_then(Front::advisor_status)
+    }
+
+    /// Run a tiered store's advisor round now (observe, advise, apply);
+    /// false without an advisor.
+    pub fn advisor_round(&self) -> bool {
+        self.front().is_some_and(Front::advisor_round)
     }
 }
 
