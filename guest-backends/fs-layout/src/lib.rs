@@ -85,15 +85,27 @@ pub fn hash_of_chunk_name(name: &str) -> Option<Vec<u8>> {
 /// contain `..`, so the escaped name meets no other namespace or manifest,
 /// and no namespace can reach into another one's chunks.
 pub fn namespace_dir(part: &str) -> Cow<'_, str> {
-    let folded = part
-        .trim_end_matches(['.', ' '])
-        .to_uppercase()
-        .to_lowercase();
-    if folded == CHUNKS_DIR {
+    if folds_to_chunks_dir(part.trim_end_matches(['.', ' '])) {
         Cow::Owned(format!("..{part}"))
     } else {
         Cow::Borrowed(part)
     }
+}
+
+/// `name.to_uppercase().to_lowercase() == CHUNKS_DIR`, without Unicode's
+/// case tables: they were 24 KiB of the fs guest's memory image, resident
+/// in every instance. Case mapping goes character by character, and the
+/// only characters that fold to a letter of `chunks` are its ASCII letters
+/// in either case, `ſ` (U+017F, to `s`) and the Kelvin sign (U+212A, to `k`);
+/// those that fold to several (`ß` to `ss`) fold to nothing inside `chunks`
+/// (the tests check every code point).
+fn folds_to_chunks_dir(name: &str) -> bool {
+    let fold = |c: char| match c {
+        '\u{17F}' => 's',
+        '\u{212A}' => 'k',
+        c => c.to_ascii_lowercase(),
+    };
+    name.chars().map(fold).eq(CHUNKS_DIR.chars())
 }
 
 #[cfg(test)]
@@ -137,6 +149,40 @@ mod tests {
         }
         for part in ["alice", "chunk", "chunks-2", ".chunks"] {
             assert_eq!(namespace_dir(part), part.to_string());
+        }
+        // the look-alikes a case-insensitive filesystem may fold
+        for part in ["chunk\u{17F}", "CHUN\u{212A}S", "\u{17F}"] {
+            let escaped = namespace_dir(part) != part;
+            assert_eq!(escaped, part.len() > 3, "{part:?}");
+        }
+    }
+
+    #[test]
+    fn the_fold_without_case_tables_is_unicodes_for_every_character() {
+        let letters = |s: &str| !s.is_empty() && s.chars().all(|c| CHUNKS_DIR.contains(c));
+        for c in (0..=u32::from(char::MAX)).filter_map(char::from_u32) {
+            let folded = c.to_uppercase().collect::<String>().to_lowercase();
+            let single = c.to_string();
+            assert_eq!(
+                folds_to_chunks_dir(&single.repeat(6)),
+                folded.repeat(6) == CHUNKS_DIR,
+                "{c:?}"
+            );
+            if letters(&folded) && folded.chars().count() > 1 {
+                // (`ß` to `ss`): never inside `chunks`, so in no name that folds to it
+                assert!(
+                    !CHUNKS_DIR.contains(folded.as_str()),
+                    "{c:?} folds to {folded:?}"
+                );
+            } else if letters(&folded) {
+                // one letter of `chunks`, from one character: then a name
+                // folds to `chunks` exactly when each character folds to
+                // its letter, which is what folds_to_chunks_dir checks
+                let mut probe = String::from(CHUNKS_DIR);
+                let at = probe.find(folded.as_str()).unwrap();
+                probe.replace_range(at..at + 1, &single);
+                assert!(folds_to_chunks_dir(&probe), "{c:?} in {probe:?}");
+            }
         }
     }
 }
