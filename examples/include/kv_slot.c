@@ -800,6 +800,7 @@ int kv_slot_read(kv_slot_reader *r, void *into, size_t len) {
                     r->bounce_cap = end - start;
                 }
                 r->bounces++;
+                r->bounced = SIZE_MAX; /* the buffer holds none checked until the fetch succeeds */
                 if (fetch_chunk(r, i, r->bounce, 0) != 0) return -1;
                 r->bounced = i;
             }
