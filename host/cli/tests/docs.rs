@@ -5,14 +5,13 @@
 //! itself uses.
 
 use std::collections::{BTreeMap, BTreeSet};
+mod repo;
+
+use repo::{repo_root, rust_files};
 use std::path::{Component, Path, PathBuf};
 
 use pulldown_cmark::{CodeBlockKind, Event, Options, Parser, Tag, TagEnd};
 use serde::de::{self, DeserializeOwned, Visitor};
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
@@ -434,21 +433,6 @@ fn every_page_of_the_guide_is_in_its_summary() {
                 "{} is not in docs/SUMMARY.md",
                 relative.display()
             );
-        }
-    }
-}
-
-/// Every `.rs` file of the repository, outside build output.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("read_dir") {
-        let path = entry.expect("entry").path();
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
-        if path.is_dir() {
-            if name != "target" && !name.starts_with('.') {
-                rust_files(&path, out);
-            }
-        } else if name.ends_with(".rs") {
-            out.push(path);
         }
     }
 }

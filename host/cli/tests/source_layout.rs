@@ -2,15 +2,14 @@
 //! no crate's modules import each other in a cycle, and no source file
 //! grows past what one reads in a sitting.
 
+mod repo;
+
+use repo::{repo_root, rust_files};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Longest non-test source file, in lines.
 const MAX_LINES: usize = 800;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// The source directory of every Rust crate of the repository: the host
 /// workspace's (host/*, the shim, the test support crate) and the guests'.
@@ -83,20 +82,6 @@ fn the_cycle_check_finds_a_cycle() {
 fn is_test_code(path: &Path) -> bool {
     path.file_name().is_some_and(|n| n == "tests.rs")
         || path.components().any(|c| c.as_os_str() == "tests")
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy();
-        if path.is_dir() {
-            if name != "target" && !name.starts_with('.') {
-                rust_files(&path, out);
-            }
-        } else if name.ends_with(".rs") {
-            out.push(path);
-        }
-    }
 }
 
 #[test]
