@@ -24,7 +24,9 @@
 # upstream's plain slot files, on a generated 16-layer model (docs/llama.md);
 # KVWASM_BENCH_DIR: where the stores go (default: the system temp dir);
 # KVWASM_BENCH_BASELINE: another llama-server binary (e.g. the previous
-# patch's build in the tool cache) whose fs sides run beside this one's.
+# patch's build in the tool cache) whose fs sides run beside this one's;
+# KVWASM_BENCH_BASELINE_SHIM_DIR: another build's libkv_store_wasm.so (its
+# directory), loaded by those baseline sides.
 #
 # KVWASM_SHIM_DIR: directory holding libkv_store_wasm.so (default: built
 # with cargo into target/release). Prints one JSON line per run, then a

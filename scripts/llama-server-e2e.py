@@ -16,6 +16,9 @@ and passes it in the environment:
   KV_SLOT_TRACE         --bench: print the servers' kv_slot lines (where the time went)
   KVWASM_BENCH_BASELINE --bench: another llama-server build (e.g. the previous patch's): its fs
                         sides run in the same bench, beside this build's
+  KVWASM_BENCH_BASELINE_SHIM_DIR --bench: another build's libkv_store_wasm.so (its directory):
+                        the baseline fs sides load it (with this llama-server unless
+                        KVWASM_BENCH_BASELINE names another)
 Starts its own redis-server on a free loopback port. Prints one line per
 check; exits non-zero on the first failure.
 """
@@ -444,11 +447,11 @@ def write_config(work, redis, lib, extra=""):
     }
 
 
-def lib_dir(work):
+def lib_dir(work, shim_dir=None, name="lib"):
     """One directory holding both backends: KV_STORE_LIBRARY_PATH names one."""
-    lib = os.path.join(work, "lib")
+    lib = os.path.join(work, name)
     os.makedirs(lib)
-    os.symlink(os.path.join(SHIM_DIR, "libkv_store_wasm.so"), os.path.join(lib, "libkv_store_wasm.so"))
+    os.symlink(os.path.join(shim_dir or SHIM_DIR, "libkv_store_wasm.so"), os.path.join(lib, "libkv_store_wasm.so"))
     if NATIVE_DIR:
         os.symlink(os.path.join(NATIVE_DIR, "libkv_store_cfs.so"), os.path.join(lib, "libkv_store_cfs.so"))
     return lib
@@ -499,7 +502,10 @@ def bench(work):
     """Upstream's slot files against the fs guest (synced, and as a cache:
     durability = "none") and Redis, same disk,
     same run: cold saves (new prompts), warm saves (the next turn of a
-    conversation already saved) and restores, as llama-server times them."""
+    conversation already saved) and restores, as llama-server times them.
+    Each save and restore starts with nothing dirty in the page cache
+    (`os.sync()`, untimed), so no side pays for writing back another's
+    files."""
     base = tempfile.mkdtemp(prefix="llama-server-bench.", dir=os.environ.get("KVWASM_BENCH_DIR") or None)
     redis = Redis(work)
     # The fs guest as a cache: nothing synced, as upstream's files are not.
@@ -507,8 +513,11 @@ def bench(work):
         return f'[backends.{name}]\ncomponent = "builtin:fs"\ndir = "{base}/{name}"\nsettings = {{ durability = "none" }}\n'
 
     baseline = os.environ.get("KVWASM_BENCH_BASELINE")
-    cache = fs_cache("fscache") + (fs_cache("fscache-baseline") if baseline else "")
+    baseline_shim = os.environ.get("KVWASM_BENCH_BASELINE_SHIM_DIR")
+    cache = fs_cache("fscache") + (fs_cache("fscache-baseline") if baseline or baseline_shim else "")
     env = write_config(work, redis, lib_dir(work), cache)
+    baseline_env = dict(env, KV_STORE_LIBRARY_PATH=lib_dir(work, baseline_shim, "baseline-lib")) \
+        if baseline_shim else env
     files = os.path.join(base, "files")
     os.makedirs(files)
     sides = {
@@ -518,13 +527,14 @@ def bench(work):
                                              name="bench-fscache"),
         "kvwasm redis": Server("wasm://redis/bench", work, n_ctx=4096, threads=2, env=env, name="bench-redis"),
     }
-    if baseline:
-        # the fs sides again, through another build of llama-server, same run
-        sides["baseline: kvwasm fs"] = Server(f"wasm://{base}/kv-baseline", work, n_ctx=4096, threads=2, env=env,
-                                              name="bench-fs-baseline", server=baseline)
+    if baseline or baseline_shim:
+        # the fs sides again, through another build of llama-server or of
+        # the shim, same run
+        sides["baseline: kvwasm fs"] = Server(f"wasm://{base}/kv-baseline", work, n_ctx=4096, threads=2,
+                                              env=baseline_env, name="bench-fs-baseline", server=baseline)
         sides["baseline: kvwasm fs, durability none"] = Server(
-            "wasm://fscache-baseline/bench", work, n_ctx=4096, threads=2, env=env, name="bench-fscache-baseline",
-            server=baseline)
+            "wasm://fscache-baseline/bench", work, n_ctx=4096, threads=2, env=baseline_env,
+            name="bench-fscache-baseline", server=baseline)
     times = {k: {"cold": [], "warm": [], "restore": [], "restore empty": []} for k in sides}
     # upstream's saves made as durable as kvwasm's default (ordered): each
     # file and its directory synced once the server has written it
@@ -535,22 +545,26 @@ def bench(work):
             prompt = tokens(1000 + rep, 3000)
             for name, s in sides.items():
                 first = s.complete(prompt, n_predict=2)
+                os.sync()
                 j = s.save(0, f"cold{rep}")
                 times[name]["cold"].append(j["timings"]["save_ms"])
                 if name == "upstream files":
                     synced["cold"].append(j["timings"]["save_ms"] + sync_ms(files, f"cold{rep}"))
                 state[name] = j
                 s.complete(prompt + first["tokens"] + tokens(2000 + rep, 64), n_predict=2)
+                os.sync()
                 j = s.save(0, f"warm{rep}")
                 times[name]["warm"].append(j["timings"]["save_ms"])
                 if name == "upstream files":
                     synced["warm"].append(j["timings"]["save_ms"] + sync_ms(files, f"warm{rep}"))
                 # into the slot holding the conversation, then into an empty
                 # one (as after a restart)
+                os.sync()
                 j = s.restore(0, f"cold{rep}")
                 times[name]["restore"].append(j["timings"]["restore_ms"])
                 status, j = s.slot_action(0, "erase", {})
                 check(status == 200, f"erase: {status} {j}")
+                os.sync()
                 j = s.restore(0, f"cold{rep}")
                 times[name]["restore empty"].append(j["timings"]["restore_ms"])
                 log(f"rep {rep} {name}: " + ", ".join(f"{k} {v[-1]:.1f} ms" for k, v in times[name].items()))

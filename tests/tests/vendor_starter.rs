@@ -19,7 +19,7 @@ fn the_vendor_starter_serves_the_full_contract() {
 
 /// A vendor's component is not rebuilt when the host gains a compatible
 /// addition: wasmtime matches `@0.1.0` imports and exports to the host's
-/// `@0.1.5` by semver.
+/// `@0.1.6` by semver.
 #[test]
 fn a_component_built_against_0_1_0_still_runs() {
     let old = fixture("vendor-starter-0.1.0.wasm", "kvwasm:kv-store/store@0.1.0");
@@ -76,7 +76,7 @@ fn forge_a_chunk(component: &str) -> (String, String) {
 
 /// The same for an import the host extended since: the fs backend built
 /// against `@0.1.2` writes through `payload-io.write-file` and `rename-at`
-/// (today's build uses `publish-file`), on a host serving `@0.1.5`.
+/// (today's build uses `publish-file`), on a host serving `@0.1.6`.
 #[test]
 fn a_filesystem_backend_built_against_0_1_2_still_runs() {
     let old = fixture("fs-guest-0.1.2.wasm", "kvwasm:kv-store/payload-io@0.1.2");

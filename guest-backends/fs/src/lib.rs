@@ -17,7 +17,9 @@
 //! readers never see a partial file. Durability is ordered: before a
 //! manifest is renamed into place, every chunk this instance wrote *or
 //! answered `already-present` for* is made durable along with its
-//! directory (`payload-io.sync-paths`). A chunk found in place may have
+//! directory (`payload-io.sync-paths`). Their writeback is started as
+//! they are put, a batch per MiB (`payload-io.start-writeback`), so that
+//! sync mostly finds their data written. A chunk found in place may have
 //! been written by another instance or process that has not synced it yet
 //! (or never will: it crashed), so a crash can never leave a visible
 //! manifest that names a chunk that did not reach the disk. Warm saves stay
@@ -64,8 +66,14 @@ pub const DATA_DIR: &str = "/data";
 /// Prefix of in-flight temporary files. Never a valid result of hex-encoding
 /// a hash; a manifest name could start with it only on purpose.
 const TMP_PREFIX: &str = ".kvwasm-tmp-";
-/// Paths one `sync-paths` call may list (the host's bound).
+/// Paths one `sync-paths` or `start-writeback` call may list (the host's
+/// bound).
 const MAX_SYNC_PATHS: usize = 512;
+/// Bytes of unsynced chunks put before their writeback is started: the
+/// device then writes while the save goes on, and the sync before the
+/// manifest mostly finds their data written. Small enough to start early,
+/// large enough that small chunks cost one host call per many puts.
+const WRITEBACK_BATCH: u64 = 1 << 20;
 
 struct FsBackend;
 
@@ -105,6 +113,8 @@ struct FsStore {
     /// directory is listed for the sync even when every such chunk was
     /// found durable (the host skips it if unchanged since it synced it).
     touched: Cell<u16>,
+    /// Unsynced chunks whose writeback is not started yet, and their bytes.
+    writeback: RefCell<(Vec<String>, u64)>,
     /// Temp-file names: a per-instance random seed plus a counter.
     tmp_seed: u64,
     tmp_seq: Cell<u64>,
@@ -144,6 +154,7 @@ impl GuestStore for FsStore {
             fanout_made: Cell::new(0),
             unsynced: RefCell::default(),
             touched: Cell::new(0),
+            writeback: RefCell::default(),
             // RandomState is seeded from wasi:random; two instances writing
             // the same chunk at once must not share a temp-file name.
             tmp_seed: RandomState::new().hash_one(0u8),
@@ -165,6 +176,7 @@ impl GuestStore for FsStore {
                 // very file before, it is made durable before this
                 // instance's next manifest.
                 if self.ordered && !found.durable {
+                    self.start_writeback_soon(&hash, found.size);
                     self.unsynced.borrow_mut().insert(hash);
                 }
                 PutOutcome::AlreadyPresent
@@ -175,6 +187,7 @@ impl GuestStore for FsStore {
                 self.make_fanout_dir(slot)?;
                 self.write_file(&self.chunks, &chunk_path(&hash), data, false)?;
                 if self.ordered {
+                    self.start_writeback_soon(&hash, data.len());
                     self.unsynced.borrow_mut().insert(hash);
                 }
                 PutOutcome::Stored
@@ -246,6 +259,8 @@ impl FsStore {
     /// there); the host skips what it synced before and has not changed
     /// since. Returns how many chunk files had to be synced.
     fn sync_chunks(&self) -> Result<u32> {
+        // The sync starts what is still pending itself.
+        *self.writeback.borrow_mut() = Default::default();
         let unsynced = std::mem::take(&mut *self.unsynced.borrow_mut());
         let slots = self.touched.replace(0);
         if slots == 0 {
@@ -271,6 +286,20 @@ impl FsStore {
             }
         }
         Ok(files)
+    }
+
+    /// Queue the unsynced chunk `hash` of `size` bytes for writeback, and
+    /// have the host start it once a batch is queued. A hint: the sync
+    /// before the next manifest reports what fails.
+    fn start_writeback_soon(&self, hash: &[u8], size: u64) {
+        let mut pending = self.writeback.borrow_mut();
+        let (paths, bytes) = &mut *pending;
+        paths.push(chunk_path(hash));
+        *bytes += size;
+        if *bytes >= WRITEBACK_BATCH || paths.len() == MAX_SYNC_PATHS {
+            let _ = payload_io::start_writeback(&self.chunks.fd, paths);
+            *pending = Default::default();
+        }
     }
 
     /// The chunk `hash`, if a regular file is there: its size and whether

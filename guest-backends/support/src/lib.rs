@@ -30,7 +30,7 @@ pub mod fabric_bindings {
         path: ["../../wit", "../../wit/fabric"],
         world: "kvwasm:fabric/configured-fabric",
         with: {
-            "kvwasm:kv-store/types@0.1.5": crate::bindings::kvwasm::kv_store::types,
+            "kvwasm:kv-store/types@0.1.6": crate::bindings::kvwasm::kv_store::types,
             "wasi:config/store@0.2.0-rc.1": crate::bindings::wasi::config::store,
         },
         pub_export_macro: true,

@@ -29,7 +29,7 @@ fn inspect_lists_what_a_component_could_ask_for() {
         "http (origins)",
         "wasi:sockets/ip-name-lookup@0.2.12     dns = true",
         "wasi:cli/environment@0.2.12            env (variable names)",
-        "exports\n  kvwasm:kv-store/store@0.1.5",
+        "exports\n  kvwasm:kv-store/store@0.1.6",
     ] {
         assert!(text.contains(expected), "{expected:?} missing:\n{text}");
     }

@@ -138,8 +138,10 @@ pub(crate) fn sync_paths(
     // data written (a cold save of 385 chunk files of 256 KiB on ext4:
     // 111 ms of syncs one after another, 60 ms so).
     for path in paths {
-        if let Some((parent, name)) = parents.resolve(path)? {
-            start_writeback(parent, name, headroom);
+        if let Some((parent, name)) = parents.resolve(path)?
+            && let Some(file) = open_unsynced_file(parent, name, headroom)
+        {
+            writeback::start(&file);
         }
     }
     let mut synced = Synced {
@@ -189,23 +191,113 @@ impl<'a> Parents<'a> {
     }
 }
 
-/// Start writing the file `name` in `parent` to the device, without
-/// waiting, unless it is a version the host synced or not a file. A hint:
-/// whatever fails here, the sync that follows finds and reports.
-fn start_writeback(parent: RawFd, name: &str, headroom: &Headroom) {
-    let Ok(name) = CString::new(name) else {
-        return;
+/// `payload-io.start-writeback` on the directory `dir`: see the WIT.
+/// Returns how many files were handed to the host's writeback thread,
+/// which starts their writeback while the guest goes on writing.
+pub(crate) fn start_writeback(
+    dir: &std::fs::File,
+    paths: &[String],
+    headroom: &Headroom,
+) -> Result<u32, ErrorCode> {
+    if paths.len() > MAX_PATHS {
+        return Err(ErrorCode::Invalid);
+    }
+    if in_memory(dir.as_raw_fd()) {
+        return Ok(0);
+    }
+    let mut parents = Parents {
+        dir,
+        headroom,
+        open: Vec::new(),
     };
-    let Ok(there) = stat_at(parent, &name) else {
-        return;
-    };
+    let mut queued = 0;
+    for path in paths {
+        if let Some((parent, name)) = parents.resolve(path)?
+            && let Some(file) = open_unsynced_file(parent, name, headroom)
+        {
+            queued += u32::from(writeback::queue(file));
+        }
+    }
+    Ok(queued)
+}
+
+/// The file `name` in `parent`, opened, unless it is a version the host
+/// synced or not a regular file: what a writeback may start on. A hint's
+/// helper: whatever fails here, the sync that follows finds and reports.
+fn open_unsynced_file(parent: RawFd, name: &str, headroom: &Headroom) -> Option<OwnedFd> {
+    let name = CString::new(name).ok()?;
+    let there = stat_at(parent, &name).ok()?;
     if there.st_mode & libc::S_IFMT != libc::S_IFREG
         || Seen::new(&there).is_ok_and(|seen| seen.is_synced())
     {
-        return;
+        return None;
     }
-    if let Ok(file) = open_at(parent, &name, headroom) {
-        // SAFETY: `file` is a descriptor this call holds open.
+    // Something else renamed into place since the `stat` opens without
+    // blocking or following a link, and a writeback of it does nothing.
+    open_at(parent, &name, headroom).ok()
+}
+
+/// Whether the filesystem `fd` lives on keeps files in memory only
+/// (tmpfs, ramfs): no device to write back to.
+fn in_memory(fd: RawFd) -> bool {
+    const TMPFS: i64 = 0x0102_1994;
+    const RAMFS: i64 = 0x8584_58F6;
+    let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `fd` is open; `fs` is written by a successful call before it
+    // is read.
+    if unsafe { libc::fstatfs(fd, fs.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // `f_type`'s width differs between targets (and libcs).
+    #[allow(clippy::unnecessary_cast)]
+    // SAFETY: the call succeeded.
+    let kind = unsafe { fs.assume_init() }.f_type as i64;
+    matches!(kind, TMPFS | RAMFS)
+}
+
+/// Files' writeback, started off the guest's thread.
+mod writeback {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::sync::LazyLock;
+    use std::sync::mpsc::{SyncSender, sync_channel};
+
+    /// Files queued at most; past it a file is left to the sync that
+    /// follows, which starts its writeback itself. The queue holds a
+    /// bounded number of descriptors.
+    const QUEUED: usize = 64;
+
+    /// The writeback thread's queue (`None` if it could not be spawned).
+    static QUEUE: LazyLock<Option<SyncSender<OwnedFd>>> = LazyLock::new(|| {
+        let (queue, files) = sync_channel::<OwnedFd>(QUEUED);
+        std::thread::Builder::new()
+            .name("kvwasm-writeback".into())
+            .spawn(move || {
+                // Only on a core nothing else wants: starting a writeback
+                // costs CPU (block allocation, building the requests), and
+                // a consumer's own threads (an engine hashing and putting
+                // the chunks) must not wait for it. What it has not reached
+                // when the store syncs, the sync starts.
+                let idle = libc::sched_param { sched_priority: 0 };
+                // SAFETY: sets the calling thread's policy; `idle` lives
+                // through the call.
+                unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) };
+                files.iter().for_each(|file| start(&file));
+            })
+            .ok()?;
+        Some(queue)
+    });
+
+    /// Have `file`'s writeback started by the thread, if it has room
+    /// (whether it had). Full, the sync will start it.
+    pub(super) fn queue(file: OwnedFd) -> bool {
+        QUEUE
+            .as_ref()
+            .is_some_and(|queue| queue.try_send(file).is_ok())
+    }
+
+    /// Start writing `file`'s dirty pages to the device, without waiting.
+    pub(super) fn start(file: &OwnedFd) {
+        // SAFETY: `file` is an open descriptor.
         unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
     }
 }

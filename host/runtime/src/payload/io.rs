@@ -122,6 +122,19 @@ impl payload_io::Host for HostState {
         Ok(synced)
     }
 
+    fn start_writeback(
+        &mut self,
+        dir: Resource<Descriptor>,
+        paths: Vec<String>,
+    ) -> wasmtime::Result<Result<(), ErrorCode>> {
+        Ok(match self.table.get(&dir)? {
+            Descriptor::Dir(d) => {
+                durable::start_writeback(&d.dir, &paths, &self.headroom).map(drop)
+            }
+            Descriptor::File(_) => Err(ErrorCode::NotDirectory),
+        })
+    }
+
     fn find_file(
         &mut self,
         dir: Resource<Descriptor>,

@@ -71,6 +71,42 @@ fn paths_stay_in_the_directory_and_only_files_and_directories_sync() {
     );
 }
 #[test]
+fn writeback_starts_only_for_unsynced_regular_files_beneath_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let inner = dir.path().join("inner");
+    std::fs::create_dir_all(inner.join("sub")).unwrap();
+    std::fs::write(inner.join("a"), b"a").unwrap();
+    std::fs::write(inner.join("sub/b"), b"b").unwrap();
+    std::fs::write(dir.path().join("outside"), b"x").unwrap();
+    std::os::unix::fs::symlink("../outside", inner.join("link")).unwrap();
+    let fifo = CString::new(inner.join("fifo").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let open = std::fs::File::open(&inner).unwrap();
+    let start = |paths: &[&str]| {
+        let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
+        start_writeback(&open, &paths, &headroom())
+    };
+    // Where files live in memory there is nothing to write back.
+    let on_a_device = |n: u32| if in_memory(open.as_raw_fd()) { 0 } else { n };
+
+    // The two files; not the link (nor what it names), the fifo (which
+    // would not block either), a directory or what is missing.
+    let all = ["a", "sub/b", "link", "fifo", "missing", "sub", "."];
+    assert_eq!(start(&all), Ok(on_a_device(2)));
+    // Never outside the directory.
+    assert!(start(&["../outside"]).is_err());
+    assert!(start(&["/etc/passwd"]).is_err());
+    assert_eq!(start(&[".."]), Err(ErrorCode::Invalid));
+    assert_eq!(start(&["."; MAX_PATHS + 1]), Err(ErrorCode::Invalid));
+
+    // A version the host synced has nothing left to write.
+    past_change_time(&inner.join("a"));
+    assert_eq!(sync(&inner, &["a"]), (1, 0));
+    assert_eq!(start(&["a", "sub/b"]), Ok(on_a_device(1)));
+}
+
+#[test]
 fn whole_second_times_are_never_remembered() {
     let seen = Seen {
         id: (u64::MAX, u64::MAX),
