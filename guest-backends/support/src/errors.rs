@@ -12,17 +12,23 @@ pub trait FsErrorExt<T> {
 
 impl<T> FsErrorExt<T> for Result<T, ErrorCode> {
     fn fs_context(self, what: &str) -> Result<T, Error> {
-        self.map_err(|code| match code {
-            ErrorCode::NoEntry => Error::NotFound,
-            ErrorCode::Access | ErrorCode::NotPermitted | ErrorCode::ReadOnly => {
-                Error::Denied(format!("{what}: {code:?}"))
+        // The code's WIT name (`no-entry`), not its `Debug` form: that one
+        // links every code's description, 1.9 KiB of the data image each
+        // instance of a backend maps.
+        self.map_err(|code| {
+            let message = || format!("{what}: {}", code.name());
+            match code {
+                ErrorCode::NoEntry => Error::NotFound,
+                ErrorCode::Access | ErrorCode::NotPermitted | ErrorCode::ReadOnly => {
+                    Error::Denied(message())
+                }
+                ErrorCode::InsufficientSpace
+                | ErrorCode::Quota
+                | ErrorCode::Io
+                | ErrorCode::FileTooLarge
+                | ErrorCode::InsufficientMemory => Error::Io(message()),
+                _ => Error::Other(message()),
             }
-            ErrorCode::InsufficientSpace
-            | ErrorCode::Quota
-            | ErrorCode::Io
-            | ErrorCode::FileTooLarge
-            | ErrorCode::InsufficientMemory => Error::Io(format!("{what}: {code:?}")),
-            other => Error::Other(format!("{what}: {other:?}")),
         })
     }
 }
