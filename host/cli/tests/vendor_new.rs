@@ -125,6 +125,38 @@ fn kvwasm_wit_exports_the_package_backends_build_against() {
     }
 }
 
+/// A template that imports `kvwasm:kv-store` by version (JavaScript does)
+/// names the version `wit/kv-store.wit` declares: componentize-js refuses
+/// to build against any other, so a package bump must reach the templates.
+#[test]
+fn the_templates_import_the_version_of_the_package_they_are_built_against() {
+    let wit = std::fs::read_to_string(repo().join("wit/kv-store.wit")).unwrap();
+    let version = wit
+        .lines()
+        .find_map(|line| line.strip_prefix("package kvwasm:kv-store@"))
+        .and_then(|rest| rest.strip_suffix(';'))
+        .expect("wit/kv-store.wit declares its package");
+    let templates = repo().join("host/cli/templates");
+    let mut imports = 0;
+    for file in files(&templates) {
+        let text = std::fs::read_to_string(templates.join(&file)).unwrap();
+        for (at, _) in text.match_indices("kvwasm:kv-store/") {
+            let import = &text[at..];
+            let import = &import[..import
+                .find(['\'', '"', ';', ' ', '\n'])
+                .unwrap_or(import.len())];
+            if let Some((_, imported)) = import.split_once('@') {
+                imports += 1;
+                assert_eq!(imported, version, "{}: {import}", file.display());
+            }
+        }
+    }
+    assert!(
+        imports > 0,
+        "no versioned import found: is the scan reading the templates?"
+    );
+}
+
 #[test]
 fn kvwasm_new_refuses_bad_names_and_non_empty_directories() {
     let scratch = tempfile::tempdir().unwrap();

@@ -8,7 +8,7 @@
 // backend, and what `kvwasm check` tests. A call fails by throwing the
 // error case, e.g. `throw { tag: 'not-found' }`.
 
-import { Payload } from 'kvwasm:kv-store/types@0.1.5';
+import { Payload } from 'kvwasm:kv-store/types@0.1.6';
 
 class Store {
   constructor() {

@@ -16,7 +16,7 @@
 // tests. A call fails by throwing the error case, e.g.
 // `throw { tag: 'not-found' }`; a failed import throws its error code.
 
-import { publishFile, readFile } from 'kvwasm:kv-store/payload-io@0.1.5';
+import { publishFile, readFile } from 'kvwasm:kv-store/payload-io@0.1.6';
 import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 
 let dataDir;

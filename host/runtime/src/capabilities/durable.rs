@@ -29,7 +29,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
@@ -38,8 +38,8 @@ use super::descriptors::Headroom;
 use super::dirs::{io_error_code, open_dir_beneath, split_name};
 use crate::bindings::kvwasm::kv_store::payload_io::{FoundFile, Synced};
 
-/// Paths one `sync-paths` call may list: a call does bounded work before
-/// the guest's epoch deadline is checked again.
+/// Paths one `sync-paths` or `start-writeback` call may list: a call does
+/// bounded work before the guest's epoch deadline is checked again.
 pub(crate) const MAX_PATHS: usize = 512;
 /// Entries kept; forgotten wholesale when full (about 56 bytes each). A
 /// forgotten entry costs one more sync, never a wrong answer.
@@ -141,7 +141,7 @@ pub(crate) fn sync_paths(
         if let Some((parent, name)) = parents.resolve(path)?
             && let Some(file) = open_unsynced_file(parent, name, headroom)
         {
-            writeback::start(&file);
+            writeback::start(file.as_fd());
         }
     }
     let mut synced = Synced {
@@ -157,7 +157,7 @@ pub(crate) fn sync_paths(
     Ok(synced)
 }
 
-/// The directories of one `sync-paths` call's paths, opened beneath its
+/// The directories of one call's paths, opened beneath its
 /// directory as they are first named (a few kept open at a time).
 struct Parents<'a> {
     dir: &'a std::fs::File,
@@ -202,9 +202,7 @@ pub(crate) fn start_writeback(
     if paths.len() > MAX_PATHS {
         return Err(ErrorCode::Invalid);
     }
-    if in_memory(dir.as_raw_fd()) {
-        return Ok(0);
-    }
+    let on_a_device = !in_memory(dir.as_raw_fd());
     let mut parents = Parents {
         dir,
         headroom,
@@ -212,18 +210,22 @@ pub(crate) fn start_writeback(
     };
     let mut queued = 0;
     for path in paths {
-        if let Some((parent, name)) = parents.resolve(path)?
-            && let Some(file) = open_unsynced_file(parent, name, headroom)
-        {
+        // Every path is resolved, so a bad one fails on any filesystem.
+        let (parent, name) = match parents.resolve(path) {
+            Ok(Some(found)) => found,
+            Ok(None) | Err(ErrorCode::NoEntry | ErrorCode::NotDirectory) => continue,
+            Err(refused) => return Err(refused),
+        };
+        if on_a_device && let Some(file) = open_unsynced_file(parent, name, headroom) {
             queued += u32::from(writeback::queue(file));
         }
     }
     Ok(queued)
 }
 
-/// The file `name` in `parent`, opened, unless it is a version the host
-/// synced or not a regular file: what a writeback may start on. A hint's
-/// helper: whatever fails here, the sync that follows finds and reports.
+/// The regular file `name` in `parent`, opened, unless the host synced
+/// this version of it: what a writeback may start on. A hint's helper:
+/// whatever fails here, the sync that follows finds and reports.
 fn open_unsynced_file(parent: RawFd, name: &str, headroom: &Headroom) -> Option<OwnedFd> {
     let name = CString::new(name).ok()?;
     let there = stat_at(parent, &name).ok()?;
@@ -232,57 +234,57 @@ fn open_unsynced_file(parent: RawFd, name: &str, headroom: &Headroom) -> Option<
     {
         return None;
     }
-    // Something else renamed into place since the `stat` opens without
-    // blocking or following a link, and a writeback of it does nothing.
-    open_at(parent, &name, headroom).ok()
+    let file = open_at(parent, &name, headroom).ok()?;
+    // Only the file the `stat` saw: anything renamed into place since (a
+    // device node, a directory) is closed again.
+    let opened = stat_fd(file.as_raw_fd()).ok()?;
+    (opened.st_mode & libc::S_IFMT == libc::S_IFREG
+        && (opened.st_dev, opened.st_ino) == (there.st_dev, there.st_ino))
+        .then_some(file)
 }
 
 /// Whether the filesystem `fd` lives on keeps files in memory only
 /// (tmpfs, ramfs): no device to write back to.
 fn in_memory(fd: RawFd) -> bool {
-    const TMPFS: i64 = 0x0102_1994;
-    const RAMFS: i64 = 0x8584_58F6;
+    matches!(fs_magic(fd), Some(TMPFS_MAGIC | RAMFS_MAGIC))
+}
+
+const TMPFS_MAGIC: u32 = 0x0102_1994;
+const RAMFS_MAGIC: u32 = 0x8584_58F6;
+
+/// The magic number of the filesystem `fd` lives on (`statfs`'s `f_type`).
+fn fs_magic(fd: RawFd) -> Option<u32> {
     let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
     // SAFETY: `fd` is open; `fs` is written by a successful call before it
     // is read.
     if unsafe { libc::fstatfs(fd, fs.as_mut_ptr()) } != 0 {
-        return false;
+        return None;
     }
-    // `f_type`'s width differs between targets (and libcs).
-    #[allow(clippy::unnecessary_cast)]
     // SAFETY: the call succeeded.
-    let kind = unsafe { fs.assume_init() }.f_type as i64;
-    matches!(kind, TMPFS | RAMFS)
+    let kind = unsafe { fs.assume_init() }.f_type;
+    // Magic numbers are 32 bits; `f_type` is wider on some targets, and
+    // signed, so one above 0x7fff_ffff must not be sign-extended.
+    #[allow(clippy::unnecessary_cast)]
+    Some(kind as u32)
 }
 
 /// Files' writeback, started off the guest's thread.
 mod writeback {
-    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
     use std::sync::LazyLock;
     use std::sync::mpsc::{SyncSender, sync_channel};
 
-    /// Files queued at most; past it a file is left to the sync that
-    /// follows, which starts its writeback itself. The queue holds a
-    /// bounded number of descriptors.
-    const QUEUED: usize = 64;
+    /// Descriptors waiting for the thread, for all guests at most: past
+    /// it a file is left to the sync that follows, which starts its
+    /// writeback itself. Each is closed once its writeback has started.
+    pub(super) const MAX_QUEUED: usize = 16;
 
     /// The writeback thread's queue (`None` if it could not be spawned).
     static QUEUE: LazyLock<Option<SyncSender<OwnedFd>>> = LazyLock::new(|| {
-        let (queue, files) = sync_channel::<OwnedFd>(QUEUED);
+        let (queue, files) = sync_channel::<OwnedFd>(MAX_QUEUED);
         std::thread::Builder::new()
             .name("kvwasm-writeback".into())
-            .spawn(move || {
-                // Only on a core nothing else wants: starting a writeback
-                // costs CPU (block allocation, building the requests), and
-                // a consumer's own threads (an engine hashing and putting
-                // the chunks) must not wait for it. What it has not reached
-                // when the store syncs, the sync starts.
-                let idle = libc::sched_param { sched_priority: 0 };
-                // SAFETY: sets the calling thread's policy; `idle` lives
-                // through the call.
-                unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) };
-                files.iter().for_each(|file| start(&file));
-            })
+            .spawn(move || files.iter().for_each(|file| start(file.as_fd())))
             .ok()?;
         Some(queue)
     });
@@ -296,7 +298,7 @@ mod writeback {
     }
 
     /// Start writing `file`'s dirty pages to the device, without waiting.
-    pub(super) fn start(file: &OwnedFd) {
+    pub(super) fn start(file: BorrowedFd<'_>) {
         // SAFETY: `file` is an open descriptor.
         unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
     }
@@ -570,11 +572,12 @@ fn stat_fd(fd: RawFd) -> Result<libc::stat, ErrorCode> {
     }
 }
 
-/// Open the plain name `name` in `dir` to sync it: never a link, and
-/// without blocking on what is not a file or directory (which
-/// [`Seen::new`] then refuses).
+/// Open the plain name `name` in `dir` to sync it or start its writeback:
+/// never a link, and without blocking on (or taking as a terminal) what is
+/// not a file or directory, which the callers then refuse.
 fn open_at(dir: RawFd, name: &CString, headroom: &Headroom) -> Result<OwnedFd, ErrorCode> {
-    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+    let flags =
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
     // SAFETY: `name` is NUL-terminated and a plain name (no `/`), resolved
     // in `dir`, a directory descriptor the caller holds.
     let fd = unsafe { libc::openat(dir, name.as_ptr(), flags) };
@@ -583,7 +586,10 @@ fn open_at(dir: RawFd, name: &CString, headroom: &Headroom) -> Result<OwnedFd, E
     }
     // SAFETY: `fd` was just opened and is owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    if !headroom.keeps(fd.as_raw_fd(), "opening a file to sync it") {
+    if !headroom.keeps(
+        fd.as_raw_fd(),
+        "opening a file to sync it or start its writeback",
+    ) {
         return Err(ErrorCode::InsufficientMemory);
     }
     Ok(fd)
@@ -611,25 +617,17 @@ pub(crate) enum Stamps {
 /// F2FS does not have them, nor do ext2 and ext3, which share ext4's magic
 /// number: there the mount's type must say `ext4` ([`mounted_as_ext4`]).
 pub(crate) fn stamps(fd: RawFd) -> Stamps {
-    const EXT4: i64 = 0xEF53;
-    const XFS: i64 = 0x5846_5342;
-    const BTRFS: i64 = 0x9123_683E;
-    const TMPFS: i64 = 0x0102_1994;
-    const F2FS: i64 = 0xF2F5_2010;
-    let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: `fd` is open; `fs` is written by a successful call before it
-    // is read.
-    if unsafe { libc::fstatfs(fd, fs.as_mut_ptr()) } != 0 {
+    const EXT4: u32 = 0xEF53;
+    const XFS: u32 = 0x5846_5342;
+    const BTRFS: u32 = 0x9123_683E;
+    const F2FS: u32 = 0xF2F5_2010;
+    let Some(kind) = fs_magic(fd) else {
         return Stamps::Elsewhere;
-    }
-    // `f_type`'s width differs between targets (and libcs).
-    #[allow(clippy::unnecessary_cast)]
-    // SAFETY: the call succeeded.
-    let kind = unsafe { fs.assume_init() }.f_type as i64;
+    };
     match kind {
-        XFS | BTRFS | TMPFS if *KERNEL_HAS_MULTIGRAIN_TIMES => Stamps::Multigrain,
+        XFS | BTRFS | TMPFS_MAGIC if *KERNEL_HAS_MULTIGRAIN_TIMES => Stamps::Multigrain,
         EXT4 if *KERNEL_HAS_MULTIGRAIN_TIMES && mounted_as_ext4(fd) => Stamps::Multigrain,
-        EXT4 | XFS | BTRFS | TMPFS | F2FS => Stamps::CoarseClock,
+        EXT4 | XFS | BTRFS | TMPFS_MAGIC | F2FS => Stamps::CoarseClock,
         _ => Stamps::Elsewhere,
     }
 }

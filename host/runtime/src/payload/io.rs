@@ -128,6 +128,9 @@ impl payload_io::Host for HostState {
         paths: Vec<String>,
     ) -> wasmtime::Result<Result<(), ErrorCode>> {
         Ok(match self.table.get(&dir)? {
+            // Writeback is for a store's own writes: a read-only grant
+            // (perhaps shared with a writer) has none.
+            Descriptor::Dir(d) if d.perms.write_not_permitted() => Err(ErrorCode::NotPermitted),
             Descriptor::Dir(d) => {
                 durable::start_writeback(&d.dir, &paths, &self.headroom).map(drop)
             }

@@ -70,6 +70,35 @@ fn paths_stay_in_the_directory_and_only_files_and_directories_sync() {
         Err(ErrorCode::Invalid)
     );
 }
+/// The type of the mount `path` lives on, as /proc/self/mountinfo says.
+fn mounted_type(path: &std::path::Path) -> String {
+    let dev = std::fs::metadata(path).unwrap().dev();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    mount_type(&mounts, libc::major(dev), libc::minor(dev))
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn only_tmpfs_and_ramfs_count_as_in_memory() {
+    let scratch = tempfile::tempdir().unwrap();
+    let paths = [
+        std::path::Path::new("/dev/shm"),
+        scratch.path(),
+        std::path::Path::new("/"),
+    ];
+    for path in paths.into_iter().filter(|p| p.exists()) {
+        let dir = std::fs::File::open(path).unwrap();
+        let kind = mounted_type(path);
+        assert_eq!(
+            in_memory(dir.as_raw_fd()),
+            kind == "tmpfs" || kind == "ramfs",
+            "{} on {kind}",
+            path.display()
+        );
+    }
+}
+
 #[test]
 fn writeback_starts_only_for_unsynced_regular_files_beneath_the_directory() {
     let dir = tempfile::tempdir().unwrap();
@@ -88,16 +117,27 @@ fn writeback_starts_only_for_unsynced_regular_files_beneath_the_directory() {
         start_writeback(&open, &paths, &headroom())
     };
     // Where files live in memory there is nothing to write back.
-    let on_a_device = |n: u32| if in_memory(open.as_raw_fd()) { 0 } else { n };
+    let kind = mounted_type(&inner);
+    let on_a_device = |n: u32| {
+        if kind == "tmpfs" || kind == "ramfs" {
+            0
+        } else {
+            n
+        }
+    };
 
     // The two files; not the link (nor what it names), the fifo (which
-    // would not block either), a directory or what is missing.
-    let all = ["a", "sub/b", "link", "fifo", "missing", "sub", "."];
+    // would not block either), a directory, what is missing or lies
+    // beneath a file or a missing directory.
+    let all = [
+        "a", "sub/b", "link", "fifo", "missing", "sub", ".", "nosuch/a", "a/b",
+    ];
     assert_eq!(start(&all), Ok(on_a_device(2)));
-    // Never outside the directory.
+    // Never outside the directory, on any filesystem.
     assert!(start(&["../outside"]).is_err());
     assert!(start(&["/etc/passwd"]).is_err());
     assert_eq!(start(&[".."]), Err(ErrorCode::Invalid));
+    assert_eq!(start(&["."; MAX_PATHS]), Ok(0));
     assert_eq!(start(&["."; MAX_PATHS + 1]), Err(ErrorCode::Invalid));
 
     // A version the host synced has nothing left to write.
