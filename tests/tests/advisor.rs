@@ -447,12 +447,12 @@ fn a_failing_advisor_logs_within_the_limit() {
 /// `check-config` tell the two apart.
 #[test]
 fn a_plain_subscriber_is_not_an_advisor() {
-    use kvwasm_host::component::{
-        Builtin, ComponentSource, LoadedComponent, describe, link_every_builtin,
-    };
-    link_every_builtin();
-    for (builtin, advisor) in [(Builtin::Advisor, true), (Builtin::KvIndexer, false)] {
-        let source = ComponentSource::Builtin(builtin);
+    use kvwasm_host::component::{Builtin, ComponentSource, LoadedComponent, describe};
+    kvwasm_kv_indexer_host::install();
+    for (source, advisor) in [
+        (ComponentSource::Builtin(Builtin::Advisor), true),
+        (ComponentSource::LinkedBuiltin("kv-indexer".into()), false),
+    ] {
         assert_eq!(describe(&source).unwrap().is_advisor(), advisor);
         assert_eq!(
             LoadedComponent::load(&source).unwrap().is_advisor(),

@@ -14,6 +14,7 @@ use kvwasm_tests::{pattern, write_config};
 
 /// A fabric built from `[fabrics.f]` with `body` as the table's contents.
 fn fabric(dir: &std::path::Path, body: &str) -> Fabric {
+    kvwasm_fabric::builtins::install();
     let path = write_config(dir, &format!("[fabrics.f]\n{body}\n"));
     let policy = Config::load(&path).unwrap().fabric("f").unwrap();
     Fabric::start(Arc::new(policy)).unwrap()
@@ -253,6 +254,7 @@ fn lost_fabric_instances_log_within_the_limit() {
 
 #[test]
 fn a_kv_store_backend_is_not_a_fabric_and_vice_versa() {
+    kvwasm_fabric::builtins::install();
     let dir = tempfile::tempdir().unwrap();
     let path = write_config(
         dir.path(),

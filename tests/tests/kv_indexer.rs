@@ -15,6 +15,7 @@ fn subscriber(dir: &tempfile::TempDir) -> Subscriber {
 
 /// As [`subscriber`], with `extra` lines in its table.
 fn subscriber_with(dir: &tempfile::TempDir, extra: &str) -> Subscriber {
+    kvwasm_kv_indexer_host::install();
     let path = dir.path().join("kvwasm.toml");
     std::fs::write(
         &path,

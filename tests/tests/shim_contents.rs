@@ -1,7 +1,9 @@
 //! libkv_store_wasm.so carries the sandbox and the kv-store kind only: the
 //! four backends and the storage advisor (a tiered store opened through the
 //! shim runs one), not the fabrics or the KV indexer, which run in
-//! `kvwasm`. A consumer naming one of those gets a refusal saying so.
+//! `kvwasm`, nor the crates that add them to the host (kvwasm-fabric,
+//! kvwasm-kv-indexer-host and the indexer core's block hashing). A consumer
+//! naming one of those gets a refusal saying so.
 
 use std::time::Instant;
 
@@ -39,6 +41,42 @@ fn the_shim_embeds_the_kv_store_guests_and_the_advisor_only() {
         .chain(guests::tests_only())
     {
         assert!(!contains(&library, bytes), "{name} embedded");
+    }
+}
+
+/// No function of the crates that run the other kinds is linked: the
+/// release profile strips debug info but keeps symbol names, and a linked
+/// function's (legacy-mangled) name starts with its crate's, length first.
+/// Before kvwasm-host handed the block-hash import to
+/// kvwasm-kv-indexer-host, the shim held five functions of the indexer core.
+#[test]
+fn the_shim_links_no_code_of_the_fabric_or_kv_indexer_crates() {
+    let library = std::fs::read(shim_path()).expect("read the shim");
+    let mangled = |krate: &str| format!("{}{krate}", krate.len());
+    assert!(
+        contains(&library, mangled("kvwasm_host").as_bytes()),
+        "the check sees the host's symbols"
+    );
+    for krate in [
+        "kvwasm_kv_indexer_core",
+        "kvwasm_kv_indexer_host",
+        "kvwasm_fabric",
+    ] {
+        assert!(
+            !contains(&library, mangled(krate).as_bytes()),
+            "{krate} linked into the shim"
+        );
+    }
+    // Nor a panic location in their sources.
+    for dir in [
+        "kv-indexer-core/src/",
+        "host/kv-indexer/src/",
+        "host/fabric/src/",
+    ] {
+        assert!(
+            !contains(&library, dir.as_bytes()),
+            "{dir} linked into the shim"
+        );
     }
 }
 

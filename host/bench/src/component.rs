@@ -63,10 +63,11 @@ impl ComponentTarget {
         let backend = match (name, &source) {
             (Some(name), _) => name.to_owned(),
             (None, ComponentSource::Builtin(b)) => b.name().to_owned(),
+            (None, ComponentSource::LinkedBuiltin(name)) => name.clone(),
             (None, ComponentSource::File(file)) => backend_name(file),
         };
         let component = match &source {
-            ComponentSource::Builtin(_) => path.to_owned(),
+            ComponentSource::Builtin(_) | ComponentSource::LinkedBuiltin(_) => path.to_owned(),
             ComponentSource::File(file) => std::path::absolute(file)
                 .map_err(|e| format!("{}: {e}", file.display()))?
                 .display()
@@ -139,14 +140,14 @@ fn backend_name(file: &Path) -> String {
 }
 
 fn size(source: &ComponentSource) -> Result<u64, String> {
-    match source {
-        ComponentSource::Builtin(b) => b
-            .bytes()
-            .map(|bytes| bytes.len() as u64)
-            .ok_or_else(|| format!("{source} is not linked into kvwasm")),
-        ComponentSource::File(file) => std::fs::metadata(file)
+    match (source, source.builtin_bytes()) {
+        (ComponentSource::File(file), _) => std::fs::metadata(file)
             .map(|m| m.len())
             .map_err(|e| format!("{}: {e}", file.display())),
+        (_, Some(bytes)) => bytes
+            .map(|bytes| bytes.len() as u64)
+            .map_err(|e| format!("{source}: {e}")),
+        (_, None) => Err(format!("{source}: neither a file nor a builtin")),
     }
 }
 

@@ -229,6 +229,7 @@ pub fn query_body(prompt: &[u32]) -> Vec<u8> {
 
 /// A `builtin:kv-indexer` subscriber with room for a large trace.
 pub fn start_guest() -> Result<Subscriber, String> {
+    kvwasm_kv_indexer_host::install();
     let config = kvwasm_host::config::Config::parse(
         "[subscribers.idx]\ncomponent = \"builtin:kv-indexer\"\nmemory_limit_mib = 4096\n\
          call_timeout_ms = 600000\n",

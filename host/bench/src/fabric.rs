@@ -256,6 +256,7 @@ fn one_handoff(
         ),
     )
     .map_err(|e| e.to_string())?;
+    kvwasm_fabric::builtins::install();
     let config = kvwasm_host::config::Config::load(config_path)?;
     let fabric = kvwasm_host::fabric::Fabric::start(std::sync::Arc::new(config.fabric("tcp")?))
         .map_err(|e| e.to_string())?;

@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use kvwasm_host::artifact_cache::{self, Origin};
-use kvwasm_host::component::{Builtin, ComponentSource, LoadedComponent};
+use kvwasm_host::component::{ComponentSource, LoadedComponent};
 use kvwasm_host::config::{self, Config};
 
 /// Precompile components into the artifact cache, so the first `open` of a
@@ -30,10 +30,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     )?;
     println!("artifact cache: {}", dir.display());
 
-    let mut sources: Vec<ComponentSource> = Builtin::ALL
-        .into_iter()
-        .map(ComponentSource::Builtin)
-        .collect();
+    let mut sources: Vec<ComponentSource> = kvwasm_host::component::every_builtin();
     let config_path = args.config.clone().map(Ok).unwrap_or_else(config::locate);
     match config_path {
         Ok(path) => {

@@ -63,8 +63,10 @@ fn main() -> std::process::ExitCode {
         .with_target(false)
         .init();
     // Every command may name any builtin (inspect, compile, check-config,
-    // fabrics, serve); the shim links only the kv-store kind.
-    kvwasm_host::component::link_every_builtin();
+    // fabrics, serve); kvwasm-host embeds only the kv-store kind's, as the
+    // shim does.
+    kvwasm_fabric::builtins::install();
+    kvwasm_kv_indexer_host::install();
     let result = match Cli::parse().command {
         Command::Demo(args) => demo::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Check(args) => check::run(args),

@@ -316,12 +316,17 @@ fn check_config_shows_tls_settings_and_fingerprints_and_inspect_the_tls_import()
     );
 }
 
-/// Every import of every builtin guest is one the host provides, and
+/// Every import of every builtin guest (kvwasm-host's and those kvwasm
+/// installs from kvwasm-fabric and kvwasm-kv-indexer-host) is one the host provides, and
 /// `inspect` names the grant behind it (an import it does not know would
 /// read "instantiation will fail" to an operator).
 #[test]
 fn inspect_knows_every_import_of_the_builtins() {
-    for name in kvwasm_host::component::Builtin::ALL.map(|b| b.name()) {
+    let own = kvwasm_host::component::Builtin::ALL.map(|b| b.name());
+    let linked = (kvwasm_fabric::builtins::BUILTINS.iter())
+        .chain(&kvwasm_kv_indexer_host::BUILTINS)
+        .map(|b| b.name);
+    for name in own.into_iter().chain(linked) {
         let (out, text) = kvwasm(&["inspect", &format!("builtin:{name}")]);
         assert!(out.status.success(), "{name}: {text}");
         assert!(!text.contains("unknown to kvwasm"), "{name}: {text}");

@@ -6,8 +6,10 @@
 //! chunks the receiver lacks, the chunks, then the manifest. Both ends verify every frame they
 //! receive (`kvwasm_mrdn`, strict mode) before acting on it. With a key the two hosts share
 //! ([`auth`]), every message is also tagged, so the guest can neither forge nor replay one.
+//! The builtin fabric guests are this crate's too ([`builtins`]): kvwasm-host does not embed them.
 
 pub mod auth;
+pub mod builtins;
 pub mod handoff;
 pub mod link;
 pub mod send;

@@ -20,16 +20,20 @@ use crate::state::HostState;
 /// Where a component's bytes come from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ComponentSource {
-    /// Embedded in this build (`builtin:fs`, `builtin:memory`,
-    /// `builtin:redis`, `builtin:s3`, `builtin:advisor`; fabrics
-    /// `builtin:synthetic`, `builtin:tcp` and `builtin:kv-indexer` once
-    /// linked, [`link_every_builtin`]).
+    /// Embedded in this crate: `builtin:fs`, `builtin:memory`,
+    /// `builtin:redis`, `builtin:s3`, `builtin:advisor`.
     Builtin(Builtin),
+    /// `builtin:<name>` of another kind's crate (`builtin:tcp`,
+    /// `builtin:synthetic`, `builtin:kv-indexer`), found among the
+    /// installed extensions when loaded ([`crate::extension`]): a program
+    /// that has not installed it (libkv_store_wasm.so) refuses it then, so
+    /// a config file shared with `kvwasm` still parses.
+    LinkedBuiltin(String),
     /// A `.wasm` file.
     File(std::path::PathBuf),
 }
 
-/// The components kvwasm ships inside its binaries.
+/// The components this crate embeds: what a `kv_store_v1` consumer can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Builtin {
     /// `guest-backends/fs`, the zero-configuration default.
@@ -41,15 +45,6 @@ pub enum Builtin {
     /// `guest-backends/s3`: needs `http`, `env` credentials and
     /// `settings.endpoint` / `settings.bucket`.
     S3,
-    /// `guest-backends/synthetic`: the reference's in-memory fabric
-    /// (`nixl-synth`), for tests and demos.
-    Synthetic,
-    /// `guest-backends/tcp`: moves frames to one granted peer running
-    /// `kvwasm fabric serve`; needs `net` and `settings.peer`.
-    Tcp,
-    /// `guest-backends/kv-indexer`: Dynamo's standalone KV indexer as an
-    /// event subscriber with an HTTP API (`[subscribers.NAME]`).
-    KvIndexer,
     /// `guest-backends/advisor`: the storage advisor of tiered stores
     /// (`[subscribers.NAME]`, named by a tiered backend's `advisor`).
     Advisor,
@@ -63,109 +58,100 @@ impl Builtin {
             Builtin::Memory => "memory",
             Builtin::Redis => "redis",
             Builtin::S3 => "s3",
-            Builtin::Synthetic => "synthetic",
-            Builtin::Tcp => "tcp",
-            Builtin::KvIndexer => "kv-indexer",
             Builtin::Advisor => "advisor",
         }
     }
 
-    /// The component's bytes, as embedded; `None` for a fabric or the KV
-    /// indexer in a program that has not linked them
-    /// ([`link_every_builtin`]).
-    pub fn bytes(self) -> Option<&'static [u8]> {
+    /// The component's bytes, as embedded.
+    pub fn bytes(self) -> &'static [u8] {
         match self {
-            Builtin::Fs => Some(kvwasm_guest_artifacts::FS),
-            Builtin::Memory => Some(kvwasm_guest_artifacts::MEMORY),
-            Builtin::Redis => Some(kvwasm_guest_artifacts::REDIS),
-            Builtin::S3 => Some(kvwasm_guest_artifacts::S3),
-            Builtin::Advisor => Some(kvwasm_guest_artifacts::ADVISOR),
-            Builtin::Synthetic | Builtin::Tcp | Builtin::KvIndexer => {
-                OTHER_KINDS.get().and_then(|bytes| bytes(self))
-            }
+            Builtin::Fs => kvwasm_guest_artifacts::FS,
+            Builtin::Memory => kvwasm_guest_artifacts::MEMORY,
+            Builtin::Redis => kvwasm_guest_artifacts::REDIS,
+            Builtin::S3 => kvwasm_guest_artifacts::S3,
+            Builtin::Advisor => kvwasm_guest_artifacts::ADVISOR,
         }
-    }
-
-    /// The embedded bytes, or why this program has none.
-    fn embedded(self) -> wasmtime::Result<&'static [u8]> {
-        self.bytes().ok_or_else(|| {
-            wasmtime::format_err!(
-                "builtin:{} is not linked into this program: a kv_store_v1 library \
-                 (libkv_store_wasm.so) embeds only the kv-store backends (builtin:fs, \
-                 builtin:memory, builtin:redis, builtin:s3) and the storage advisor; fabrics \
-                 and event subscribers run in `kvwasm`",
-                self.name()
-            )
-        })
     }
 
     /// BLAKE3 of the embedded bytes, computed once per process: every
     /// `wasm:///dir` open looks the builtin up by it.
-    fn hash(self) -> wasmtime::Result<blake3::Hash> {
+    fn hash(self) -> blake3::Hash {
         static HASHES: [OnceLock<blake3::Hash>; Builtin::ALL.len()] =
             [const { OnceLock::new() }; Builtin::ALL.len()];
-        let bytes = self.embedded()?;
-        Ok(*HASHES[self as usize].get_or_init(|| blake3::hash(bytes)))
+        *HASHES[self as usize].get_or_init(|| blake3::hash(self.bytes()))
     }
 
-    /// Every builtin.
-    pub const ALL: [Builtin; 8] = [
+    /// Every builtin of this crate.
+    pub const ALL: [Builtin; 5] = [
         Builtin::Fs,
         Builtin::Memory,
         Builtin::Redis,
         Builtin::S3,
-        Builtin::Synthetic,
-        Builtin::Tcp,
-        Builtin::KvIndexer,
         Builtin::Advisor,
     ];
 }
 
-/// The builtins of the kinds a `kv_store_v1` consumer never runs (the
-/// fabrics and the KV indexer), once linked.
-///
-/// They are reached only through [`link_every_builtin`], which the shim
-/// never calls: the linker then leaves their bytes out of
-/// libkv_store_wasm.so (tests/tests/shim_contents.rs checks the library).
-static OTHER_KINDS: OnceLock<BuiltinBytes> = OnceLock::new();
+/// Every builtin this program can load: this crate's, then those of the
+/// installed extensions (`kvwasm compile` compiles them all).
+pub fn every_builtin() -> Vec<ComponentSource> {
+    let own = Builtin::ALL.into_iter().map(ComponentSource::Builtin);
+    let linked = crate::extension::linked_builtins()
+        .into_iter()
+        .map(|b| ComponentSource::LinkedBuiltin(b.name.to_owned()));
+    own.chain(linked).collect()
+}
 
-/// Where a builtin's bytes are found: `None` for one it does not hold.
-type BuiltinBytes = fn(Builtin) -> Option<&'static [u8]>;
-
-/// Make `builtin:synthetic`, `builtin:tcp` and `builtin:kv-indexer`
-/// loadable in this process. [`crate::config::Config::fabric`] and
-/// [`crate::config::Config::subscriber`] call it (a program that starts
-/// fabrics or subscribers wants their builtins), and so does `kvwasm`
-/// before any command; anything else that loads them calls it first.
-/// Idempotent.
-pub fn link_every_builtin() {
-    fn other_kinds(builtin: Builtin) -> Option<&'static [u8]> {
-        match builtin {
-            Builtin::Synthetic => Some(kvwasm_guest_artifacts::SYNTHETIC),
-            Builtin::Tcp => Some(kvwasm_guest_artifacts::TCP),
-            Builtin::KvIndexer => Some(kvwasm_guest_artifacts::KV_INDEXER),
-            _ => None,
+impl ComponentSource {
+    /// A builtin's bytes (`None` for a file), or why this program has
+    /// none.
+    pub fn builtin_bytes(&self) -> Option<wasmtime::Result<&'static [u8]>> {
+        match self {
+            ComponentSource::Builtin(b) => Some(Ok(b.bytes())),
+            ComponentSource::LinkedBuiltin(name) => Some(linked(name).map(|b| b.bytes)),
+            ComponentSource::File(_) => None,
         }
     }
-    OTHER_KINDS.get_or_init(|| other_kinds);
+}
+
+/// The installed builtin `name`, or why there is none: unknown to every
+/// installed extension, or (in a program with none, such as
+/// libkv_store_wasm.so) one of the kinds it does not run.
+fn linked(name: &str) -> wasmtime::Result<&'static crate::extension::LinkedBuiltin> {
+    crate::extension::linked_builtin(name).ok_or_else(|| {
+        let known: Vec<String> = every_builtin().iter().map(|s| s.to_string()).collect();
+        let known = known.join(", ");
+        if crate::extension::installed().is_empty() {
+            wasmtime::format_err!(
+                "builtin:{name} is not linked into this program, which links {known}: a \
+                 kv_store_v1 library (libkv_store_wasm.so) embeds only the kv-store backends and \
+                 the storage advisor; fabrics and event subscribers run in `kvwasm`"
+            )
+        } else {
+            wasmtime::format_err!("unknown builtin component {name:?} (known: {known})")
+        }
+    })
 }
 
 impl std::str::FromStr for ComponentSource {
     type Err = String;
     fn from_str(s: &str) -> Result<ComponentSource, String> {
-        match s.strip_prefix("builtin:") {
-            Some(name) => Builtin::ALL
-                .into_iter()
-                .find(|b| b.name() == name)
-                .map(ComponentSource::Builtin)
-                .ok_or_else(|| {
-                    let known: Vec<_> = Builtin::ALL.iter().map(|b| b.name()).collect();
-                    format!(
-                        "unknown builtin component {name:?} (known: {})",
-                        known.join(", ")
-                    )
-                }),
-            None => Ok(ComponentSource::File(s.into())),
+        let Some(name) = s.strip_prefix("builtin:") else {
+            return Ok(ComponentSource::File(s.into()));
+        };
+        if let Some(own) = Builtin::ALL.into_iter().find(|b| b.name() == name) {
+            return Ok(ComponentSource::Builtin(own));
+        }
+        let well_formed = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if well_formed {
+            Ok(ComponentSource::LinkedBuiltin(name.to_owned()))
+        } else {
+            Err(format!(
+                "unknown builtin component {name:?}: builtin names are lowercase letters, \
+                 digits and '-'"
+            ))
         }
     }
 }
@@ -174,6 +160,7 @@ impl std::fmt::Display for ComponentSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ComponentSource::Builtin(b) => write!(f, "builtin:{}", b.name()),
+            ComponentSource::LinkedBuiltin(name) => write!(f, "builtin:{name}"),
             ComponentSource::File(p) => write!(f, "{}", p.display()),
         }
     }
@@ -259,7 +246,8 @@ impl LoadedComponent {
     ) -> wasmtime::Result<Option<Arc<LoadedComponent>>> {
         let bytes = read(source)?;
         let hash = match source {
-            ComponentSource::Builtin(b) => b.hash()?,
+            ComponentSource::Builtin(b) => b.hash(),
+            ComponentSource::LinkedBuiltin(name) => linked(name)?.hash(),
             ComponentSource::File(_) => blake3::hash(&bytes),
         };
 
@@ -439,7 +427,8 @@ pub fn describe(source: &ComponentSource) -> wasmtime::Result<Description> {
 
 fn read(source: &ComponentSource) -> wasmtime::Result<std::borrow::Cow<'static, [u8]>> {
     Ok(match source {
-        ComponentSource::Builtin(b) => b.embedded()?.into(),
+        ComponentSource::Builtin(b) => b.bytes().into(),
+        ComponentSource::LinkedBuiltin(name) => linked(name)?.bytes.into(),
         ComponentSource::File(path) => std::fs::read(path)
             .map_err(|e| wasmtime::format_err!("cannot read component {}: {e}", path.display()))?
             .into(),
@@ -458,12 +447,18 @@ fn hex_string(bytes: &[u8]) -> String {
 /// Everything a backend may import: WASI 0.2, wasi:http and wasi:config
 /// (each capability inert unless granted in its context) and the kv-store
 /// host interfaces; WASI with kvwasm's guards in place of the functions
-/// that could block or escape (`guards::dirs::add_to_linker`).
-/// Built once per engine.
+/// that could block or escape (`guards::dirs::add_to_linker`); then the
+/// imports of the installed extensions ([`crate::extension`]), which may
+/// replace the block-hash refusal. Built once per engine and set of
+/// extensions: one installed later (a test, a tool) gets a new linker.
 fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
-    static LINKERS: [OnceLock<Linker<HostState>>; 2] = [OnceLock::new(), OnceLock::new()];
-    let slot = &LINKERS[metering as usize];
-    if let Some(linker) = slot.get() {
+    type Built = Option<(usize, &'static Linker<HostState>)>;
+    static LINKERS: [Mutex<Built>; 2] = [Mutex::new(None), Mutex::new(None)];
+    let extensions = crate::extension::installed();
+    let mut slot = LINKERS[metering as usize].lock().unwrap();
+    if let Some((built_with, linker)) = *slot
+        && built_with == extensions.len()
+    {
         return Ok(linker);
     }
     let mut linker = Linker::new(engine_for(metering));
@@ -476,12 +471,23 @@ fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
     payload_io::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     payload_streams::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     known_chunks::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-    crate::block_hash::add_to_linker(&mut linker)?;
+    crate::block_hash_refusal::add_to_linker(&mut linker)?;
     wasmtime_wasi_config::add_to_linker(&mut linker, |s: &mut HostState| {
         wasmtime_wasi_config::WasiConfig::from(&*s.settings)
     })?;
     crate::guards::dirs::add_to_linker(&mut linker)?;
     crate::guards::http::add_to_linker(&mut linker)?;
     crate::guards::tls::add_to_linker(&mut linker)?;
-    Ok(slot.get_or_init(|| linker))
+    linker.allow_shadowing(true);
+    for extension in &extensions {
+        if let Some(add) = extension.host_imports {
+            add(&mut linker)?;
+        }
+    }
+    linker.allow_shadowing(false);
+    // A few linkers per process at most (one per engine and extension
+    // installed), each shared by every component loaded with it.
+    let linker: &'static Linker<HostState> = Box::leak(Box::new(linker));
+    *slot = Some((extensions.len(), linker));
+    Ok(linker)
 }

@@ -124,22 +124,12 @@ impl Config {
     /// Build the fabric called `name`, in the same sandbox as a backend. Its
     /// [`Backend::name`] is `fabrics.<name>` (logs and metrics).
     pub fn fabric(&self, name: &str) -> Result<Backend, String> {
-        crate::component::link_every_builtin();
         self.opened(GuestKind::Fabric, name)
     }
 
     /// Build the event subscriber called `name`, in the same sandbox as a
     /// backend. Its [`Backend::name`] is `subscribers.<name>`.
     pub fn subscriber(&self, name: &str) -> Result<Backend, String> {
-        crate::component::link_every_builtin();
-        self.opened(GuestKind::Subscriber, name)
-    }
-
-    /// The storage advisor called `name` (`[subscribers.NAME]`), built as
-    /// [`Config::subscriber`] builds it but without linking the builtins of
-    /// the other kinds: a tiered store opened through the shim reaches
-    /// this, and the shim carries only the advisor.
-    pub(crate) fn advisor(&self, name: &str) -> Result<Backend, String> {
         self.opened(GuestKind::Subscriber, name)
     }
 
@@ -207,7 +197,13 @@ impl Config {
         }
         let grants = self.grants(spec)?;
         let limits = spec.limits();
-        let kv_indexer = source == ComponentSource::Builtin(crate::component::Builtin::KvIndexer);
+        // The KV indexer's default: on for a builtin that asks for it.
+        let prehash_by_default = match &source {
+            ComponentSource::LinkedBuiltin(name) => {
+                crate::extension::linked_builtin(name).is_some_and(|b| b.prehash_tokens)
+            }
+            _ => false,
+        };
         let mut backend = Backend::new(name, source, component, grants);
         backend.tenant_limits = spec
             .tenants
@@ -230,7 +226,14 @@ impl Config {
             .publish_events
             .as_ref()
             .map(|address| crate::events_out::EventsOut::new(address, backend.metrics.clone()));
-        backend.prehash_tokens = spec.prehash_tokens.unwrap_or(kv_indexer);
+        backend.prehash_tokens = spec.prehash_tokens.unwrap_or(prehash_by_default);
+        if backend.prehash_tokens && crate::extension::token_hasher().is_none() {
+            return Err(
+                "prehash_tokens needs the host's block hashing, which this program \
+                 does not link: event subscribers run in `kvwasm serve`"
+                    .into(),
+            );
+        }
         Ok(backend)
     }
 
@@ -637,7 +640,7 @@ mod tests {
         let fs = "[backends.a]\ncomponent = \"builtin:fs\"\n";
         for (text, why) in [
             (
-                "[backends.a]\ncomponent = \"builtin:nope\"".to_owned(),
+                "[backends.a]\ncomponent = \"builtin:No pe\"".to_owned(),
                 "unknown builtin",
             ),
             (format!("{fs}typo = 1"), "unknown field"),
@@ -715,21 +718,44 @@ mod tests {
         assert!(err.contains("host:port"), "{err}");
     }
 
+    /// A builtin of another kind's crate parses (a config shared with
+    /// `kvwasm` names them) and is refused when built, with the reason.
     #[test]
-    fn token_prehashing_is_on_for_the_kv_indexer_unless_configured() {
-        let base = Path::new("/tmp");
+    fn a_builtin_this_program_does_not_link_is_refused_when_built() {
         let config = Config::parse(
-            "[subscribers.default]\ncomponent = \"builtin:kv-indexer\"\n\
-             [subscribers.off]\ncomponent = \"builtin:kv-indexer\"\nprehash_tokens = false\n\
-             [subscribers.advisor]\ncomponent = \"builtin:advisor\"\n\
-             [subscribers.on]\ncomponent = \"builtin:advisor\"\nprehash_tokens = true\n",
-            base,
+            "[backends.tcp]\ncomponent = \"builtin:tcp\"\n\
+             [fabrics.tcp]\ncomponent = \"builtin:tcp\"\n\
+             [subscribers.idx]\ncomponent = \"builtin:kv-indexer\"\n\
+             [backends.typo]\ncomponent = \"builtin:nope\"\n",
+            Path::new("/tmp"),
         )
         .unwrap();
-        let prehash = |name| config.subscriber(name).unwrap().prehash_tokens;
-        assert!(prehash("default"));
-        assert!(!prehash("off"));
-        assert!(!prehash("advisor"));
-        assert!(prehash("on"));
+        for err in [
+            config.backend("tcp").unwrap_err(),
+            config.fabric("tcp").unwrap_err(),
+            config.subscriber("idx").unwrap_err(),
+            config.backend("typo").unwrap_err(),
+        ] {
+            assert!(err.contains("is not linked into this program"), "{err}");
+            assert!(
+                err.contains("fabrics and event subscribers run in `kvwasm`"),
+                "{err}"
+            );
+        }
+    }
+
+    /// Token hashing is the KV indexer's crate's: off for this crate's
+    /// builtins, and refused when asked for where it is not linked.
+    #[test]
+    fn token_prehashing_is_off_here_and_refused_without_the_hashing() {
+        let config = Config::parse(
+            "[subscribers.advisor]\ncomponent = \"builtin:advisor\"\n\
+             [subscribers.on]\ncomponent = \"builtin:advisor\"\nprehash_tokens = true\n",
+            Path::new("/tmp"),
+        )
+        .unwrap();
+        assert!(!config.subscriber("advisor").unwrap().prehash_tokens);
+        let err = config.subscriber("on").unwrap_err();
+        assert!(err.contains("needs the host's block hashing"), "{err}");
     }
 }

@@ -9,6 +9,8 @@
 //! * `io` — the event loops behind guests' sockets, timers and HTTP;
 //! * [`artifact_cache`] — precompiled components on disk;
 //! * [`component`] — compiled, pre-linked components shared in the process;
+//! * [`extension`] — what the crates running fabrics and subscribers add:
+//!   their builtins, their host imports, the token hashing;
 //! * [`capabilities`] and [`limits`] — what a guest may reach and use;
 //! * [`metrics`] — per-backend counters, served as Prometheus text;
 //! * [`log_limit`] — guest-supplied text and repeated warnings, bounded;
@@ -28,7 +30,7 @@ pub mod artifact_cache;
 pub mod backend;
 pub mod backoff;
 mod bindings;
-mod block_hash;
+mod block_hash_refusal;
 pub mod capabilities;
 pub mod component;
 pub mod config;
@@ -37,6 +39,7 @@ pub mod deadline;
 pub mod engine;
 mod error;
 pub mod events_out;
+pub mod extension;
 pub mod fabric;
 mod guards;
 mod guest_kind;

@@ -16,10 +16,11 @@
 //! stored event's token ids before delivery: the guest would only hand them
 //! back to `block-hash` anyway, and lowering ~1 KB of tokens per event into
 //! its memory and out again was a fifth of its ingest (docs/benchmarks.md).
+//! The hashing is the KV indexer's crate's ([`crate::extension::TokenHasher`],
+//! `kvwasm-kv-indexer-host`), so the shim does not link it.
 
 use std::sync::Arc;
 
-use kvwasm_kv_indexer_core::hash;
 use wasmtime::Store;
 
 use crate::backend::Backend;
@@ -47,7 +48,8 @@ pub(crate) const MAX_LIFT_BYTES: usize = 16 << 20;
 /// An event subscriber: one guest instance, called one call at a time.
 pub struct Subscriber {
     guest: OneInstance<SubscriberExports>,
-    prehash_tokens: bool,
+    /// Set with `prehash_tokens`.
+    token_hasher: Option<crate::extension::TokenHasher>,
 }
 
 impl Subscriber {
@@ -63,8 +65,18 @@ impl Subscriber {
     /// fails here.
     pub fn start(policy: Arc<Backend>) -> Result<Subscriber, KvError> {
         policy.component.subscriber_exports()?;
+        let token_hasher = match policy.prehash_tokens {
+            true => Some(crate::extension::token_hasher().ok_or_else(|| {
+                KvError::Host(format!(
+                    "{}: prehash_tokens needs the host's block hashing, which this program \
+                     does not link",
+                    policy.name
+                ))
+            })?),
+            false => None,
+        };
         Ok(Subscriber {
-            prehash_tokens: policy.prehash_tokens,
+            token_hasher,
             guest: OneInstance::start(policy, ())?,
         })
     }
@@ -106,11 +118,11 @@ impl Subscriber {
 
     /// Hand `events` to the guest. The guest's own error is
     /// [`KvError::Other`]. With `prehash_tokens`, stored events are first
-    /// rewritten in place ([`prehash_tokens`]): the caller hands over
-    /// events it no longer needs as they were.
+    /// rewritten in place (the [`crate::extension::TokenHasher`]): the
+    /// caller hands over events it no longer needs as they were.
     pub fn on_batch(&self, events: &mut [Event]) -> Result<(), KvError> {
-        if self.prehash_tokens {
-            prehash_tokens(events);
+        if let Some(hash_tokens) = self.token_hasher {
+            hash_tokens(events);
         }
         self.on_batch_as_is(events)
     }
@@ -119,7 +131,7 @@ impl Subscriber {
     /// [`Subscriber::on_batch`] would: copied only when they are to be
     /// pre-hashed, so a replayed batch costs the guest what it did live.
     pub fn replay(&self, events: &[Event]) -> Result<(), KvError> {
-        if self.prehash_tokens {
+        if self.token_hasher.is_some() {
             self.on_batch(&mut events.to_vec())
         } else {
             self.on_batch_as_is(events)
@@ -215,35 +227,6 @@ impl Subscriber {
                 })
             },
         )
-    }
-}
-
-/// Replace each stored event's `token-ids` by their Dynamo block hashes
-/// in `tokens-hashes`, where the KV indexer would compute exactly those
-/// (its `prehashable`): a non-zero block size, token ids and no
-/// publisher hashes. Only the tokens the event's engine hashes cover are
-/// hashed ([`hash::paired_tokens`], as the indexer does), so the work is
-/// bounded by the event's own size. A store that yields no full
-/// block keeps its tokens: no hashes and no tokens would mean "use the
-/// engine hashes" instead.
-fn prehash_tokens(events: &mut [Event]) {
-    for event in events {
-        let EventData::Stored(stored) = &mut event.data else {
-            continue;
-        };
-        let Some(block_size) = stored.block_size.filter(|&size| size != 0) else {
-            continue;
-        };
-        if !stored.tokens_hashes.is_empty() || stored.token_ids.is_empty() {
-            continue;
-        }
-        let paired = hash::paired_tokens(&stored.token_ids, stored.block_hashes.len(), block_size);
-        let seed = hash::seed_for(stored.lora_name.as_deref());
-        let hashes = hash::xxh3_blocks(paired, block_size, seed);
-        if !hashes.is_empty() {
-            stored.tokens_hashes = hashes;
-            stored.token_ids = Vec::new();
-        }
     }
 }
 

@@ -140,6 +140,8 @@ pub fn guests_from_config(
     config: &kvwasm_host::config::Config,
     settings: &ServeConfig,
 ) -> anyhow::Result<Vec<Arc<dyn Guest>>> {
+    // builtin:kv-indexer, its block-hash import and prehash_tokens.
+    kvwasm_kv_indexer_host::install();
     let mut guests: Vec<Arc<dyn Guest>> = Vec::new();
     for name in settings.guest_names() {
         let policy = config.subscriber(name).map_err(anyhow::Error::msg)?;

@@ -40,7 +40,7 @@ pub struct Advisor {
 impl Advisor {
     /// The advisor `[subscribers.<name>]` of `config`.
     pub fn from_config(config: &crate::config::Config, name: &str) -> Result<Advisor, KvError> {
-        let policy = config.advisor(name).map_err(KvError::Host)?;
+        let policy = config.subscriber(name).map_err(KvError::Host)?;
         Advisor::start(Arc::new(policy))
     }
 

@@ -2,13 +2,31 @@
 //! full block of u32 tokens) for subscriber guests. xxh3 runs about 10×
 //! slower inside wasm32 (no 64×64→128-bit multiply), and the KV indexer
 //! hashes every stored block and every prompt. A pure function of its
-//! arguments: it reads nothing and grants nothing.
+//! arguments: it reads nothing and grants nothing, so it needs no state of
+//! the instance ([`BlockHasher`]). Installed over kvwasm-host's refusal of
+//! the same functions ([`crate::EXTENSION`]).
 
+use kvwasm_host::extension::HostState;
 use kvwasm_kv_indexer_core::hash::{HashRun, token_json_blocks, xxh3_blocks, xxh3_runs};
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::{HasData, Linker};
 
-use crate::bindings::events::kvwasm::events::block_hash;
-use crate::state::HostState;
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../../wit/events",
+        inline: "
+            package kvwasm:kv-indexer-host;
+            world block-hash-import {
+                import kvwasm:events/block-hash@0.1.1;
+            }
+        ",
+        imports: {
+            "kvwasm:events/block-hash.hash-blocks": trappable,
+            "kvwasm:events/block-hash.hash-runs": trappable,
+        },
+    });
+}
+
+use bindings::kvwasm::events::block_hash;
 
 /// Most tokens per call. The list is already bounded by the guest's memory
 /// when it arrives; the cap also bounds the host's own output allocation
@@ -21,11 +39,19 @@ pub(crate) const MAX_TOKENS: usize = 1 << 20;
 /// A longer input is an error (the guest answers through its own parser).
 const MAX_JSON: usize = 16 << 20;
 
+/// Link the block-hash functions (a [`kvwasm_host::extension::AddHostImports`]).
 pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
-    block_hash::add_to_linker::<_, HasSelf<_>>(linker, |s| s)
+    block_hash::add_to_linker::<_, BlockHasher>(linker, |_| BlockHasher)
 }
 
-impl block_hash::Host for HostState {
+/// The host side of `block-hash`: no state, as the functions read none.
+struct BlockHasher;
+
+impl HasData for BlockHasher {
+    type Data<'a> = BlockHasher;
+}
+
+impl block_hash::Host for BlockHasher {
     fn hash_blocks(
         &mut self,
         tokens: Vec<u32>,

@@ -1,0 +1,28 @@
+//! The builtin fabric guests, which kvwasm-host does not embed: a
+//! `kv_store_v1` consumer (libkv_store_wasm.so) runs no fabric, so only the
+//! programs that depend on this crate carry them.
+
+use kvwasm_host::extension::{Extension, LinkedBuiltin};
+
+/// `builtin:synthetic` (the reference's in-memory fabric, `nixl-synth`, for
+/// tests and demos) and `builtin:tcp` (frames to one granted peer running
+/// `kvwasm fabric serve`; needs `net` and `settings.peer`).
+pub static BUILTINS: [LinkedBuiltin; 2] = [
+    LinkedBuiltin::new("synthetic", kvwasm_guest_artifacts::SYNTHETIC, false),
+    LinkedBuiltin::new("tcp", kvwasm_guest_artifacts::TCP, false),
+];
+
+/// What [`install`] adds to kvwasm-host: the builtins only (a fabric
+/// imports nothing the host does not link already).
+pub static EXTENSION: Extension = Extension {
+    name: "kvwasm-fabric",
+    builtins: &BUILTINS,
+    host_imports: None,
+    token_hasher: None,
+};
+
+/// Make `builtin:synthetic` and `builtin:tcp` loadable in this process.
+/// Idempotent; call it before building a fabric from a config.
+pub fn install() {
+    kvwasm_host::extension::install(&EXTENSION);
+}
