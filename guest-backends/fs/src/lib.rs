@@ -212,7 +212,7 @@ impl GuestStore for FsStore {
         let synced = self.sync_chunks()?;
         self.write_file(&self.root, &name, data, true)?;
         self.root.fd.sync().fs_context("sync manifest directory")?;
-        eprintln!("put-manifest {name:?}: {synced} chunks synced first");
+        kvwasm_guest_support::log!("put-manifest {name:?}: {synced} chunks synced first");
         Ok(())
     }
 
@@ -361,7 +361,7 @@ impl Dir {
                 // above them.
                 Ok(()) => {
                     self.fd.sync().fs_context("sync directory")?;
-                    eprintln!("created directory {name:?} and synced its parent");
+                    kvwasm_guest_support::log!("created directory {name:?} and synced its parent");
                 }
                 Err(ErrorCode::Exist) => {}
                 Err(e) => return Err(e).fs_context("create directory"),

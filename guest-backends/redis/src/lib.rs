@@ -219,7 +219,7 @@ impl Redis {
                 && !todo.is_empty()
                 && let Err(e) = self.refresh(deadline)
             {
-                eprintln!("redis cluster: cannot read the slot map again: {e:?}");
+                kvwasm_guest_support::log!("redis cluster: cannot read the slot map again: {e:?}");
             }
         }
         if !todo.is_empty() {
@@ -241,11 +241,11 @@ impl Redis {
     /// to a node the sandbox refused.
     fn failed(&self, e: ConnError, reused: bool, reconnected: &mut bool) -> Result<()> {
         if self.endpoint.cluster && !e.denied {
-            eprintln!("redis cluster: {}; reading the slot map again", e.message);
+            kvwasm_guest_support::log!("redis cluster: {}; reading the slot map again", e.message);
             return Ok(());
         }
         if !self.endpoint.cluster && e.dropped && reused && !*reconnected {
-            eprintln!("redis: {}; reconnecting", e.message);
+            kvwasm_guest_support::log!("redis: {}; reconnecting", e.message);
             *reconnected = true;
             return Ok(());
         }
@@ -328,7 +328,7 @@ impl Redis {
                     Ok(())
                 }
                 Err(e) if e.not_granted && self.endpoint.cluster && !self.is_seed(address) => {
-                    eprintln!(
+                    kvwasm_guest_support::log!(
                         "redis cluster: node {address}, announced by the cluster, is not granted \
                          in `net`: nothing is sent to it, and calls for the keys it serves fail \
                          (grant it, or its address range, to reach it)"

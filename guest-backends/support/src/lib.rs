@@ -70,6 +70,7 @@ pub mod tls_bindings {
 
 mod errors;
 pub mod frames;
+mod log;
 pub mod net;
 mod payload;
 pub mod prefetch;
@@ -82,6 +83,7 @@ pub use bindings::exports::kvwasm::kv_store::store::{
 };
 pub use bindings::kvwasm::kv_store::types::{Error, Payload};
 pub use errors::FsErrorExt;
+pub use log::log_line;
 pub use payload::{PayloadExt, read_exact_by_handle, write_all_by_handle};
 pub use settings::Settings;
 

@@ -411,7 +411,9 @@ impl<R: Remote> RemoteStore<R> {
         self.written(&stored);
         remember(&stored);
         if let Some(first) = first {
-            eprintln!("{count} chunks written behind failed (e.g. {first}); staged for the flush");
+            crate::log!(
+                "{count} chunks written behind failed (e.g. {first}); staged for the flush"
+            );
         }
     }
 
@@ -619,7 +621,7 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
                     first: Some(value), ..
                 }) => return value.map(Value::into_payload).ok_or(Error::NotFound),
                 Ok(_) => {}
-                Err(e) => eprintln!("a prefetch wave failed, gets now ask alone: {e}"),
+                Err(e) => crate::log!("a prefetch wave failed, gets now ask alone: {e}"),
             }
         }
         let value = self
@@ -646,7 +648,7 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
         self.remote()
             .put(&[(self.keys.manifest(&name), &manifest)])?;
         self.confirm()?;
-        eprintln!(
+        crate::log!(
             "put-manifest {name:?}: {} chunks written at put time, {staged} staged chunks ({skipped} \
              already stored), {} round trips, {rechecked} dedup hits re-checked",
             self.written_at_put.replace(0),

@@ -99,7 +99,7 @@ impl From<LinkError> for Failure {
 fn server_error(status: Status, message: String) -> Error {
     match status {
         Status::NotFound => {
-            eprintln!("{message}");
+            kvwasm_guest_support::log!("{message}");
             Error::NotFound
         }
         Status::Refused => Error::InvalidArgument(message),
@@ -139,7 +139,9 @@ impl Session {
                 Response::Handle(got) if op == Op::Push && got == server => {}
                 Response::Released if op == Op::Release => {}
                 Response::Error(Status::NotFound, message) if op == Op::Release => {
-                    eprintln!("fabric peer {peer}: RELEASE of handle {handle}: {message}");
+                    kvwasm_guest_support::log!(
+                        "fabric peer {peer}: RELEASE of handle {handle}: {message}"
+                    );
                 }
                 Response::Error(status, message) => {
                     let message = format!(
@@ -223,7 +225,7 @@ impl Client {
                 Ok(handle & (SERVER_HANDLES - 1))
             }
             _ => {
-                eprintln!(
+                kvwasm_guest_support::log!(
                     "fabric peer {}: handle {handle}: the connection that pushed it was closed",
                     self.config.peer
                 );
