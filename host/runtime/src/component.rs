@@ -252,11 +252,14 @@ impl LoadedComponent {
         };
 
         // Components are shared by content, so two config entries naming the
-        // same file (or a builtin) compile and link once per process.
-        type Loaded = HashMap<(blake3::Hash, Metering), Arc<LoadedComponent>>;
+        // same file (or a builtin) compile and link once per process: once
+        // per set of extensions, so an extension installed after a load
+        // (a test, an embedding program) is seen by the loads that follow.
+        type Loaded = HashMap<(blake3::Hash, Metering, usize), Arc<LoadedComponent>>;
         static LOADED: OnceLock<Mutex<Loaded>> = OnceLock::new();
         let loaded = LOADED.get_or_init(Default::default);
-        if let Some(found) = loaded.lock().unwrap().get(&(hash, metering)) {
+        let extensions = crate::extension::installed().len();
+        if let Some(found) = loaded.lock().unwrap().get(&(hash, metering, extensions)) {
             return Ok(Some(found.clone()));
         }
         let engine = engine_for(metering);
@@ -267,7 +270,8 @@ impl LoadedComponent {
                 None => return Ok(None),
             },
         };
-        let pre = linker(metering)?.instantiate_pre(&component)?;
+        let (extensions, linker) = linker(metering)?;
+        let pre = linker.instantiate_pre(&component)?;
         let pre = match BackendExportsPre::new(pre.clone()) {
             Ok(store) => Exports::KvStore(store),
             Err(not_store) => match FabricPre::new(pre.clone()) {
@@ -299,7 +303,7 @@ impl LoadedComponent {
             loaded
                 .lock()
                 .unwrap()
-                .entry((hash, metering))
+                .entry((hash, metering, extensions))
                 .or_insert(component)
                 .clone(),
         ))
@@ -451,15 +455,19 @@ fn hex_string(bytes: &[u8]) -> String {
 /// imports of the installed extensions ([`crate::extension`]), which may
 /// replace the block-hash refusal. Built once per engine and set of
 /// extensions: one installed later (a test, a tool) gets a new linker.
-fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
+/// Returns it with how many extensions it links (extensions are only
+/// ever added, so the count names the set).
+fn linker(metering: Metering) -> wasmtime::Result<(usize, &'static Linker<HostState>)> {
     type Built = Option<(usize, &'static Linker<HostState>)>;
     static LINKERS: [Mutex<Built>; 2] = [Mutex::new(None), Mutex::new(None)];
-    let extensions = crate::extension::installed();
     let mut slot = LINKERS[metering as usize].lock().unwrap();
+    // Read under the slot's lock: a thread holding an older set cannot
+    // store a linker without an extension another thread already linked.
+    let extensions = crate::extension::installed();
     if let Some((built_with, linker)) = *slot
         && built_with == extensions.len()
     {
-        return Ok(linker);
+        return Ok((built_with, linker));
     }
     let mut linker = Linker::new(engine_for(metering));
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
@@ -489,5 +497,5 @@ fn linker(metering: Metering) -> wasmtime::Result<&'static Linker<HostState>> {
     // installed), each shared by every component loaded with it.
     let linker: &'static Linker<HostState> = Box::leak(Box::new(linker));
     *slot = Some((extensions.len(), linker));
-    Ok(linker)
+    Ok((extensions.len(), linker))
 }

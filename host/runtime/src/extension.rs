@@ -79,8 +79,9 @@ pub struct Extension {
 static INSTALLED: Mutex<Vec<&'static Extension>> = Mutex::new(Vec::new());
 
 /// Make `extension`'s builtins loadable and its imports linked in this
-/// process. Idempotent. A component loaded before is linked as it was;
-/// every later load sees the extension.
+/// process. Idempotent. An instance made before keeps the linking it had;
+/// every later load of a component, one loaded before included, is linked
+/// with the extension.
 pub fn install(extension: &'static Extension) {
     let mut installed = INSTALLED.lock().unwrap();
     if !installed.iter().any(|e| e.name == extension.name) {

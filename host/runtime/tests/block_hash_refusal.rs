@@ -51,3 +51,24 @@ fn a_block_hash_call_is_refused_with_the_reason_where_hashing_is_not_linked() {
         "{err}"
     );
 }
+
+#[test]
+fn a_subscriber_asking_for_prehashed_tokens_is_refused_where_hashing_is_not_linked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kvwasm.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[subscribers.idx]\ncomponent = {:?}\nprehash_tokens = true\n",
+            kvwasm_guest_artifacts::KV_INDEXER_PATH
+        ),
+    )
+    .unwrap();
+    let Err(err) = Subscriber::from_config(&path, "idx") else {
+        panic!("a subscriber asking for prehashed tokens started without the hashing");
+    };
+    assert!(
+        err.to_string().contains("needs the host's block hashing"),
+        "{err}"
+    );
+}
