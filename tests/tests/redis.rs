@@ -334,6 +334,121 @@ fn batched_dedup_saves_in_three_round_trips() {
     assert_eq!(server.calls("set"), 26);
 }
 
+/// `dedup_check = "write"`: a short chunk goes out as `SET key value NX`
+/// while the consumer goes on putting, pipelined, and its reply is read
+/// later; nothing asks `EXISTS`. At most a window of values waits for its
+/// replies: 300 chunks of 4 KiB (1.2 MiB) overflow it, so the oldest
+/// replies were read (and those writes done) before the manifest. A long
+/// chunk is staged and checked at the flush, as with `"flush"`.
+#[test]
+fn in_write_mode_short_chunks_go_out_as_they_are_put_and_the_manifest_waits_for_their_answers() {
+    let server = RedisServer::without_password();
+    let dir = tempfile::tempdir().unwrap();
+    let backend = in_process(dir.path(), &server, "", ", dedup_check = \"write\"");
+    let writer = StoreHandle::open(backend.clone(), "ns").unwrap();
+    let chunks: Vec<Vec<u8>> = (0..300).map(|i| kvwasm_tests::pattern(4096, i)).collect();
+    let key = |chunk: &[u8]| kvwasm_tests::xxh3_key(chunk);
+    for chunk in &chunks {
+        assert!(!writer.put_chunk(&key(chunk), chunk).unwrap(), "new");
+    }
+    let written = server.calls("set");
+    assert!(
+        (128..=300).contains(&written),
+        "the window's oldest replies were read during the puts: {written} SETs done"
+    );
+    let long = kvwasm_tests::pattern(64 << 10, 1000);
+    assert!(!writer.put_chunk(&key(&long), &long).unwrap(), "new");
+    writer.put_manifest("m", b"301 chunks").unwrap();
+    assert_eq!(
+        (server.calls("set"), server.calls("exists")),
+        (302, 1),
+        "each short chunk once, unchecked; the long one checked and written; the manifest"
+    );
+    let reader = StoreHandle::open(backend, "ns").unwrap();
+    assert_eq!(reader.get_manifest("m").unwrap().as_slice(), b"301 chunks");
+    for chunk in chunks.iter().chain([&long]) {
+        assert_eq!(
+            reader.get_chunk(&key(chunk)).unwrap().as_slice(),
+            &chunk[..]
+        );
+    }
+}
+
+/// Writes behind on a connection the server closed before their replies
+/// came: the manifest's flush hands them back, checks them and writes
+/// those missing on a new connection, and only then publishes.
+#[test]
+fn in_write_mode_writes_behind_lost_with_their_connection_are_written_again_before_the_manifest() {
+    let server = RedisServer::without_password();
+    let dir = tempfile::tempdir().unwrap();
+    let backend = in_process(dir.path(), &server, "", ", dedup_check = \"write\"");
+    let writer = StoreHandle::open(backend.clone(), "ns").unwrap();
+    // 400 KiB: more than one batch is sent, less than the window, so no
+    // reply has been read when the connection goes.
+    let chunks: Vec<Vec<u8>> = (0..100).map(|i| kvwasm_tests::pattern(4096, i)).collect();
+    let key = |chunk: &[u8]| kvwasm_tests::xxh3_key(chunk);
+    for chunk in &chunks {
+        assert!(!writer.put_chunk(&key(chunk), chunk).unwrap(), "new");
+    }
+    let killed = server.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    assert_eq!(killed.trim(), "1", "the guest's one connection");
+    writer.put_manifest("m", b"100 chunks").unwrap();
+    assert!(
+        server.calls("exists") > 0,
+        "the writes whose answers were lost were checked again"
+    );
+    let reader = StoreHandle::open(backend, "ns").unwrap();
+    assert_eq!(reader.get_manifest("m").unwrap().as_slice(), b"100 chunks");
+    for chunk in &chunks {
+        assert_eq!(
+            reader.get_chunk(&key(chunk)).unwrap().as_slice(),
+            &chunk[..]
+        );
+    }
+}
+
+/// A write behind the server refuses (here an ACL user that may write
+/// manifests but not chunks) is never named by a published manifest: the
+/// flush tries it again, fails, and the manifest is not written.
+#[test]
+fn in_write_mode_a_refused_write_behind_fails_the_manifest_and_publishes_nothing() {
+    let server = RedisServer::without_password();
+    let acl = server.cli(&[
+        "ACL",
+        "SETUSER",
+        "manifests-only",
+        "on",
+        ">only-manifests",
+        "%R~*",
+        "%W~kvwasm/ns/manifests/*",
+        "+@all",
+    ]);
+    assert_eq!(acl.trim(), "OK");
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(
+        dir.path(),
+        &server,
+        true,
+        "dedup_check = \"write\"\nuser = \"manifests-only\"\n",
+    );
+    let (out, stderr) = Probe::new(PROBE, "wasm://redis/ns")
+        .config(&config)
+        .env(PASSWORD_VAR, "only-manifests")
+        .run(&["put-chunk:0a=alpha", "put-manifest:m=0a", "get-manifest:m"]);
+    assert_eq!(
+        out,
+        [
+            "open ok",
+            "put-chunk 0a=alpha -> 0",
+            "put-manifest m=0a -> -4",
+            "get-manifest m -> -2",
+        ],
+        "{stderr}"
+    );
+    assert!(stderr.contains("NOPERM"), "the server's reason: {stderr}");
+    assert_eq!(server.cli(&["DBSIZE"]).trim(), "0", "nothing published");
+}
+
 #[test]
 fn an_acl_user_and_a_database_index_are_honoured() {
     let server = RedisServer::start();

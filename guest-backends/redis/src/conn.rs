@@ -160,7 +160,7 @@ fn next_read_request(asked: usize, got: usize) -> usize {
 }
 
 /// Writes are sent in pieces of about this size while encoding.
-const WRITE_BATCH: usize = 256 << 10;
+pub(crate) const WRITE_BATCH: usize = 256 << 10;
 
 /// One argument of a command: bytes in guest memory, or a host payload
 /// (a long value being saved), which goes to the socket without entering
@@ -376,7 +376,8 @@ impl Connection {
         }
     }
 
-    fn send(&mut self, mut bytes: &[u8], deadline: Instant) -> Result<(), ConnError> {
+    /// Write all of `bytes`, waiting while the socket is full, by `deadline`.
+    pub(crate) fn send(&mut self, mut bytes: &[u8], deadline: Instant) -> Result<(), ConnError> {
         while !bytes.is_empty() {
             self.stream
                 .set_write_timeout(Some(self.peer.remaining(deadline)?))
@@ -504,7 +505,7 @@ pub(crate) fn send_together(
 
 /// Append `command`, which holds bytes only, to `out` as a RESP array of
 /// bulk strings.
-fn encode_bytes(out: &mut Vec<u8>, command: &[Arg<'_>]) -> Result<(), String> {
+pub(crate) fn encode_bytes(out: &mut Vec<u8>, command: &[Arg<'_>]) -> Result<(), String> {
     let args: Vec<BorrowedFrame<'_>> = command
         .iter()
         .map(|a| a.bytes().map(BorrowedFrame::BulkString))

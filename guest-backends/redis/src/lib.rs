@@ -7,7 +7,8 @@
 //! [`RemoteStore`]; this crate supplies [`Remote`] as Redis pipelines: one
 //! round trip per batch of `EXISTS`, `SET`, `GET` or `DEL` commands, and
 //! `SET NX` to write a short chunk through when puts answer exactly
-//! (`dedup_check = "put"`).
+//! (`dedup_check = "put"`), or behind, pipelined while the consumer goes on
+//! putting (`dedup_check = "write"`, the `behind` module).
 //!
 //! Settings (`[backends.<name>.settings]`):
 //!
@@ -25,6 +26,7 @@
 //! | `timeout_ms` | `5000` | deadline of one operation (connect if needed, then one pipeline); keep it under the host's `call_timeout_ms` |
 //! | `prefix`, `dedup_check`, `max_pending_mib`, `prefetch_cache_mib`, `prefetch_wave` | | see `kvwasm_guest_support::remote` |
 
+mod behind;
 mod cluster;
 mod conn;
 
@@ -71,6 +73,8 @@ struct Redis {
     /// A node whose connection was lost while it held writes not yet
     /// confirmed on `wait_replicas` replicas: the next confirmation fails.
     lost_unconfirmed: Option<String>,
+    /// Writes behind that failed, until the store settles them.
+    behind_failed: Vec<behind::Failed>,
 }
 
 /// An open connection and whether writes went through it since the last
@@ -78,6 +82,8 @@ struct Redis {
 struct Node {
     conn: Connection,
     unconfirmed: bool,
+    /// Writes behind on this connection, not yet answered.
+    behind: behind::Behind,
 }
 
 /// One command and the key it is routed by.
@@ -108,6 +114,7 @@ impl Redis {
     /// again), a `MOVED` (to the new owner, whose slot the map learns) or
     /// an `ASK` (to the importing node, after `ASKING`).
     fn run(&mut self, commands: &[Command<'_>]) -> Result<Vec<Reply<Payload>>> {
+        self.drain_behind();
         let deadline = Instant::now() + self.endpoint.timeout;
         let mut replies: Vec<Option<Reply<Payload>>> = commands.iter().map(|_| None).collect();
         // Each command still to answer, with the node an `ASK` sent it to.
@@ -323,6 +330,7 @@ impl Redis {
                         Node {
                             conn,
                             unconfirmed: false,
+                            behind: behind::Behind::default(),
                         },
                     );
                     Ok(())
@@ -390,6 +398,7 @@ impl Redis {
     /// Read the slot map from the first node that answers: those already
     /// connected, then the seeds, then the other known masters.
     fn refresh(&mut self, deadline: Instant) -> Result<()> {
+        self.drain_behind();
         let mut candidates: Vec<String> = self.nodes.keys().cloned().collect();
         for address in self.endpoint.addresses.iter().chain(&self.masters) {
             if !candidates.contains(address) {
@@ -490,6 +499,7 @@ impl Remote for Redis {
             masters: Vec::new(),
             refused: HashSet::new(),
             lost_unconfirmed: None,
+            behind_failed: Vec::new(),
             endpoint,
         };
         // Connect now (and read a cluster's map), so a wrong address or
@@ -543,6 +553,16 @@ impl Remote for Redis {
                 other.unwrap_or(Reply::Frame(OwnedFrame::Null)),
             )),
         }
+    }
+
+    /// With `dedup_check = "write"`, a short chunk is sent as `SET key
+    /// value NX` at once, its reply read later (the `behind` module).
+    fn put_behind(&mut self, key: String, value: Value) -> Result<(), (String, Value)> {
+        self.write_behind(key, value)
+    }
+
+    fn settle(&mut self) -> Vec<(String, Value, Error)> {
+        self.settle_behind()
     }
 
     /// Long values are staged as host copies and go from them to the
@@ -608,6 +628,7 @@ impl Remote for Redis {
         if replicas == 0 {
             return Ok(());
         }
+        self.drain_behind();
         if let Some(node) = self.lost_unconfirmed.take() {
             return Err(Error::Unavailable(format!(
                 "redis at {node}: the connection was lost before its writes were confirmed on \

@@ -24,8 +24,12 @@
 //!   during `put-chunk` and is answered later, with at most a window of
 //!   writes in flight, as a native client streams a save; its bytes are
 //!   dropped once the server has them. A write that fails is staged, as
-//!   below, and retried by the flush. Otherwise (`dedup_check = "flush"`,
-//!   or a remote that can do neither) the chunk is staged until the flush.
+//!   below, and retried by the flush. With `dedup_check = "write"` a short
+//!   chunk ([`Remote::WRITE_THROUGH_BELOW`]) is written behind unchecked:
+//!   the remote's write keeps a chunk already stored (Redis `SET NX`, a
+//!   pipeline the consumer's puts keep filling). Otherwise
+//!   (`dedup_check = "flush"`, a long chunk with `"write"`, or a remote
+//!   that can do neither) the chunk is staged until the flush.
 //! * `flush` (and `put-manifest`, which flushes first) waits for every
 //!   write behind, then sends one batched existence check for the staged
 //!   hashes and one batched write of only the missing ones. Only then is
@@ -393,6 +397,12 @@ impl<R: Remote> RemoteStore<R> {
             .into_iter()
             .map(|(key, value, e)| (key, (value, e)))
             .collect();
+        if failed.is_empty() {
+            let stored: Vec<Vec<u8>> = behind.into_iter().collect();
+            self.written(&stored);
+            remember(&stored);
+            return;
+        }
         let mut staging = self.staging.borrow_mut();
         let mut first = None;
         let mut count = 0;
@@ -522,6 +532,13 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
         validate::namespace(&namespace)?;
         let settings = Settings::load()?;
         let options = StoreOptions::from_settings(&settings)?;
+        if options.dedup == DedupCheck::Write && R::WRITE_THROUGH_BELOW == 0 {
+            return Err(Error::InvalidArgument(
+                "setting `dedup_check` = \"write\" needs a store that writes a key only if it \
+                 is absent (Redis); use \"flush\""
+                    .into(),
+            ));
+        }
         let remote = R::connect(&settings)?;
         Ok(Store::new(RemoteStore {
             remote: RefCell::new(remote),
@@ -555,7 +572,7 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
                     true
                 }
                 DedupCheck::Put => self.remote().exists(&[self.keys.chunk(&hash)])?[0],
-                DedupCheck::Flush => false,
+                DedupCheck::Flush | DedupCheck::Write => false,
             };
         if present {
             if !known {
@@ -573,8 +590,14 @@ impl<R: Remote> GuestStore for RemoteStore<R> {
         }
         self.staging.borrow_mut().vouched.remove(&hash);
         let mut value = Value::stage(data, R::SENDS_PAYLOADS);
-        // Just found missing: write it now if the remote can.
-        if self.options.dedup == DedupCheck::Put {
+        // Just found missing (`put`), or short and sent unchecked by a write
+        // that keeps a stored chunk (`write`): write it now if the remote can.
+        let behind = match self.options.dedup {
+            DedupCheck::Put => true,
+            DedupCheck::Write => value.len() < R::WRITE_THROUGH_BELOW,
+            DedupCheck::Flush => false,
+        };
+        if behind {
             let key = self.keys.chunk(&hash);
             match self.remote.borrow_mut().put_behind(key, value) {
                 Ok(()) => {

@@ -143,6 +143,16 @@ fn a_quick_remote_bench_reports_hiredis_new_and_same_handle_and_cluster_rows() {
             "redis crate, cluster, pipelined per node",
             "kvwasm (redis-cluster-batched)",
         ),
+        (
+            "save 256 × 4 KiB",
+            "hiredis (C), pipelined",
+            "kvwasm (redis-written)",
+        ),
+        (
+            "save 256 × 4 KiB",
+            "redis crate, cluster, pipelined per node",
+            "kvwasm (redis-cluster-written)",
+        ),
     ];
     let has = |case: &str, native: &str, kvwasm: &str| {
         report.lines().any(|line| {
@@ -172,6 +182,11 @@ fn a_quick_remote_bench_reports_hiredis_new_and_same_handle_and_cluster_rows() {
             format!("save 256 × 4 KiB{cost}"),
             "kvwasm (redis-batched)",
             "kvwasm (redis-cluster-batched)",
+        ),
+        (
+            format!("save 256 × 4 KiB{cost}"),
+            "kvwasm (redis-written)",
+            "kvwasm (redis-cluster-written)",
         ),
     ] {
         assert!(

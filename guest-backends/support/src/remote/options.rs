@@ -9,8 +9,14 @@ pub enum DedupCheck {
     /// code is exact (1 for any chunk already stored), one round trip each.
     Put,
     /// Only at flush, in one batch: `put-chunk` returns 1 only for hashes
-    /// this handle has already staged or seen. The fastest cold save.
+    /// this handle has already staged or seen.
     Flush,
+    /// Never asked apart from the write: a short chunk is written as it is
+    /// put, by a write that keeps a stored one (Redis `SET NX`), answered
+    /// later; a long one as with `Flush`. `put-chunk` returns 1 only for
+    /// hashes this handle has already put or seen. The fastest cold save of
+    /// short chunks; a remote that cannot write only absent keys refuses it.
+    Write,
 }
 
 /// Tunables, from settings.
@@ -27,7 +33,7 @@ pub struct StoreOptions {
     /// Keys of the first `prefetch-chunks` request (`prefetch_wave`,
     /// default 32); later ones are sized by the bytes they bring.
     pub prefetch_wave: usize,
-    /// `dedup_check`: `put` (default) or `flush`.
+    /// `dedup_check`: `put` (default), `flush` or `write`.
     pub dedup: DedupCheck,
 }
 
@@ -36,9 +42,10 @@ impl StoreOptions {
         let dedup = match settings.get("dedup_check").unwrap_or("put") {
             "put" => DedupCheck::Put,
             "flush" => DedupCheck::Flush,
+            "write" => DedupCheck::Write,
             other => {
                 return Err(Error::InvalidArgument(format!(
-                    "setting `dedup_check` = {other:?}: expected \"put\" or \"flush\""
+                    "setting `dedup_check` = {other:?}: expected \"put\", \"flush\" or \"write\""
                 )));
             }
         };
@@ -126,6 +133,11 @@ mod tests {
         assert_eq!(o.max_pending_bytes, 8 << 20);
         assert_eq!(o.prefix, "kvwasm");
         assert_eq!(o.prefetch_wave, 32);
+        let write = Settings::from_pairs([("dedup_check", "write")]);
+        assert_eq!(
+            StoreOptions::from_settings(&write).unwrap().dedup,
+            DedupCheck::Write
+        );
         let bad = Settings::from_pairs([("dedup_check", "never")]);
         assert!(StoreOptions::from_settings(&bad).is_err());
     }

@@ -22,9 +22,10 @@
 //!   restore as above.
 //! * Redis Cluster (`--redis-cluster`): the `redis` crate's cluster client,
 //!   one pipeline per node; the same kvwasm guest in `mode = "cluster"`
-//!   against it (exact puts, and `dedup_check = "flush"`: one batched
-//!   check and write per node at the manifest), and each against its
-//!   one-server self (the cost of cluster mode).
+//!   against it (exact puts; `dedup_check = "flush"`: one batched check
+//!   and write per node at the manifest; `"write"`: short chunks written
+//!   behind as they are put), and each against its one-server self (the
+//!   cost of cluster mode).
 //! * S3: `reqwest` (blocking) with `aws-sigv4` signing set up as the s3
 //!   guest sets it up, 16 requests in flight (the guest's default
 //!   `max_concurrency`): `PUT`s of the chunks, then of the manifest; a
@@ -323,21 +324,33 @@ fn deliver(value: &[u8], load: &Load, verify: bool) -> Result<(), String> {
 
 /// The kvwasm sides of each service: a backend name and its
 /// `dedup_check` (`put` answers every put exactly).
-const REDIS_SIDES: [(&str, &str); 2] = [("redis", "put"), ("redis-batched", "flush")];
+type Sides<const N: usize> = [(&'static str, &'static str); N];
+/// The Redis sides: exact puts, one batched check at the flush, and short
+/// chunks written behind as they are put (`SET NX`, like hiredis's save).
+const REDIS_SIDES: Sides<3> = [
+    ("redis", "put"),
+    ("redis-batched", "flush"),
+    ("redis-written", "write"),
+];
+/// What links a Redis side to its twin on the other deployment (one server,
+/// the cluster), by position in [`REDIS_SIDES`] and [`REDIS_CLUSTER_SIDES`].
+const TWINS: [&str; 3] = ["kvwasm", "kvwasm-batched", "kvwasm-written"];
 /// `redis` (put) restoring on the handle that saved, beside `redis` on a
 /// new handle (unless `--same-handle` makes every side restore so).
 const REDIS_SAME_HANDLE: &str = "redis-same-handle";
 /// The kvwasm sides on the Redis Cluster (`mode = "cluster"`), as
-/// [`REDIS_SIDES`] on one server: exact puts, and one batched check per
-/// node at the flush.
-const REDIS_CLUSTER_SIDES: [(&str, &str); 2] =
-    [("redis-cluster", "put"), ("redis-cluster-batched", "flush")];
-const S3_SIDES: [(&str, &str); 2] = [("s3", "put"), ("s3-batched", "flush")];
+/// [`REDIS_SIDES`] on one server, each node's share in its own pipeline.
+const REDIS_CLUSTER_SIDES: Sides<3> = [
+    ("redis-cluster", "put"),
+    ("redis-cluster-batched", "flush"),
+    ("redis-cluster-written", "write"),
+];
+const S3_SIDES: Sides<2> = [("s3", "put"), ("s3-batched", "flush")];
 
 /// The kvwasm configuration of the remote backends: for each server, the
-/// default `dedup_check = "put"` (exact `put_chunk` return codes) and
-/// `"flush"` (existence checked in one batch at the flush), each staging a
-/// whole 96 MiB save.
+/// default `dedup_check = "put"` (exact `put_chunk` return codes),
+/// `"flush"` (existence checked in one batch at the flush, each staging a
+/// whole 96 MiB save) and, for Redis, `"write"`.
 fn config(servers: &Servers) -> String {
     let component = |guest: &str| match &servers.guests {
         Some(dir) => format!("{:?}", dir.join(format!("kvwasm_guest_{guest}.wasm"))),
@@ -426,7 +439,7 @@ pub fn run(
             saved_with: Default::default(),
         })
     };
-    let kvwasm = |sides: [(&'static str, &str); 2]| -> Result<Vec<Box<dyn Side>>, String> {
+    let kvwasm = |sides: Sides<2>| -> Result<Vec<Box<dyn Side>>, String> {
         sides
             .into_iter()
             .map(|(name, dedup)| -> Result<Box<dyn Side>, String> {
@@ -465,15 +478,12 @@ pub fn run(
         if let Some((native, exact, hiredis)) = &one {
             natives.extend([native as &dyn Side, exact]);
             natives.extend(hiredis.iter().map(|h| h as &dyn Side));
-            let [(exact_name, exact_dedup), (batched_name, batched_dedup)] = REDIS_SIDES;
-            sides.push(Box::new(Kvwasm {
-                twin: "kvwasm",
-                ..side(exact_name, exact_dedup)?
-            }));
-            sides.push(Box::new(Kvwasm {
-                twin: "kvwasm-batched",
-                ..side(batched_name, batched_dedup)?
-            }));
+            for ((name, dedup), twin) in REDIS_SIDES.into_iter().zip(TWINS) {
+                sides.push(Box::new(Kvwasm {
+                    twin,
+                    ..side(name, dedup)?
+                }));
+            }
             if !servers.same_handle {
                 sides.push(Box::new(Kvwasm {
                     same_handle: true,
@@ -483,17 +493,13 @@ pub fn run(
         }
         if let Some((cluster, exact)) = &cluster {
             natives.extend([cluster as &dyn Side, exact]);
-            let [(exact_name, exact_dedup), (batched_name, batched_dedup)] = REDIS_CLUSTER_SIDES;
-            sides.push(Box::new(Kvwasm {
-                cluster: true,
-                twin: "kvwasm",
-                ..side(exact_name, exact_dedup)?
-            }));
-            sides.push(Box::new(Kvwasm {
-                cluster: true,
-                twin: "kvwasm-batched",
-                ..side(batched_name, batched_dedup)?
-            }));
+            for ((name, dedup), twin) in REDIS_CLUSTER_SIDES.into_iter().zip(TWINS) {
+                sides.push(Box::new(Kvwasm {
+                    cluster: true,
+                    twin,
+                    ..side(name, dedup)?
+                }));
+            }
         }
         let loads = [Load::new(big, 1 << 20, 1.3), Load::new(small, 4 << 10, 1.5)];
         pairs.extend(compare(

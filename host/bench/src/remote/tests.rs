@@ -32,6 +32,13 @@ fn the_generated_configuration_loads() {
     let loaded = kvwasm_host::config::Config::load(&path).unwrap();
     loaded.backend("redis-cluster").unwrap();
     loaded.backend("redis-cluster-batched").unwrap();
+    loaded.backend("redis-cluster-written").unwrap();
+    assert!(
+        cluster
+            .lines()
+            .any(|l| l.contains("mode = \"cluster\"") && l.contains("dedup_check = \"write\"")),
+        "{cluster}"
+    );
     assert!(
         cluster.contains("mode = \"cluster\"")
             && cluster.contains("[backends.redis-cluster-batched]\n")
@@ -51,7 +58,8 @@ fn the_generated_configuration_loads() {
         same_handle: true,
         ..servers.clone()
     });
-    assert_eq!(same.matches("idle_release_ms = 0\n").count(), 4, "{same}");
+    // Every side: three on the Redis server, two on S3.
+    assert_eq!(same.matches("idle_release_ms = 0\n").count(), 5, "{same}");
     std::fs::write(&path, same).unwrap();
     let loaded = kvwasm_host::config::Config::load(&path).unwrap();
     assert_eq!(loaded.backend("s3").unwrap().idle_release_ms, 0);
