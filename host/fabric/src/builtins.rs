@@ -26,3 +26,21 @@ pub static EXTENSION: Extension = Extension {
 pub fn install() {
     kvwasm_host::extension::install(&EXTENSION);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// kvwasm-host names these builtins where this crate is not installed
+    /// (so `builtin:tcp` through the shim reads "not linked", not "unknown").
+    #[test]
+    fn every_builtin_here_is_listed_among_the_shipped_ones() {
+        for builtin in &BUILTINS {
+            assert!(
+                kvwasm_host::extension::SHIPPED_BUILTINS.contains(&(builtin.name, EXTENSION.name)),
+                "builtin:{} is missing from SHIPPED_BUILTINS",
+                builtin.name
+            );
+        }
+    }
+}

@@ -43,6 +43,20 @@ pub fn install() {
 mod tests {
     use std::path::Path;
 
+    /// kvwasm-host names these builtins where this crate is not installed
+    /// (so `builtin:kv-indexer` through the shim reads "not linked").
+    #[test]
+    fn every_builtin_here_is_listed_among_the_shipped_ones() {
+        for builtin in &super::BUILTINS {
+            assert!(
+                kvwasm_host::extension::SHIPPED_BUILTINS
+                    .contains(&(builtin.name, super::EXTENSION.name)),
+                "builtin:{} is missing from SHIPPED_BUILTINS",
+                builtin.name
+            );
+        }
+    }
+
     use kvwasm_host::config::Config;
 
     #[test]

@@ -113,21 +113,41 @@ impl ComponentSource {
     }
 }
 
-/// The installed builtin `name`, or why there is none: unknown to every
-/// installed extension, or (in a program with none, such as
-/// libkv_store_wasm.so) one of the kinds it does not run.
+/// The installed builtin `name`, or why there is none: a builtin of an
+/// extension this program has not installed (all of them in
+/// libkv_store_wasm.so, which runs no fabric or subscriber), or a name
+/// nothing ships.
 fn linked(name: &str) -> wasmtime::Result<&'static crate::extension::LinkedBuiltin> {
+    use crate::extension::SHIPPED_BUILTINS;
     crate::extension::linked_builtin(name).ok_or_else(|| {
         let known: Vec<String> = every_builtin().iter().map(|s| s.to_string()).collect();
         let known = known.join(", ");
-        if crate::extension::installed().is_empty() {
+        let shipped = SHIPPED_BUILTINS.iter().any(|(shipped, _)| *shipped == name);
+        if shipped && crate::extension::installed().is_empty() {
             wasmtime::format_err!(
                 "builtin:{name} is not linked into this program, which links {known}: a \
                  kv_store_v1 library (libkv_store_wasm.so) embeds only the kv-store backends and \
                  the storage advisor; fabrics and event subscribers run in `kvwasm`"
             )
+        } else if shipped {
+            wasmtime::format_err!(
+                "builtin:{name} is not linked into this program, which links {known}; `kvwasm` \
+                 runs it"
+            )
         } else {
-            wasmtime::format_err!("unknown builtin component {name:?} (known: {known})")
+            let elsewhere: Vec<String> = SHIPPED_BUILTINS
+                .iter()
+                .filter(|(shipped, _)| crate::extension::linked_builtin(shipped).is_none())
+                .map(|(shipped, _)| format!("builtin:{shipped}"))
+                .collect();
+            let elsewhere = if elsewhere.is_empty() {
+                String::new()
+            } else {
+                format!("; in `kvwasm` also {}", elsewhere.join(", "))
+            };
+            wasmtime::format_err!(
+                "unknown builtin component {name:?} (this program links {known}{elsewhere})"
+            )
         }
     })
 }

@@ -22,6 +22,16 @@ use wasmtime::component::Linker;
 pub use crate::bindings::events::kvwasm::events::types::Event;
 pub use crate::state::HostState;
 
+/// The builtins of the extensions kvwasm ships, by name, with the extension
+/// that carries each: so a program that has not installed one tells it
+/// from a misspelled name. Each extension's crate tests that its builtins
+/// are listed here.
+pub const SHIPPED_BUILTINS: [(&str, &str); 3] = [
+    ("synthetic", "kvwasm-fabric"),
+    ("tcp", "kvwasm-fabric"),
+    ("kv-indexer", "kvwasm-kv-indexer-host"),
+];
+
 /// A builtin component that a crate above this one embeds: configured as
 /// `builtin:<name>`, like the host's own.
 #[derive(Debug)]
