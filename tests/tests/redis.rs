@@ -336,10 +336,8 @@ fn batched_dedup_saves_in_three_round_trips() {
 
 /// `dedup_check = "write"`: a short chunk goes out as `SET key value NX`
 /// while the consumer goes on putting, pipelined, and its reply is read
-/// later; nothing asks `EXISTS`. At most a window of values waits for its
-/// replies: 300 chunks of 4 KiB (1.2 MiB) overflow it, so the oldest
-/// replies were read (and those writes done) before the manifest. A long
-/// chunk is staged and checked at the flush, as with `"flush"`.
+/// later; nothing asks `EXISTS`. A long chunk is staged and checked at the
+/// flush, as with `"flush"`.
 #[test]
 fn in_write_mode_short_chunks_go_out_as_they_are_put_and_the_manifest_waits_for_their_answers() {
     let server = RedisServer::without_password();
@@ -351,11 +349,6 @@ fn in_write_mode_short_chunks_go_out_as_they_are_put_and_the_manifest_waits_for_
     for chunk in &chunks {
         assert!(!writer.put_chunk(&key(chunk), chunk).unwrap(), "new");
     }
-    let written = server.calls("set");
-    assert!(
-        (128..=300).contains(&written),
-        "the window's oldest replies were read during the puts: {written} SETs done"
-    );
     let long = kvwasm_tests::pattern(64 << 10, 1000);
     assert!(!writer.put_chunk(&key(&long), &long).unwrap(), "new");
     writer.put_manifest("m", b"301 chunks").unwrap();
@@ -372,6 +365,145 @@ fn in_write_mode_short_chunks_go_out_as_they_are_put_and_the_manifest_waits_for_
             &chunk[..]
         );
     }
+}
+
+/// At most 1 MiB of values waits for replies per connection: with the
+/// server's writes paused (`CLIENT PAUSE … WRITE`), the put that overflows
+/// the window waits for the oldest replies, gives up at `timeout_ms`, and
+/// hands every write behind back; the next puts are staged. The manifest,
+/// once the server writes again, checks all 300 and writes them.
+#[test]
+fn in_write_mode_a_full_window_waits_for_replies_and_hands_the_writes_back() {
+    let server = RedisServer::without_password();
+    let dir = tempfile::tempdir().unwrap();
+    let backend = in_process(dir.path(), &server, "", ", dedup_check = \"write\"");
+    let writer = StoreHandle::open(backend.clone(), "ns").unwrap();
+    assert_eq!(
+        server.cli(&["CLIENT", "PAUSE", "600000", "WRITE"]).trim(),
+        "OK"
+    );
+    let chunks: Vec<Vec<u8>> = (0..300).map(|i| kvwasm_tests::pattern(4096, i)).collect();
+    let key = |chunk: &[u8]| kvwasm_tests::xxh3_key(chunk);
+    for chunk in &chunks {
+        assert!(!writer.put_chunk(&key(chunk), chunk).unwrap(), "new");
+    }
+    assert_eq!(server.cli(&["CLIENT", "UNPAUSE"]).trim(), "OK");
+    writer.put_manifest("m", b"300 chunks").unwrap();
+    assert_eq!(
+        server.calls("exists"),
+        300,
+        "every write behind was handed back (none answered within the window) or staged"
+    );
+    let reader = StoreHandle::open(backend, "ns").unwrap();
+    for chunk in &chunks {
+        assert_eq!(
+            reader.get_chunk(&key(chunk)).unwrap().as_slice(),
+            &chunk[..]
+        );
+    }
+}
+
+/// A loopback proxy to a server whose first connection forwards what the
+/// client sends and drops every reply, until [`ReplyEater::cut`] closes
+/// it; later connections forward both ways.
+struct ReplyEater {
+    addr: std::net::SocketAddr,
+    first: Arc<std::sync::Mutex<Option<std::net::TcpStream>>>,
+}
+
+impl ReplyEater {
+    fn start(server: std::net::SocketAddr) -> ReplyEater {
+        use std::io::copy;
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let first = Arc::new(std::sync::Mutex::new(None));
+        let keep = first.clone();
+        std::thread::spawn(move || {
+            for (n, client) in listener.incoming().enumerate() {
+                let Ok(client) = client else { return };
+                let upstream = TcpStream::connect(server).unwrap();
+                let (back, down) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = copy(&mut &client, &mut &upstream);
+                    let _ = upstream.shutdown(Shutdown::Both);
+                });
+                if n == 0 {
+                    *keep.lock().unwrap() = Some(back);
+                    std::thread::spawn(move || copy(&mut &down, &mut std::io::sink()));
+                } else {
+                    std::thread::spawn(move || {
+                        let _ = copy(&mut &down, &mut &back);
+                        let _ = back.shutdown(Shutdown::Both);
+                    });
+                }
+            }
+        });
+        ReplyEater { addr, first }
+    }
+
+    fn cut(&self) {
+        let first = self
+            .first
+            .lock()
+            .unwrap()
+            .take()
+            .expect("a first connection");
+        first.shutdown(std::net::Shutdown::Both).unwrap();
+    }
+}
+
+/// With `wait_replicas`, writes behind the server executed but whose
+/// replies never came (the connection lost) must still be confirmed: the
+/// manifest is refused, not published without a `WAIT` before it (this
+/// server has no replica, so no `WAIT` can succeed).
+#[test]
+fn in_write_mode_with_wait_replicas_writes_lost_before_their_replies_fail_the_manifest() {
+    let server = RedisServer::without_password();
+    let proxy = ReplyEater::start(server.addr);
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[backends.redis]\ncomponent = \"builtin:redis\"\nnet = [\"{0}\"]\n\
+         settings = {{ address = \"{0}\", dedup_check = \"write\", wait_replicas = 1, \
+         wait_timeout_ms = 100, timeout_ms = {TIMEOUT_MS} }}\n",
+        proxy.addr
+    );
+    let backend = Arc::new(
+        Config::parse(&text, dir.path())
+            .unwrap()
+            .backend("redis")
+            .unwrap(),
+    );
+    let writer = StoreHandle::open(backend, "ns").unwrap();
+    // 64 plain `SET`s of 4 KiB under 33-byte keys (4,158 bytes each) fill
+    // the first 256 KiB batch exactly, so all are sent during the puts and
+    // the manifest's flush finds every chunk stored: it writes none again,
+    // and only the lost connection says a `WAIT` is owed.
+    for i in 0..64 {
+        let chunk = kvwasm_tests::pattern(4096, i);
+        assert!(
+            !writer
+                .put_chunk(&kvwasm_tests::xxh3_key(&chunk), &chunk)
+                .unwrap()
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.calls("set") < 64 {
+        assert!(
+            Instant::now() < deadline,
+            "the server executed {} of the 64 writes behind",
+            server.calls("set")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    proxy.cut();
+    let err = writer.put_manifest("m", b"100 chunks").unwrap_err();
+    assert!(format!("{err:?}").contains("replicas"), "{err:?}");
+    assert_eq!(
+        server.cli(&["EXISTS", "kvwasm/ns/manifests/m"]).trim(),
+        "0",
+        "no manifest published"
+    );
 }
 
 /// Writes behind on a connection the server closed before their replies

@@ -345,9 +345,10 @@ fn with_wait_replicas_every_manifest_survives_failovers_of_every_master() {
     assert_eq!(outcome.dangling, 0, "a visible manifest names a lost chunk");
 }
 
-/// As above with the short chunks written behind: a `WAIT` counts them only
-/// once their replies are read, so it comes after every write behind of its
-/// connection is answered.
+/// As above with the short chunks written behind (plain `SET`s with
+/// `wait_replicas`, so each is replicated and a `WAIT` counts it); the
+/// `WAIT` is sent once every write behind of its connection is answered,
+/// so its reply is not taken for theirs.
 #[test]
 fn in_write_mode_with_wait_replicas_every_manifest_survives_failovers_of_every_master() {
     let outcome = saves_through_failovers(1, ", dedup_check = \"write\"");

@@ -74,7 +74,7 @@ struct Redis {
     /// confirmed on `wait_replicas` replicas: the next confirmation fails.
     lost_unconfirmed: Option<String>,
     /// Writes behind that failed, until the store settles them.
-    behind_failed: Vec<behind::Failed>,
+    behind_failed: behind::FailedWrites,
 }
 
 /// An open connection and whether writes went through it since the last
@@ -114,8 +114,8 @@ impl Redis {
     /// again), a `MOVED` (to the new owner, whose slot the map learns) or
     /// an `ASK` (to the importing node, after `ASKING`).
     fn run(&mut self, commands: &[Command<'_>]) -> Result<Vec<Reply<Payload>>> {
-        self.drain_behind();
         let deadline = Instant::now() + self.endpoint.timeout;
+        self.drain_behind(deadline);
         let mut replies: Vec<Option<Reply<Payload>>> = commands.iter().map(|_| None).collect();
         // Each command still to answer, with the node an `ASK` sent it to.
         let mut todo: Vec<(usize, Option<String>)> =
@@ -398,7 +398,7 @@ impl Redis {
     /// Read the slot map from the first node that answers: those already
     /// connected, then the seeds, then the other known masters.
     fn refresh(&mut self, deadline: Instant) -> Result<()> {
-        self.drain_behind();
+        self.drain_behind(deadline);
         let mut candidates: Vec<String> = self.nodes.keys().cloned().collect();
         for address in self.endpoint.addresses.iter().chain(&self.masters) {
             if !candidates.contains(address) {
@@ -499,7 +499,7 @@ impl Remote for Redis {
             masters: Vec::new(),
             refused: HashSet::new(),
             lost_unconfirmed: None,
-            behind_failed: Vec::new(),
+            behind_failed: behind::FailedWrites::default(),
             endpoint,
         };
         // Connect now (and read a cluster's map), so a wrong address or
@@ -628,15 +628,15 @@ impl Remote for Redis {
         if replicas == 0 {
             return Ok(());
         }
-        self.drain_behind();
+        let wait_ms = self.endpoint.wait_timeout_ms;
+        let deadline = Instant::now() + self.endpoint.timeout + Duration::from_millis(wait_ms);
+        self.drain_behind(deadline);
         if let Some(node) = self.lost_unconfirmed.take() {
             return Err(Error::Unavailable(format!(
                 "redis at {node}: the connection was lost before its writes were confirmed on \
                  {replicas} replicas (wait_replicas); they may be lost in a failover"
             )));
         }
-        let wait_ms = self.endpoint.wait_timeout_ms;
-        let deadline = Instant::now() + self.endpoint.timeout + Duration::from_millis(wait_ms);
         let (replicas_arg, wait_arg) = (replicas.to_string(), wait_ms.to_string());
         let wait = [
             Arg::Bytes(b"WAIT"),

@@ -9,7 +9,7 @@
 //!   staged or any instance on the namespace saw (below), else asks the
 //!   server (one existence check per unknown
 //!   hash, so the return code is exact) unless the operator chose
-//!   `dedup_check = "flush"`.
+//!   `dedup_check = "flush"` or `"write"`, which ask nothing at put time.
 //! * The chunk's bytes are kept past the call (the host lends them for it
 //!   only): a value of [`LONG_VALUE`] or more as a host copy
 //!   (`payload-streams.copy`) if the [`Remote`] sends payloads

@@ -14,8 +14,9 @@ pub enum DedupCheck {
     /// Never asked apart from the write: a short chunk is written as it is
     /// put, by a write that keeps a stored one (Redis `SET NX`), answered
     /// later; a long one as with `Flush`. `put-chunk` returns 1 only for
-    /// hashes this handle has already put or seen. The fastest cold save of
-    /// short chunks; a remote that cannot write only absent keys refuses it.
+    /// hashes this handle has put or any handle on the namespace saw stored
+    /// (`known-chunks`). The fastest cold save of short chunks; a remote
+    /// that cannot write only absent keys refuses it.
     Write,
 }
 
