@@ -225,10 +225,12 @@ fn prefetch_is_bounded_in_requests_and_held_bytes() {
     );
 }
 
-/// Short values are held in linear memory, at most 4 MiB of them
+/// Short values are held in linear memory, at most 1 MiB of them
 /// (`prefetch::IN_GUEST_BYTES`): a prefetch of 6 MiB of 4 KiB chunks
-/// fetches 4 MiB, and the get of the first chunk left out fetches the rest
-/// in one wave. Every value comes back exact, in whatever order it is got.
+/// fetches 1 MiB (256 chunks), and once the gets have drained it, the get
+/// of the first chunk left out fetches itself and the next MiB in one wave. Every
+/// value comes back exact, in whatever order it is got, each asked for
+/// once.
 #[test]
 fn a_prefetch_past_the_bound_on_linear_memory_continues_in_waves() {
     let server = RedisServer::without_password();
@@ -238,32 +240,32 @@ fn a_prefetch_past_the_bound_on_linear_memory_continues_in_waves() {
     let prefetch = format!("prefetch:{}", hashes.join(","));
     let gets: Vec<String> = hashes.iter().map(|h| format!("get-chunk:{h}")).collect();
     let mut ops = vec![prefetch.as_str(), "pause"];
-    ops.extend(gets[..1024].iter().map(String::as_str));
-    ops.extend(["pause", gets[1024].as_str(), "pause"]);
-    ops.extend(gets[1025..].iter().rev().map(String::as_str));
+    ops.extend(gets[..256].iter().map(String::as_str));
+    ops.extend(["pause", gets[256].as_str(), "pause"]);
+    ops.extend(gets[257..].iter().rev().map(String::as_str));
     let mut run = Probe::new(PROBE, "wasm://redis/ns")
         .config(&config)
         .spawn(&ops);
     assert_eq!(run.until_pause().len(), 2);
     assert_eq!(
         server.calls("get"),
-        32 + 992,
-        "a first wave of 32, then 4 MiB"
+        32 + 224,
+        "a first wave of 32, then 1 MiB"
     );
     run.resume();
     let served = run.until_pause();
-    assert_eq!(
-        server.calls("get"),
-        1024,
-        "1,024 gets served from the cache"
-    );
+    assert_eq!(server.calls("get"), 256, "256 gets served from the cache");
     run.resume();
     let first_left_out = run.until_pause();
-    assert_eq!(server.calls("get"), 1536, "one wave brought the other 511");
+    assert_eq!(
+        server.calls("get"),
+        256 + 257,
+        "one wave brought it and the 256 after it (what 1 MiB holds)"
+    );
     run.resume();
     let (rest, stderr) = run.finish();
     assert_eq!(server.calls("get"), 1536, "{stderr}");
-    let got_in_order = hashes[..1025].iter().chain(hashes[1025..].iter().rev());
+    let got_in_order = hashes[..257].iter().chain(hashes[257..].iter().rev());
     let lines = served.iter().chain(&first_left_out).chain(&rest);
     let mut count = 0;
     for (line, hash) in lines.zip(got_in_order) {
@@ -286,34 +288,34 @@ fn a_failed_wave_or_a_new_prefetch_leaves_the_gets_to_ask_alone() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &server, "");
     let hashes = store_short_chunks(&server);
-    let wrong_type = "kvwasm/ns/chunks/04b0";
+    let wrong_type = "kvwasm/ns/chunks/01b0";
     server.cli(&["DEL", wrong_type]);
     server.cli(&["RPUSH", wrong_type, "not a string"]);
     let get = |h: &str| format!("get-chunk:{h}");
     let expect = |h: &str| format!("get-chunk {h} -> 0 {}", short_value(h));
 
-    // Cached: 0000..03ff, queued: 0400..05ff. Once the gets drained the
-    // cache, the get of 0400 heads a wave of the rest, which meets 04b0.
+    // Cached: 0000..00ff, queued: 0100..05ff. Once the gets drained the
+    // cache, the get of 0100 heads a wave of 257, which meets 01b0.
     let prefetch = format!("prefetch:{}", hashes.join(","));
-    let drain: Vec<String> = hashes[..1024].iter().map(|h| get(h)).collect();
+    let drain: Vec<String> = hashes[..256].iter().map(|h| get(h)).collect();
     let mut ops: Vec<&str> = vec![&prefetch];
     ops.extend(drain.iter().map(String::as_str));
-    let after = [get("0400"), get("0401"), get("04b0"), get("05ff")];
+    let after = [get("0100"), get("0101"), get("01b0"), get("05ff")];
     ops.extend(after.iter().map(String::as_str));
     let (out, stderr) = Probe::new(PROBE, "wasm://redis/ns")
         .config(&config)
         .run(&ops);
-    for (line, hash) in out[2..].iter().zip(&hashes[..1024]) {
+    for (line, hash) in out[2..].iter().zip(&hashes[..256]) {
         assert_eq!(line, &expect(hash));
     }
-    let out = &out[2 + 1024..];
-    assert_eq!(out[0], expect("0400"), "{stderr}");
-    assert_eq!(out[1], expect("0401"));
-    assert!(out[2].starts_with("get-chunk 04b0 -> -"), "{}", out[2]);
+    let out = &out[2 + 256..];
+    assert_eq!(out[0], expect("0100"), "{stderr}");
+    assert_eq!(out[1], expect("0101"));
+    assert!(out[2].starts_with("get-chunk 01b0 -> -"), "{}", out[2]);
     assert_eq!(out[3], expect("05ff"));
     assert!(stderr.contains("a prefetch wave failed"), "{stderr}");
-    // 1,024 prefetched, a wave of 512 that failed, then four alone.
-    assert_eq!(server.calls("get"), 1024 + 512 + 4);
+    // 256 prefetched, a wave of 257 that failed, then four alone.
+    assert_eq!(server.calls("get"), 256 + 257 + 4);
 
     // A second prefetch (one queued hash, one cached) replaces the first.
     let second = format!("prefetch:{},0007", hashes[1500]);
@@ -325,7 +327,7 @@ fn a_failed_wave_or_a_new_prefetch_leaves_the_gets_to_ask_alone() {
         &get("0007"),
         &get("0008"),
     ]);
-    let before = 1024 + 512 + 4;
+    let before = 256 + 257 + 4;
     assert_eq!(
         out[3..],
         [
@@ -336,8 +338,8 @@ fn a_failed_wave_or_a_new_prefetch_leaves_the_gets_to_ask_alone() {
         ],
         "{stderr}"
     );
-    // 1,024, then 05dc alone; 0514 was no longer queued, 0008 evicted.
-    assert_eq!(server.calls("get"), before + 1024 + 1 + 2);
+    // 256, then 05dc alone; 0514 was no longer queued, 0008 evicted.
+    assert_eq!(server.calls("get"), before + 256 + 1 + 2);
 }
 
 /// 1,536 chunks of 4 KiB (6 MiB) stored in namespace `ns`, hashes `0000`

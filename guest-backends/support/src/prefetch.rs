@@ -20,8 +20,12 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-/// Most bytes of short values (held in linear memory) cached at once.
-pub const IN_GUEST_BYTES: usize = 4 << 20;
+/// Most bytes of short values (held in linear memory) cached at once. Small
+/// on purpose: a new instance faults in every page of linear memory it
+/// grows into, and a restore of 4,096 × 4 KiB from Redis took about a
+/// quarter less with waves of 1 MiB than of 4 MiB (more round trips, each
+/// into memory already faulted in).
+pub const IN_GUEST_BYTES: usize = 1 << 20;
 
 /// The most keys one wave asks for.
 pub const MAX_WAVE: usize = 4096;
@@ -291,10 +295,11 @@ mod tests {
     fn short_values_fill_linear_memory_up_to_its_bound_and_the_rest_waits() {
         let mut p = Prefetch::default();
         p.start((0..4096).map(hash).collect());
-        // 4 KiB values: 32, then as many as 4 MiB hold; no wasted wave.
-        assert_eq!(fill(&mut p, 4096, true, 128 * MIB), vec![32, 992]);
+        let cap = IN_GUEST_BYTES / 4096;
+        // 4 KiB values: 32, then as many as the bound holds; no wasted wave.
+        assert_eq!(fill(&mut p, 4096, true, 128 * MIB), vec![32, cap - 32]);
         assert_eq!(p.in_guest_bytes, IN_GUEST_BYTES);
-        assert!(p.is_queued(&hash(1024)) && !p.is_queued(&hash(1023)));
+        assert!(p.is_queued(&hash(cap)) && !p.is_queued(&hash(cap - 1)));
         // A get of a queued hash: it heads the wave, which brings as many
         // more as the gets have freed room for.
         assert!(p.next_wave(Some(&hash(3000)), 32, 128 * MIB) == [hash(3000)]);
@@ -302,14 +307,14 @@ mod tests {
         assert!(p.take(&hash(5)).is_some());
         assert_eq!(
             p.next_wave(Some(&hash(3001)), 32, 128 * MIB),
-            [hash(3001), hash(1024), hash(1025)]
+            [hash(3001), hash(cap), hash(cap + 1)]
         );
         // Each hash is asked for once.
-        assert!(!p.is_queued(&hash(3000)) && !p.is_queued(&hash(1025)));
+        assert!(!p.is_queued(&hash(3000)) && !p.is_queued(&hash(cap + 1)));
         // A hash no longer queued heads no wave.
         assert_eq!(
             p.next_wave(Some(&hash(3000)), 32, 128 * MIB),
-            [hash(1026), hash(1027)]
+            [hash(cap + 2), hash(cap + 3)]
         );
     }
 
