@@ -422,14 +422,20 @@ impl ReplyEater {
         std::thread::spawn(move || {
             for (n, client) in listener.incoming().enumerate() {
                 let Ok(client) = client else { return };
-                let upstream = TcpStream::connect(server).unwrap();
+                let Ok(upstream) = TcpStream::connect(server) else {
+                    return;
+                };
                 let (back, down) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+                // Kept before anything is forwarded: a test cuts it only
+                // once the server has executed what came through it.
+                if n == 0 {
+                    *keep.lock().unwrap() = Some(back.try_clone().unwrap());
+                }
                 std::thread::spawn(move || {
                     let _ = copy(&mut &client, &mut &upstream);
                     let _ = upstream.shutdown(Shutdown::Both);
                 });
                 if n == 0 {
-                    *keep.lock().unwrap() = Some(back);
                     std::thread::spawn(move || copy(&mut &down, &mut std::io::sink()));
                 } else {
                     std::thread::spawn(move || {
@@ -456,7 +462,8 @@ impl ReplyEater {
 /// With `wait_replicas`, writes behind the server executed but whose
 /// replies never came (the connection lost) must still be confirmed: the
 /// manifest is refused, not published without a `WAIT` before it (this
-/// server has no replica, so no `WAIT` can succeed).
+/// server has no replica, so no `WAIT` can succeed), and so is a retry of
+/// the manifest alone.
 #[test]
 fn in_write_mode_with_wait_replicas_writes_lost_before_their_replies_fail_the_manifest() {
     let server = RedisServer::without_password();
@@ -475,10 +482,9 @@ fn in_write_mode_with_wait_replicas_writes_lost_before_their_replies_fail_the_ma
             .unwrap(),
     );
     let writer = StoreHandle::open(backend, "ns").unwrap();
-    // 64 plain `SET`s of 4 KiB under 33-byte keys (4,158 bytes each) fill
-    // the first 256 KiB batch exactly, so all are sent during the puts and
-    // the manifest's flush finds every chunk stored: it writes none again,
-    // and only the lost connection says a `WAIT` is owed.
+    // 64 plain `SET`s of 4 KiB under 33-byte keys (4,158 bytes each): the
+    // 64th takes the batch past 256 KiB, so all are sent during the puts
+    // and the manifest's flush finds every chunk stored.
     for i in 0..64 {
         let chunk = kvwasm_tests::pattern(4096, i);
         assert!(
@@ -497,13 +503,28 @@ fn in_write_mode_with_wait_replicas_writes_lost_before_their_replies_fail_the_ma
         std::thread::sleep(Duration::from_millis(20));
     }
     proxy.cut();
-    let err = writer.put_manifest("m", b"100 chunks").unwrap_err();
-    assert!(format!("{err:?}").contains("replicas"), "{err:?}");
+    let err = writer.put_manifest("m", b"64 chunks").unwrap_err();
+    assert!(
+        format!("{err:?}").contains("was lost before its writes were confirmed"),
+        "{err:?}"
+    );
     assert_eq!(
         server.cli(&["EXISTS", "kvwasm/ns/manifests/m"]).trim(),
         "0",
         "no manifest published"
     );
+    // The consumer retries the manifest alone: the chunks exist, but no
+    // confirmation covered them, so they are written again (read back from
+    // the server) and confirmed first, which fails again here.
+    let sets = server.calls("set");
+    let err = writer.put_manifest("m", b"64 chunks").unwrap_err();
+    assert!(format!("{err:?}").contains("replicas"), "{err:?}");
+    assert_eq!(
+        server.cli(&["EXISTS", "kvwasm/ns/manifests/m"]).trim(),
+        "0",
+        "still no manifest published"
+    );
+    assert_eq!(server.calls("set") - sets, 64, "every chunk written again");
 }
 
 /// Writes behind on a connection the server closed before their replies

@@ -255,9 +255,15 @@ struct Staging {
     /// Values fetched ahead of their gets, and hashes still to fetch.
     prefetch: Prefetch<Value>,
     /// Chunks written since the last [`Remote::confirm_writes`] (kept only
-    /// if the remote confirms writes): if it fails, they are vouched for,
-    /// so no manifest names one before the server is asked again.
+    /// if the remote confirms writes): if it fails, they are unreplicated.
     unconfirmed: Vec<Vec<u8>>,
+    /// Chunks a confirmation did not cover (it failed, or a write of them
+    /// was cut off before its answer): the next flush writes each again,
+    /// present or not, from its bytes if at hand and else read back from
+    /// the server, so the confirmation before the next manifest covers it.
+    /// Checking only that they exist would not: a master holds a chunk its
+    /// replicas may lack.
+    unreplicated: HashSet<Vec<u8>>,
 }
 
 impl Staging {
@@ -355,10 +361,10 @@ impl<R: Remote> RemoteStore<R> {
     }
 
     /// [`Remote::confirm_writes`]; if it fails, the chunks written since
-    /// the last confirmation may be gone (a failover lost them): they are
-    /// vouched for, so the next flush asks the server about them before a
-    /// manifest can name them, and what every instance remembers is
-    /// forgotten.
+    /// the last confirmation may be gone (a failover lost them) or held by
+    /// a master alone: the next flush writes them again before a manifest
+    /// can name them (`unreplicated`), and what every instance remembers
+    /// is forgotten.
     fn confirm(&self) -> Result<()> {
         if !self.remote.borrow().confirms_writes() {
             return Ok(());
@@ -371,7 +377,7 @@ impl<R: Remote> RemoteStore<R> {
             Err(e) => {
                 let mut staging = self.staging.borrow_mut();
                 let unconfirmed = std::mem::take(&mut staging.unconfirmed);
-                staging.vouched.extend(unconfirmed);
+                staging.unreplicated.extend(unconfirmed);
                 known_chunks::forget_all();
                 Err(e)
             }
@@ -403,6 +409,7 @@ impl<R: Remote> RemoteStore<R> {
             remember(&stored);
             return;
         }
+        let confirms = self.remote.borrow().confirms_writes();
         let mut staging = self.staging.borrow_mut();
         let mut first = None;
         let mut count = 0;
@@ -412,6 +419,12 @@ impl<R: Remote> RemoteStore<R> {
                 Some((value, e)) => {
                     count += 1;
                     first.get_or_insert_with(|| format!("{}: {e}", validate::hash_hex(&hash)));
+                    // The server may have stored it without answering: the
+                    // flush then finds it present, and must write it anyway
+                    // for a confirmation to cover it.
+                    if confirms {
+                        staging.unreplicated.insert(hash.clone());
+                    }
                     staging.stage(hash, value);
                 }
                 None => stored.push(hash),
@@ -427,17 +440,27 @@ impl<R: Remote> RemoteStore<R> {
         }
     }
 
-    /// Settle the writes behind, write the staged chunks and re-check the
-    /// vouched ones: one existence check for both, one write of the missing
-    /// ones. Fails with `io` if a vouched chunk is gone and its bytes are
-    /// not at hand.
+    /// Settle the writes behind, write the staged chunks, re-check the
+    /// vouched ones and write the unreplicated ones again: one existence
+    /// check for all, one read of unreplicated chunks whose bytes are not at
+    /// hand, one write. Fails with `io` if a vouched or unreplicated chunk
+    /// is gone and its bytes are not at hand.
     fn write_pending(&self) -> Result<Flushed> {
         self.settle();
         let mut staging = self.staging.borrow_mut();
-        if staging.pending.is_empty() && staging.vouched.is_empty() {
+        if staging.pending.is_empty()
+            && staging.vouched.is_empty()
+            && staging.unreplicated.is_empty()
+        {
             return Ok(Flushed::default());
         }
         let vouched: Vec<Vec<u8>> = staging.vouched.iter().cloned().collect();
+        let unreplicated: Vec<Vec<u8>> = staging
+            .unreplicated
+            .iter()
+            .filter(|h| !staging.pending_index.contains_key(*h) && !staging.vouched.contains(*h))
+            .cloned()
+            .collect();
         let staged = staging.pending.len();
         let candidates: Vec<Candidate<'_>> = staging
             .pending
@@ -446,19 +469,34 @@ impl<R: Remote> RemoteStore<R> {
             .chain(
                 vouched
                     .iter()
+                    .chain(&unreplicated)
                     .map(|h| (h.as_slice(), staging.prefetch.get(h))),
             )
             .collect();
         let keys: Vec<String> = candidates.iter().map(|(h, _)| self.keys.chunk(h)).collect();
         let present = self.remote().exists(&keys)?;
+        let again = |at: usize| present[at] && staging.unreplicated.contains(candidates[at].0);
+        // Unreplicated chunks the server holds and this handle has no bytes
+        // of: read back, to be written again.
+        let read_back_at: Vec<usize> = (0..candidates.len())
+            .filter(|&at| again(at) && candidates[at].1.is_none())
+            .collect();
+        let read_back: Vec<Option<Value>> = if read_back_at.is_empty() {
+            Vec::new()
+        } else {
+            let keys: Vec<String> = read_back_at.iter().map(|&at| keys[at].clone()).collect();
+            self.remote().get(&keys)?
+        };
         let mut missing: Vec<(String, &Value)> = Vec::new();
         let mut missing_staged = 0;
         let mut gone: Vec<Vec<u8>> = Vec::new();
         let mut written: Vec<Vec<u8>> = Vec::new();
-        for (at, ((key, (hash, bytes)), there)) in
-            keys.into_iter().zip(&candidates).zip(&present).enumerate()
-        {
-            match (there, bytes) {
+        for (at, (key, (hash, bytes))) in keys.into_iter().zip(&candidates).enumerate() {
+            let bytes = match read_back_at.binary_search(&at) {
+                Ok(pos) => read_back[pos].as_ref(),
+                Err(_) => *bytes,
+            };
+            match (present[at] && !again(at), bytes) {
                 (true, _) => {}
                 (false, Some(value)) => {
                     missing_staged += usize::from(at < staged);
@@ -474,6 +512,7 @@ impl<R: Remote> RemoteStore<R> {
                 staging.unconfirmed.extend(written);
             }
         }
+        staging.unreplicated.clear();
         let flushed = Flushed {
             staged,
             skipped: staged - missing_staged,
