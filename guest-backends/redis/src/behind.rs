@@ -179,7 +179,7 @@ impl Redis {
             other => return Err((key, other)),
         };
         let deadline = Instant::now() + self.endpoint.timeout;
-        let address = match self.node_of(key.as_bytes()) {
+        let address = match self.node_of(key.as_bytes(), deadline) {
             Ok(address) => address,
             Err(_) => return Err((key, Value::Bytes(bytes))),
         };

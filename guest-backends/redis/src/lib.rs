@@ -130,7 +130,7 @@ impl Redis {
             for (at, asked) in todo.drain(..) {
                 let (node, asking) = match asked {
                     Some(node) => (node, true),
-                    None => (self.node_of(commands[at].key)?, false),
+                    None => (self.node_of(commands[at].key, deadline)?, false),
                 };
                 groups.entry(node).or_default().push((at, asking));
             }
@@ -366,15 +366,15 @@ impl Redis {
     }
 
     /// The node serving `key`: the server in single mode; in cluster mode
-    /// the master of its slot, reading the map first if no master is
-    /// known for it.
-    fn node_of(&mut self, key: &[u8]) -> Result<String> {
+    /// the master of its slot, reading the map first (by `deadline`, the
+    /// operation's) if no master is known for it.
+    fn node_of(&mut self, key: &[u8], deadline: Instant) -> Result<String> {
         if !self.endpoint.cluster {
             return Ok(self.endpoint.addresses[0].clone());
         }
         let slot = usize::from(cluster::slot_of(key));
         if self.slots[slot] == NO_MASTER {
-            self.refresh(Instant::now() + self.endpoint.timeout)?;
+            self.refresh(deadline)?;
         }
         match self.masters.get(usize::from(self.slots[slot])) {
             Some(master) => Ok(master.clone()),
