@@ -334,6 +334,27 @@ fn batched_dedup_saves_in_three_round_trips() {
     assert_eq!(server.calls("set"), 26);
 }
 
+/// `count` distinct chunks of 4 KiB.
+fn short_chunks(count: u64) -> Vec<Vec<u8>> {
+    (0..count).map(|i| kvwasm_tests::pattern(4096, i)).collect()
+}
+
+/// Put each of `chunks` under its xxh3 key; each must be new.
+fn put_all_new(handle: &StoreHandle, chunks: &[Vec<u8>]) {
+    for chunk in chunks {
+        let key = kvwasm_tests::xxh3_key(chunk);
+        assert!(!handle.put_chunk(&key, chunk).unwrap(), "new");
+    }
+}
+
+/// Every one of `chunks` reads back byte for byte through `handle`.
+fn assert_restores<'a>(handle: &StoreHandle, chunks: impl IntoIterator<Item = &'a Vec<u8>>) {
+    for chunk in chunks {
+        let key = kvwasm_tests::xxh3_key(chunk);
+        assert_eq!(handle.get_chunk(&key).unwrap().as_slice(), &chunk[..]);
+    }
+}
+
 /// `dedup_check = "write"`: a short chunk goes out as `SET key value NX`
 /// while the consumer goes on putting, pipelined, and its reply is read
 /// later; nothing asks `EXISTS`. A long chunk is staged and checked at the
@@ -344,13 +365,10 @@ fn in_write_mode_short_chunks_go_out_as_they_are_put_and_the_manifest_waits_for_
     let dir = tempfile::tempdir().unwrap();
     let backend = in_process(dir.path(), &server, "", ", dedup_check = \"write\"");
     let writer = StoreHandle::open(backend.clone(), "ns").unwrap();
-    let chunks: Vec<Vec<u8>> = (0..300).map(|i| kvwasm_tests::pattern(4096, i)).collect();
-    let key = |chunk: &[u8]| kvwasm_tests::xxh3_key(chunk);
-    for chunk in &chunks {
-        assert!(!writer.put_chunk(&key(chunk), chunk).unwrap(), "new");
-    }
+    let chunks = short_chunks(300);
+    put_all_new(&writer, &chunks);
     let long = kvwasm_tests::pattern(64 << 10, 1000);
-    assert!(!writer.put_chunk(&key(&long), &long).unwrap(), "new");
+    put_all_new(&writer, std::slice::from_ref(&long));
     writer.put_manifest("m", b"301 chunks").unwrap();
     assert_eq!(
         (server.calls("set"), server.calls("exists")),
@@ -359,12 +377,7 @@ fn in_write_mode_short_chunks_go_out_as_they_are_put_and_the_manifest_waits_for_
     );
     let reader = StoreHandle::open(backend, "ns").unwrap();
     assert_eq!(reader.get_manifest("m").unwrap().as_slice(), b"301 chunks");
-    for chunk in chunks.iter().chain([&long]) {
-        assert_eq!(
-            reader.get_chunk(&key(chunk)).unwrap().as_slice(),
-            &chunk[..]
-        );
-    }
+    assert_restores(&reader, chunks.iter().chain([&long]));
 }
 
 /// At most 1 MiB of values waits for replies per connection: with the
@@ -382,11 +395,8 @@ fn in_write_mode_a_full_window_waits_for_replies_and_hands_the_writes_back() {
         server.cli(&["CLIENT", "PAUSE", "600000", "WRITE"]).trim(),
         "OK"
     );
-    let chunks: Vec<Vec<u8>> = (0..300).map(|i| kvwasm_tests::pattern(4096, i)).collect();
-    let key = |chunk: &[u8]| kvwasm_tests::xxh3_key(chunk);
-    for chunk in &chunks {
-        assert!(!writer.put_chunk(&key(chunk), chunk).unwrap(), "new");
-    }
+    let chunks = short_chunks(300);
+    put_all_new(&writer, &chunks);
     assert_eq!(server.cli(&["CLIENT", "UNPAUSE"]).trim(), "OK");
     writer.put_manifest("m", b"300 chunks").unwrap();
     assert_eq!(
@@ -395,12 +405,7 @@ fn in_write_mode_a_full_window_waits_for_replies_and_hands_the_writes_back() {
         "every write behind was handed back (none answered within the window) or staged"
     );
     let reader = StoreHandle::open(backend, "ns").unwrap();
-    for chunk in &chunks {
-        assert_eq!(
-            reader.get_chunk(&key(chunk)).unwrap().as_slice(),
-            &chunk[..]
-        );
-    }
+    assert_restores(&reader, &chunks);
 }
 
 /// A loopback proxy to a server whose first connection forwards what the
@@ -485,14 +490,7 @@ fn in_write_mode_with_wait_replicas_writes_lost_before_their_replies_fail_the_ma
     // 64 plain `SET`s of 4 KiB under 33-byte keys (4,158 bytes each): the
     // 64th takes the batch past 256 KiB, so all are sent during the puts
     // and the manifest's flush finds every chunk stored.
-    for i in 0..64 {
-        let chunk = kvwasm_tests::pattern(4096, i);
-        assert!(
-            !writer
-                .put_chunk(&kvwasm_tests::xxh3_key(&chunk), &chunk)
-                .unwrap()
-        );
-    }
+    put_all_new(&writer, &short_chunks(64));
     let deadline = Instant::now() + Duration::from_secs(60);
     while server.calls("set") < 64 {
         assert!(
@@ -538,11 +536,8 @@ fn in_write_mode_writes_behind_lost_with_their_connection_are_written_again_befo
     let writer = StoreHandle::open(backend.clone(), "ns").unwrap();
     // 400 KiB: more than one batch is sent, less than the window, so no
     // reply has been read when the connection goes.
-    let chunks: Vec<Vec<u8>> = (0..100).map(|i| kvwasm_tests::pattern(4096, i)).collect();
-    let key = |chunk: &[u8]| kvwasm_tests::xxh3_key(chunk);
-    for chunk in &chunks {
-        assert!(!writer.put_chunk(&key(chunk), chunk).unwrap(), "new");
-    }
+    let chunks = short_chunks(100);
+    put_all_new(&writer, &chunks);
     let killed = server.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
     assert_eq!(killed.trim(), "1", "the guest's one connection");
     writer.put_manifest("m", b"100 chunks").unwrap();
@@ -552,12 +547,7 @@ fn in_write_mode_writes_behind_lost_with_their_connection_are_written_again_befo
     );
     let reader = StoreHandle::open(backend, "ns").unwrap();
     assert_eq!(reader.get_manifest("m").unwrap().as_slice(), b"100 chunks");
-    for chunk in &chunks {
-        assert_eq!(
-            reader.get_chunk(&key(chunk)).unwrap().as_slice(),
-            &chunk[..]
-        );
-    }
+    assert_restores(&reader, &chunks);
 }
 
 /// A write behind the server refuses (here an ACL user that may write

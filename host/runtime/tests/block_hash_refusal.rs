@@ -7,20 +7,26 @@
 use kvwasm_host::KvError;
 use kvwasm_host::subscriber::{BlocksStored, Event, EventData, SourceKind, Subscriber};
 
-#[test]
-fn a_block_hash_call_is_refused_with_the_reason_where_hashing_is_not_linked() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("kvwasm.toml");
-    // The KV indexer's file: as a file, not `builtin:kv-indexer`, which
-    // this process does not link.
+/// A config in `dir` naming the KV indexer's file as subscriber `idx` (a
+/// file, not `builtin:kv-indexer`, which this process does not link), with
+/// `extra` lines in its entry.
+fn indexer_config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
+    let path = dir.join("kvwasm.toml");
     std::fs::write(
         &path,
         format!(
-            "[subscribers.idx]\ncomponent = {:?}\n",
+            "[subscribers.idx]\ncomponent = {:?}\n{extra}",
             kvwasm_guest_artifacts::KV_INDEXER_PATH
         ),
     )
     .unwrap();
+    path
+}
+
+#[test]
+fn a_block_hash_call_is_refused_with_the_reason_where_hashing_is_not_linked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = indexer_config(dir.path(), "");
     let subscriber = Subscriber::from_config(&path, "idx").expect("loads without the hashing");
     // Two full blocks of raw token ids: the indexer hashes them through
     // `hash-runs` (prehash_tokens is off for a file).
@@ -55,15 +61,7 @@ fn a_block_hash_call_is_refused_with_the_reason_where_hashing_is_not_linked() {
 #[test]
 fn a_subscriber_asking_for_prehashed_tokens_is_refused_where_hashing_is_not_linked() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("kvwasm.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[subscribers.idx]\ncomponent = {:?}\nprehash_tokens = true\n",
-            kvwasm_guest_artifacts::KV_INDEXER_PATH
-        ),
-    )
-    .unwrap();
+    let path = indexer_config(dir.path(), "prehash_tokens = true\n");
     let Err(err) = Subscriber::from_config(&path, "idx") else {
         panic!("a subscriber asking for prehashed tokens started without the hashing");
     };
